@@ -1,0 +1,208 @@
+//! End to end on a real broker: 1M records through `uppercase`, one worker, 4 partitions.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use clap::Args;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+
+#[derive(Args)]
+pub struct E2eArgs {
+    #[arg(long, env = "KAFKA_BOOTSTRAP")]
+    bootstrap: String,
+    /// The uppercase component.
+    #[arg(long)]
+    component: PathBuf,
+    #[arg(long, default_value_t = 1_000_000)]
+    records: usize,
+    #[arg(long, default_value_t = 100)]
+    size: usize,
+    #[arg(long, default_value_t = 4)]
+    partitions: i32,
+    #[arg(long, default_value_t = 500)]
+    batch: usize,
+    /// Class path of bench/kafka-streams (its classes and dependencies): when given, the
+    /// same job runs on Kafka Streams afterwards, on the same input, and the ratio is printed.
+    #[arg(long)]
+    kafka_streams_classpath: Option<String>,
+}
+
+fn config(bootstrap: &str) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", bootstrap);
+    c
+}
+
+pub async fn run(args: E2eArgs) -> anyhow::Result<()> {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let (input, output) = (format!("bench-in-{id}"), format!("bench-out-{id}"));
+    let admin: AdminClient<DefaultClientContext> = config(&args.bootstrap).create()?;
+    let topics = [
+        NewTopic::new(&input, args.partitions, TopicReplication::Fixed(1)),
+        NewTopic::new(&output, args.partitions, TopicReplication::Fixed(1)),
+    ];
+    for r in admin.create_topics(&topics, &AdminOptions::new()).await? {
+        r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
+    }
+    println!(
+        "end-to-end benchmark: {} records of {} bytes, {} partitions, Kafka at {}",
+        args.records, args.size, args.partitions, args.bootstrap
+    );
+
+    // Produce the input.
+    let producer: ThreadedProducer<DefaultProducerContext> = config(&args.bootstrap)
+        .set("linger.ms", "20")
+        .set("batch.size", "1000000")
+        .set("compression.type", "lz4")
+        .set("queue.buffering.max.messages", "1000000")
+        .create()?;
+    let value: Vec<u8> = (0..args.size).map(|i| b'a' + (i % 26) as u8).collect();
+    let started = Instant::now();
+    for i in 0..args.records {
+        let key = format!("{i:08}");
+        let mut record = BaseRecord::<_, _, ()>::to(&input).key(key.as_bytes()).payload(&value);
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    record = back;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err((e, _)) => bail!("producing the input: {e}"),
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(120))?;
+    let produce_s = started.elapsed().as_secs_f64();
+    println!(
+        "  produced input:  {:>10.0} records/s ({produce_s:.1} s)",
+        args.records as f64 / produce_s
+    );
+
+    // Run one worker over it.
+    let dir = std::env::temp_dir().join(format!("sluice-bench-{id}"));
+    std::fs::create_dir_all(&dir)?;
+    let manifest = dir.join("bench.toml");
+    std::fs::write(
+        &manifest,
+        format!(
+            "name = \"bench-{id}\"\ncomponent = {:?}\n[sources]\ninput = {input:?}\n[sinks]\noutput = {output:?}\n",
+            args.component.display().to_string()
+        ),
+    )?;
+    let mut worker = Command::new(crate::sluice_binary()?);
+    worker
+        .args(["worker", "--bootstrap", &args.bootstrap, "--topology"])
+        .arg(&manifest)
+        .args(["--batch-size", &args.batch.to_string()])
+        .env("SLUICE_LOG", "warn");
+    let sluice = measure("sluice worker", worker, &args, &output, &dir.join("worker.log"), &id)?;
+
+    if let Some(classpath) = &args.kafka_streams_classpath {
+        let streams_output = format!("bench-out-streams-{id}");
+        let topic = [NewTopic::new(
+            &streams_output,
+            args.partitions,
+            TopicReplication::Fixed(1),
+        )];
+        for r in admin.create_topics(&topic, &AdminOptions::new()).await? {
+            r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
+        }
+        let mut streams = Command::new("java");
+        streams
+            .args([
+                "-Xmx1g",
+                "-cp",
+                classpath,
+                "dev.sluice.bench.Uppercase",
+                &args.bootstrap,
+                &input,
+                &streams_output,
+            ])
+            .arg(format!("bench-streams-{id}"))
+            .arg(args.partitions.to_string());
+        let peer = measure(
+            "kafka streams",
+            streams,
+            &args,
+            &streams_output,
+            &dir.join("streams.log"),
+            &id,
+        )?;
+        println!(
+            "  sluice / kafka streams: {:.2}x (start-up included), {:.2}x (first output to last)",
+            peer.0 / sluice.0,
+            peer.1 / sluice.1
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// Starts `command`, reads `output` until every record has arrived, stops the process.
+/// Returns (seconds from start, seconds from the first output) to the last output.
+fn measure(
+    name: &str,
+    mut command: Command,
+    args: &E2eArgs,
+    output: &str,
+    log: &std::path::Path,
+    id: &str,
+) -> anyhow::Result<(f64, f64)> {
+    let log_file = std::fs::File::create(log)?;
+    let consumer: BaseConsumer = config(&args.bootstrap)
+        .set("group.id", format!("bench-reader-{id}-{output}"))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()?;
+    consumer.subscribe(&[output])?;
+    let started = Instant::now();
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(log_file.try_clone()?)
+        .stderr(log_file)
+        .spawn()
+        .with_context(|| format!("starting {name}"))?;
+    let mut seen = 0usize;
+    let mut first: Option<Instant> = None;
+    let check = crate::deadline("the sink to fill", Duration::from_secs(900));
+    let result = (|| {
+        while seen < args.records {
+            check()?;
+            if let Some(status) = child.try_wait()? {
+                bail!("{name} exited ({status}); see {}", log.display());
+            }
+            match consumer.poll(Duration::from_millis(100)) {
+                Some(Ok(_)) => {
+                    first.get_or_insert_with(Instant::now);
+                    seen += 1;
+                }
+                Some(Err(e)) => bail!("reading the sink: {e}"),
+                None => {}
+            }
+        }
+        Ok(())
+    })();
+    let total_s = started.elapsed().as_secs_f64();
+    let steady_s = first.map(|f| f.elapsed().as_secs_f64()).unwrap_or(total_s);
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let _ = child.wait();
+    result?;
+    println!(
+        "  {name:<15} {:>10.0} records/s from start to the last output ({total_s:.1} s, start-up included)",
+        args.records as f64 / total_s
+    );
+    println!(
+        "  {:<15} {:>10.0} records/s from the first output to the last ({steady_s:.1} s)",
+        "",
+        args.records as f64 / steady_s
+    );
+    Ok((total_s, steady_s))
+}

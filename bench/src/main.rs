@@ -1,0 +1,207 @@
+//! `sluice-bench`: prints throughput figures (run it through `dev/bench`).
+//!
+//! - `guest`: records/s through a guest alone (no Kafka), with the per-record cost of the
+//!   Wasm boundary beside a native Rust closure doing the same work.
+//! - `e2e`: records/s through `uppercase` on a real broker: one worker process, 4 partitions.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use clap::{Parser, Subcommand};
+use sluice::runtime::{Runtime, RuntimeConfig};
+use sluice_guest::wire::{self, Writer};
+use sluice_guest::TaskInfo;
+
+mod e2e;
+
+#[derive(Parser)]
+struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The guest alone: batches through `process`, against a native closure.
+    Guest {
+        /// The uppercase component.
+        #[arg(long)]
+        component: PathBuf,
+        #[arg(long, default_value_t = 1_000_000)]
+        records: usize,
+        /// Value size in bytes.
+        #[arg(long, default_value_t = 100)]
+        size: usize,
+        #[arg(long, default_value_t = 500)]
+        batch: usize,
+        /// Repetitions; the median is reported.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+    },
+    /// End to end on a broker: produce, run `sluice worker`, read the sink.
+    E2e(e2e::E2eArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Args::parse().command {
+        Command::Guest {
+            component,
+            records,
+            size,
+            batch,
+            runs,
+        } => guest(component, records, size, batch, runs),
+        Command::E2e(args) => tokio::runtime::Runtime::new()?.block_on(e2e::run(args)),
+    }
+}
+
+/// Batches of `batch` records with `size`-byte lower-case ASCII values and 8-byte keys.
+fn batches(records: usize, size: usize, batch: usize) -> Vec<Vec<u8>> {
+    let value: Vec<u8> = (0..size).map(|i| b'a' + (i % 26) as u8).collect();
+    let mut out = Vec::new();
+    let mut w = Writer::new();
+    for i in 0..records {
+        let key = (i as u64).to_le_bytes();
+        w.push_input(Some(&key), Some(&value), i as i64, 0, 0, i as i64, std::iter::empty());
+        if w.len() as usize == batch || i + 1 == records {
+            out.push(w.take());
+        }
+    }
+    out
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    xs[xs.len() / 2]
+}
+
+fn guest(component: PathBuf, records: usize, size: usize, batch: usize, runs: usize) -> anyhow::Result<()> {
+    let runtime = Runtime::new(&RuntimeConfig::default())?;
+    let topology = runtime.load(&component)?;
+    let sinks = topology.description().sinks.clone();
+    let input = batches(records, size, batch);
+    let task = TaskInfo {
+        topology: "bench".into(),
+        task_id: "bench/0".into(),
+        partition: 0,
+        source_topics: vec!["in".into()],
+        sink_topics: vec!["out".into()],
+    };
+    println!(
+        "guest benchmark: {records} records of {size} bytes, batches of {batch}, {} ({})",
+        component.display(),
+        if runtime.is_pooling() {
+            "pooling allocator"
+        } else {
+            "on-demand allocator"
+        }
+    );
+
+    // Wasm: process every batch and decode its output, as the worker does.
+    let mut wasm = Vec::new();
+    let mut checksum = 0usize;
+    for _ in 0..runs {
+        let mut instance = topology.instantiate("bench/0", sinks.clone())?;
+        instance.init(&task)?;
+        let started = Instant::now();
+        for b in &input {
+            let output = instance.process(b)?;
+            let out = output.records(sinks.len())?;
+            checksum += out.len();
+        }
+        wasm.push(started.elapsed().as_secs_f64());
+    }
+    if checksum != records * runs {
+        bail!("the guest emitted {checksum} records for {} inputs", records * runs);
+    }
+
+    // Native: the same work (decode the batch, upper-case, encode the output, decode it).
+    let mut native = Vec::new();
+    let mut writer = Writer::new();
+    let mut upper = Vec::with_capacity(size);
+    for _ in 0..runs {
+        let started = Instant::now();
+        let mut n = 0usize;
+        for b in &input {
+            writer.clear();
+            for r in wire::inputs(b)? {
+                let r = r?;
+                let text = std::str::from_utf8(r.value.unwrap_or_default())?;
+                upper.clear();
+                upper.extend_from_slice(text.to_uppercase().as_bytes());
+                writer.push_emitted(0, r.key, Some(&upper), r.timestamp, std::iter::empty());
+            }
+            for r in wire::emitted(writer.as_bytes())? {
+                r?;
+                n += 1;
+            }
+        }
+        std::hint::black_box(n);
+        native.push(started.elapsed().as_secs_f64());
+    }
+
+    // The fixed cost of one call: an empty batch.
+    let empty = Writer::new().take();
+    let mut instance = topology.instantiate("bench/0", sinks.clone())?;
+    instance.init(&task)?;
+    let calls = 100_000;
+    let started = Instant::now();
+    for _ in 0..calls {
+        instance.process(&empty)?;
+    }
+    let per_call_ns = started.elapsed().as_nanos() as f64 / calls as f64;
+
+    // A new store and instance (what starting a task costs).
+    let started = Instant::now();
+    let n = 1_000;
+    for _ in 0..n {
+        let mut i = topology.instantiate("bench/0", sinks.clone())?;
+        i.init(&task)?;
+    }
+    let instantiate_us = started.elapsed().as_secs_f64() * 1e6 / n as f64;
+
+    let wasm_s = median(wasm);
+    let native_s = median(native);
+    let per = |s: f64| s * 1e9 / records as f64;
+    println!(
+        "  wasm guest:     {:>12.0} records/s  {:>7.1} ns/record",
+        records as f64 / wasm_s,
+        per(wasm_s)
+    );
+    println!(
+        "  native closure: {:>12.0} records/s  {:>7.1} ns/record",
+        records as f64 / native_s,
+        per(native_s)
+    );
+    println!(
+        "  wasm - native:  {:>7.1} ns/record (boundary, copies and wasm code speed)",
+        per(wasm_s) - per(native_s)
+    );
+    println!(
+        "  empty call:     {per_call_ns:>7.0} ns/call  = {:.1} ns/record at batches of {batch}",
+        per_call_ns / batch as f64
+    );
+    println!("  new instance:   {instantiate_us:>7.1} µs (store + instance + init)");
+    Ok(())
+}
+
+/// How long to wait for something, printing what it is.
+pub fn deadline(what: &str, timeout: Duration) -> impl Fn() -> anyhow::Result<()> + '_ {
+    let end = Instant::now() + timeout;
+    move || {
+        if Instant::now() > end {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        Ok(())
+    }
+}
+
+pub fn sluice_binary() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let bin = exe.parent().context("the bench binary's directory")?.join("sluice");
+    if !bin.exists() {
+        bail!("{} is missing: build it first (dev/bench does)", bin.display());
+    }
+    Ok(bin)
+}

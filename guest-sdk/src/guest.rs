@@ -1,0 +1,337 @@
+//! The guest side of the WIT contract: generated bindings, the per-task state behind
+//! `export!`, and the `Context` a processor emits through.
+
+use std::cell::UnsafeCell;
+
+use crate::codec::Encode;
+use crate::wire::{self, Header, Writer, INHERIT_TIMESTAMP};
+use crate::{Description, Error, Processor, Record, TaskInfo};
+
+#[doc(hidden)]
+pub mod bindings {
+    wit_bindgen::generate!({
+        world: "topology",
+        path: "../wit",
+        pub_export_macro: true,
+        export_macro_name: "__export_topology",
+        default_bindings_module: "sluice_guest::__private::bindings",
+    });
+}
+
+use bindings::exports::sluice::topology::processor as wit;
+use bindings::sluice::topology::host;
+use bindings::sluice::topology::types as wit_types;
+
+/// Severity of a log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    Trace,
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+/// How a processor talks to the host: emit records to declared sinks, log, read the clock.
+///
+/// Emitted records are buffered and handed to the host when the call returns: one
+/// transfer per batch instead of one host call per record.
+pub struct Context {
+    sinks: Vec<String>,
+    out: Writer,
+    /// An emit to an undeclared sink fails the batch even if the processor ignored the error.
+    violation: Option<String>,
+    /// The timestamp emitted records get: the input's, or the stream time in `punctuate`.
+    timestamp: i64,
+}
+
+impl Context {
+    /// Emits a record with `key` (none for a record without key) and `value` to `sink`,
+    /// with the timestamp of the input being processed (in `punctuate`, the stream time).
+    ///
+    /// Keys and values are encoded with their [`Encode`] impl: `&str`, `String`, `&[u8]`,
+    /// `Vec<u8>`, [`crate::Json`]. An undeclared sink is an error.
+    pub fn emit<K, V>(&mut self, sink: &str, key: Option<&K>, value: &V) -> Result<(), Error>
+    where
+        K: Encode + ?Sized,
+        V: Encode + ?Sized,
+    {
+        let index = self.sink_index(sink)?;
+        let start = self.out.byte_len();
+        self.out.begin_emitted(index);
+        let encoded = (|| {
+            match key {
+                Some(key) => self.field(|buf| key.encode_into(buf))?,
+                None => self.out.none_field(),
+            }
+            self.field(|buf| value.encode_into(buf))
+        })();
+        if let Err(e) = encoded {
+            self.out.truncate(start);
+            return Err(Error::msg(format!("encoding a record for sink {sink:?}: {e}")));
+        }
+        self.out.finish_emitted(self.timestamp, std::iter::empty());
+        Ok(())
+    }
+
+    /// Emits a record with every field spelled out: raw key and value (none for null),
+    /// an explicit timestamp (none: the input's) and headers.
+    pub fn emit_raw(
+        &mut self,
+        sink: &str,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+        timestamp: Option<i64>,
+        headers: &[(&str, Option<&[u8]>)],
+    ) -> Result<(), Error> {
+        let index = self.sink_index(sink)?;
+        let headers = headers.iter().map(|(name, value)| Header {
+            name: name.as_bytes(),
+            value: *value,
+        });
+        self.out
+            .push_emitted(index, key, value, timestamp.unwrap_or(self.timestamp), headers);
+        Ok(())
+    }
+
+    /// Writes a line to the worker's log, tagged with this topology and task.
+    pub fn log(&self, level: Level, message: &str) {
+        let level = match level {
+            Level::Trace => wit_types::Level::Trace,
+            Level::Debug => wit_types::Level::Debug,
+            Level::Info => wit_types::Level::Info,
+            Level::Warn => wit_types::Level::Warn,
+            Level::Error => wit_types::Level::Error,
+        };
+        host::log(level, message);
+    }
+
+    /// Wall-clock time from the host, milliseconds since the epoch.
+    pub fn now_ms(&self) -> i64 {
+        host::now_ms()
+    }
+
+    /// The declared sinks, in order.
+    pub fn sinks(&self) -> &[String] {
+        &self.sinks
+    }
+
+    fn sink_index(&mut self, sink: &str) -> Result<u32, Error> {
+        match self.sinks.iter().position(|s| s == sink) {
+            Some(i) => Ok(i as u32),
+            None => {
+                let message = format!(
+                    "emit to undeclared sink {sink:?}; the topology declares {:?}",
+                    self.sinks
+                );
+                self.violation.get_or_insert_with(|| message.clone());
+                Err(Error::msg(message))
+            }
+        }
+    }
+
+    fn field(&mut self, encode: impl FnOnce(&mut Vec<u8>) -> Result<(), crate::CodecError>) -> Result<(), Error> {
+        let at = self.out.begin_field();
+        encode(self.out.field_buffer())?;
+        self.out.end_field(at);
+        Ok(())
+    }
+}
+
+struct State<T> {
+    processor: T,
+    sources: Vec<String>,
+    ctx: Context,
+}
+
+/// Where `export!` keeps the task's processor. A component instance runs one task on one
+/// thread, so there is never concurrent access.
+#[doc(hidden)]
+pub struct Slot<T>(UnsafeCell<Option<State<T>>>);
+
+// SAFETY: Wasm components are single-threaded; the host never calls an instance concurrently.
+unsafe impl<T> Sync for Slot<T> {}
+
+impl<T> Slot<T> {
+    #[allow(clippy::new_without_default)]
+    pub const fn new() -> Self {
+        Slot(UnsafeCell::new(None))
+    }
+
+    #[allow(clippy::mut_from_ref)]
+    fn state(&self) -> &mut Option<State<T>> {
+        // SAFETY: see the `Sync` impl; each export call takes this reference once and
+        // drops it before returning.
+        unsafe { &mut *self.0.get() }
+    }
+}
+
+fn guest_error(record_index: Option<u32>, message: impl Into<String>) -> wit_types::GuestError {
+    wit_types::GuestError {
+        record_index,
+        message: message.into(),
+    }
+}
+
+const NOT_INITIALISED: &str = "the host called the topology before init";
+
+#[doc(hidden)]
+pub mod __private {
+    pub use super::bindings;
+    pub use super::bindings::exports::sluice::topology::processor::Guest;
+    pub use super::bindings::sluice::topology::types::{
+        Description as WitDescription, GuestError, TaskInfo as WitTaskInfo,
+    };
+    pub use super::{close, describe, init, process, punctuate, Slot};
+}
+
+#[doc(hidden)]
+pub fn describe<T: Processor>() -> wit::Description {
+    let d: Description = T::describe();
+    wit::Description {
+        name: d.name,
+        sources: d.sources,
+        sinks: d.sinks,
+        stores: d.stores,
+    }
+}
+
+#[doc(hidden)]
+pub fn init<T: Processor>(slot: &Slot<T>, task: wit::TaskInfo) -> Result<(), wit_types::GuestError> {
+    let description = T::describe();
+    let info = TaskInfo {
+        topology: task.topology,
+        task_id: task.task_id,
+        partition: task.partition,
+        source_topics: task.source_topics,
+        sink_topics: task.sink_topics,
+    };
+    let processor = T::init(&info).map_err(|e| guest_error(None, e.0))?;
+    *slot.state() = Some(State {
+        processor,
+        sources: description.sources,
+        ctx: Context {
+            sinks: description.sinks,
+            out: Writer::new(),
+            violation: None,
+            timestamp: INHERIT_TIMESTAMP,
+        },
+    });
+    Ok(())
+}
+
+#[doc(hidden)]
+pub fn process<T: Processor>(slot: &Slot<T>, batch: Vec<u8>) -> Result<Vec<u8>, wit_types::GuestError> {
+    let state = slot
+        .state()
+        .as_mut()
+        .ok_or_else(|| guest_error(None, NOT_INITIALISED))?;
+    let State {
+        processor,
+        sources,
+        ctx,
+    } = state;
+    let records = wire::inputs(&batch).map_err(|e| guest_error(None, e.to_string()))?;
+    for (index, raw) in records.enumerate() {
+        let index = index as u32;
+        let failed = |message: String, ctx: &mut Context| {
+            ctx.out.clear();
+            ctx.violation = None;
+            Err(guest_error(Some(index), message))
+        };
+        let raw = match raw {
+            Ok(raw) => raw,
+            Err(e) => return failed(e.to_string(), ctx),
+        };
+        let Some(source) = sources.get(raw.source as usize) else {
+            return failed(
+                format!(
+                    "the host sent a record from source #{}, which is not declared",
+                    raw.source
+                ),
+                ctx,
+            );
+        };
+        ctx.timestamp = raw.timestamp;
+        let result = processor.process(&Record::from_wire(raw, source), ctx);
+        if let Some(violation) = ctx.violation.take() {
+            return failed(violation, ctx);
+        }
+        if let Err(e) = result {
+            return failed(e.0, ctx);
+        }
+    }
+    Ok(ctx.out.take())
+}
+
+#[doc(hidden)]
+pub fn punctuate<T: Processor>(slot: &Slot<T>, stream_time_ms: i64) -> Result<Vec<u8>, wit_types::GuestError> {
+    finish_call(slot, |processor, ctx| {
+        ctx.timestamp = stream_time_ms;
+        processor.punctuate(stream_time_ms, ctx)
+    })
+}
+
+#[doc(hidden)]
+pub fn close<T: Processor>(slot: &Slot<T>) -> Result<Vec<u8>, wit_types::GuestError> {
+    finish_call(slot, |processor, ctx| {
+        ctx.timestamp = INHERIT_TIMESTAMP;
+        processor.close(ctx)
+    })
+}
+
+fn finish_call<T: Processor>(
+    slot: &Slot<T>,
+    call: impl FnOnce(&mut T, &mut Context) -> Result<(), Error>,
+) -> Result<Vec<u8>, wit_types::GuestError> {
+    let state = slot
+        .state()
+        .as_mut()
+        .ok_or_else(|| guest_error(None, NOT_INITIALISED))?;
+    let result = call(&mut state.processor, &mut state.ctx);
+    let violation = state.ctx.violation.take();
+    match (violation, result) {
+        (Some(message), _) | (None, Err(Error(message))) => {
+            state.ctx.out.clear();
+            Err(guest_error(None, message))
+        }
+        (None, Ok(())) => Ok(state.ctx.out.take()),
+    }
+}
+
+/// Exports a [`Processor`] as the topology of this component. Use it once per crate.
+#[macro_export]
+macro_rules! export {
+    ($processor:ty) => {
+        #[doc(hidden)]
+        struct __SluiceTopology;
+
+        #[doc(hidden)]
+        static __SLUICE_SLOT: $crate::__private::Slot<$processor> = $crate::__private::Slot::new();
+
+        impl $crate::__private::Guest for __SluiceTopology {
+            fn describe() -> $crate::__private::WitDescription {
+                $crate::__private::describe::<$processor>()
+            }
+            fn init(task: $crate::__private::WitTaskInfo) -> ::core::result::Result<(), $crate::__private::GuestError> {
+                $crate::__private::init(&__SLUICE_SLOT, task)
+            }
+            fn process(
+                batch: ::std::vec::Vec<u8>,
+            ) -> ::core::result::Result<::std::vec::Vec<u8>, $crate::__private::GuestError> {
+                $crate::__private::process(&__SLUICE_SLOT, batch)
+            }
+            fn punctuate(
+                stream_time_ms: i64,
+                _wall_clock_ms: i64,
+            ) -> ::core::result::Result<::std::vec::Vec<u8>, $crate::__private::GuestError> {
+                $crate::__private::punctuate(&__SLUICE_SLOT, stream_time_ms)
+            }
+            fn close() -> ::core::result::Result<::std::vec::Vec<u8>, $crate::__private::GuestError> {
+                $crate::__private::close(&__SLUICE_SLOT)
+            }
+        }
+
+        $crate::__private::bindings::__export_topology!(__SluiceTopology with_types_in $crate::__private::bindings);
+    };
+}

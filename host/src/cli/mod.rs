@@ -1,0 +1,58 @@
+//! Command-line interface: argument parsing and dispatch to the subcommands.
+
+mod kafka_tools;
+mod worker;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Sluice runs stream-processing topologies, compiled to WebAssembly components, on Apache Kafka.
+#[derive(Debug, Parser)]
+#[command(name = "sluice", version, about)]
+pub struct Cli {
+    /// Log filter, e.g. `info` or `sluice=debug` (default: $SLUICE_LOG, then `info`).
+    #[arg(long, global = true)]
+    pub log: Option<String>,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run topologies: one task per source partition, until SIGINT or SIGTERM.
+    Worker(worker::WorkerArgs),
+    /// Create topics.
+    Topics(kafka_tools::TopicsArgs),
+    /// Produce lines from standard input as records (`key<TAB>value`, or just `value`).
+    Produce(kafka_tools::ProduceArgs),
+    /// Print records from a topic as `partition/offset key<TAB>value`.
+    Consume(kafka_tools::ConsumeArgs),
+}
+
+pub fn init_logging(filter: Option<&str>) {
+    let filter = filter
+        .map(str::to_owned)
+        .or_else(|| std::env::var("SLUICE_LOG").ok())
+        .unwrap_or_else(|| "info".to_owned());
+    let filter = tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|e| {
+        eprintln!("sluice: ignoring the log filter {filter:?}: {e}");
+        tracing_subscriber::EnvFilter::new("info")
+    });
+    use std::io::IsTerminal;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
+pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Worker(args) => worker::run(args).await,
+        Command::Topics(args) => kafka_tools::topics(args).await,
+        Command::Produce(args) => kafka_tools::produce(args).await,
+        Command::Consume(args) => kafka_tools::consume(args).await,
+    }
+}

@@ -1,0 +1,317 @@
+//! Topology manifests: which component to run under which name, and the topics its logical
+//! sources and sinks are bound to. Pure: parsing and checking only, no I/O beyond reading
+//! the file.
+//!
+//! ```toml
+//! name = "shout"                 # the deployed topology's name: [A-Za-z0-9._-], unique
+//! component = "uppercase.wasm"   # relative to this file
+//!
+//! [sources]                      # every source the component declares, bound to a topic
+//! input = "greetings"
+//!
+//! [sinks]                        # every sink it declares
+//! output = "greetings-shouted"
+//!
+//! [limits]                       # optional; the worker's defaults otherwise
+//! memory = "32MiB"
+//! call-timeout = "2s"
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use sluice_guest::Description;
+
+/// A manifest that cannot be used; the message names the file and the problem.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("cannot read manifest {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("manifest {path} is not valid: {message}")]
+    Invalid { path: String, message: String },
+    #[error("manifest {path} does not fit component {component}: {message}")]
+    Mismatch {
+        path: String,
+        component: String,
+        message: String,
+    },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawManifest {
+    name: String,
+    component: PathBuf,
+    #[serde(default)]
+    sources: BTreeMap<String, String>,
+    #[serde(default)]
+    sinks: BTreeMap<String, String>,
+    #[serde(default)]
+    limits: RawLimits,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawLimits {
+    memory: Option<String>,
+    call_timeout: Option<String>,
+}
+
+/// Per-topology limits that override the worker's defaults.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Limits {
+    pub memory: Option<usize>,
+    pub call_timeout: Option<Duration>,
+}
+
+/// A parsed manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Manifest {
+    /// The file it was read from (for messages).
+    pub path: String,
+    pub name: String,
+    /// The component file, resolved against the manifest's directory.
+    pub component: PathBuf,
+    pub sources: BTreeMap<String, String>,
+    pub sinks: BTreeMap<String, String>,
+    pub limits: Limits,
+}
+
+/// A manifest's bindings in the order of the component's description.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Binding {
+    pub source_topics: Vec<String>,
+    pub sink_topics: Vec<String>,
+}
+
+impl Manifest {
+    pub fn load(path: impl AsRef<Path>) -> Result<Manifest, ManifestError> {
+        let path = path.as_ref();
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ManifestError::Read {
+            path: shown.clone(),
+            source,
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        Manifest::parse(&text, &shown, base)
+    }
+
+    /// Parses manifest text; `path` is used in messages, `base` resolves the component path.
+    pub fn parse(text: &str, path: &str, base: &Path) -> Result<Manifest, ManifestError> {
+        let invalid = |message: String| ManifestError::Invalid {
+            path: path.to_string(),
+            message,
+        };
+        let raw: RawManifest = toml::from_str(text).map_err(|e| invalid(toml_error(text, &e)))?;
+        check_name("topology name", &raw.name).map_err(invalid)?;
+        if raw.component.as_os_str().is_empty() {
+            return Err(invalid("`component` is empty; give the path of the .wasm file".into()));
+        }
+        for (kind, map) in [("source", &raw.sources), ("sink", &raw.sinks)] {
+            for (name, topic) in map {
+                check_topic(topic).map_err(|m| invalid(format!("{kind} {name:?} is bound to {topic:?}: {m}")))?;
+            }
+        }
+        let memory = raw
+            .limits
+            .memory
+            .as_deref()
+            .map(|s| parse_size(s).map_err(|m| invalid(format!("limits.memory = {s:?}: {m}"))))
+            .transpose()?;
+        let call_timeout = raw
+            .limits
+            .call_timeout
+            .as_deref()
+            .map(|s| {
+                humantime::parse_duration(s).map_err(|e| {
+                    invalid(format!(
+                        "limits.call-timeout = {s:?}: {e} (write e.g. \"500ms\" or \"2s\")"
+                    ))
+                })
+            })
+            .transpose()?;
+        if call_timeout == Some(Duration::ZERO) {
+            return Err(invalid("limits.call-timeout must be more than zero".into()));
+        }
+        Ok(Manifest {
+            path: path.to_string(),
+            name: raw.name,
+            component: base.join(&raw.component),
+            sources: raw.sources,
+            sinks: raw.sinks,
+            limits: Limits { memory, call_timeout },
+        })
+    }
+
+    /// Checks the bindings against what the component declares and orders them like it.
+    pub fn bind(&self, description: &Description) -> Result<Binding, ManifestError> {
+        let mismatch = |message: String| ManifestError::Mismatch {
+            path: self.path.clone(),
+            component: self.component.display().to_string(),
+            message,
+        };
+        let mut bound = Vec::new();
+        for (kind, declared, map) in [
+            ("source", &description.sources, &self.sources),
+            ("sink", &description.sinks, &self.sinks),
+        ] {
+            for name in map.keys() {
+                if !declared.contains(name) {
+                    return Err(mismatch(format!(
+                        "it binds the {kind} {name:?}, which the component does not declare (it declares {})",
+                        list(declared)
+                    )));
+                }
+            }
+            let mut topics = Vec::new();
+            for name in declared {
+                match map.get(name) {
+                    Some(topic) => topics.push(topic.clone()),
+                    None => {
+                        return Err(mismatch(format!(
+                            "the component declares the {kind} {name:?}, but the manifest does not bind it to a topic \
+                             (add `{name} = \"<topic>\"` under [{kind}s])"
+                        )))
+                    }
+                }
+            }
+            bound.push(topics);
+        }
+        let sink_topics = bound.pop().unwrap_or_default();
+        let source_topics = bound.pop().unwrap_or_default();
+        for topic in &sink_topics {
+            if source_topics.contains(topic) {
+                return Err(mismatch(format!(
+                    "topic {topic:?} is bound both as a source and as a sink"
+                )));
+            }
+        }
+        Ok(Binding {
+            source_topics,
+            sink_topics,
+        })
+    }
+}
+
+fn list(names: &[String]) -> String {
+    if names.is_empty() {
+        "none".to_string()
+    } else {
+        names.iter().map(|n| format!("{n:?}")).collect::<Vec<_>>().join(", ")
+    }
+}
+
+/// `line 3, column 1: unknown field `replicas`, …` — one line, positions from 1.
+fn toml_error(text: &str, e: &toml::de::Error) -> String {
+    let message = e.message().trim();
+    match e.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+            format!("line {line}, column {column}: {message}")
+        }
+        None => message.to_string(),
+    }
+}
+
+/// Names used in group ids, metrics and paths: `[A-Za-z0-9._-]`, 1–100 characters.
+pub fn check_name(what: &str, name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 100 {
+        return Err(format!("the {what} must be 1 to 100 characters long, got {name:?}"));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(format!(
+            "the {what} {name:?} contains {c:?}; use letters, digits, '.', '_' and '-'"
+        ));
+    }
+    Ok(())
+}
+
+/// Kafka's own rule for topic names.
+fn check_topic(topic: &str) -> Result<(), String> {
+    if topic.is_empty() || topic.len() > 249 || topic == "." || topic == ".." {
+        return Err("not a valid Kafka topic name (1 to 249 characters, not \".\" or \"..\")".into());
+    }
+    if let Some(c) = topic
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(format!(
+            "{c:?} is not allowed in a Kafka topic name (letters, digits, '.', '_', '-')"
+        ));
+    }
+    Ok(())
+}
+
+/// `64MiB`, `512KiB`, `1GiB`, `1000000` (bytes), `10MB`.
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (number, unit) = s.split_at(digits);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| "expected a number with an optional unit, e.g. \"64MiB\"".to_string())?;
+    let factor: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "KB" | "kB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        other => return Err(format!("unknown unit {other:?}; use B, KiB, MiB, GiB, KB, MB or GB")),
+    };
+    number
+        .checked_mul(factor)
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(|| "too large".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("10 MB"), Ok(10_000_000));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("3 parsecs").unwrap_err().contains("unknown unit"));
+    }
+
+    /// Every `tests/manifests/*.toml` is checked against the description of `uppercase`
+    /// (source `input`, sink `output`); a file with a `.err` beside it must fail with
+    /// exactly that text, one without must pass.
+    #[test]
+    fn manifest_ui_cases() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/manifests");
+        let description = Description::new("uppercase").source("input").sink("output");
+        let mut cases = 0;
+        let mut entries: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+        entries.sort();
+        for path in entries
+            .into_iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        {
+            cases += 1;
+            let name = path.file_name().unwrap().to_string_lossy().to_string();
+            let text = std::fs::read_to_string(&path).unwrap();
+            let result = Manifest::parse(&text, &name, Path::new("/deploy")).and_then(|m| m.bind(&description));
+            let expected = std::fs::read_to_string(path.with_extension("err")).ok();
+            match (result, expected) {
+                (Ok(_), None) => {}
+                (Err(e), Some(expected)) => assert_eq!(e.to_string(), expected.trim_end(), "{name}"),
+                (Ok(_), Some(expected)) => panic!("{name} passed, but should fail with: {expected}"),
+                (Err(e), None) => panic!("{name} failed: {e}"),
+            }
+        }
+        assert!(cases >= 8, "only {cases} manifest cases in {}", dir.display());
+    }
+}

@@ -1,0 +1,127 @@
+//! Prometheus metrics of one worker and the HTTP endpoint that serves them as text.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TaskLabels {
+    pub topology: String,
+    pub task: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    pub topology: String,
+    pub task: String,
+    pub kind: String,
+}
+
+/// Every metric the worker exports. Cheap to clone (the families are shared).
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Arc<Registry>,
+    pub records_in: Family<TaskLabels, Counter>,
+    pub records_out: Family<TaskLabels, Counter>,
+    pub guest_calls: Family<TaskLabels, Counter>,
+    pub guest_call_seconds: Family<TaskLabels, Counter<f64>>,
+    pub task_errors: Family<ErrorLabels, Counter>,
+    pub task_failed: Family<TaskLabels, Gauge>,
+    pub tasks_running: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("sluice");
+        let records_in = Family::<TaskLabels, Counter>::default();
+        let records_out = Family::<TaskLabels, Counter>::default();
+        let guest_calls = Family::<TaskLabels, Counter>::default();
+        let guest_call_seconds = Family::<TaskLabels, Counter<f64>>::default();
+        let task_errors = Family::<ErrorLabels, Counter>::default();
+        let task_failed = Family::<TaskLabels, Gauge>::default();
+        let tasks_running = Gauge::default();
+        registry.register("records_in", "Records read from source topics", records_in.clone());
+        registry.register("records_out", "Records produced to sink topics", records_out.clone());
+        registry.register(
+            "guest_calls",
+            "Calls into the Wasm guest (batches, punctuations)",
+            guest_calls.clone(),
+        );
+        registry.register(
+            "guest_call_seconds",
+            "Time spent in guest calls",
+            guest_call_seconds.clone(),
+        );
+        registry.register(
+            "task_errors",
+            "Task failures by kind (trap, deadline, memory, error, produce, …)",
+            task_errors.clone(),
+        );
+        registry.register(
+            "task_failed",
+            "1 while a task is stopped by a failure",
+            task_failed.clone(),
+        );
+        registry.register(
+            "tasks_running",
+            "Tasks processing records on this worker",
+            tasks_running.clone(),
+        );
+        Metrics {
+            registry: Arc::new(registry),
+            records_in,
+            records_out,
+            guest_calls,
+            guest_call_seconds,
+            task_errors,
+            task_failed,
+            tasks_running,
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+
+    /// Serves `GET /metrics` on `addr` until the process ends; returns the bound address.
+    pub async fn serve(self, addr: SocketAddr) -> anyhow::Result<SocketAddr> {
+        use axum::routing::get;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen for metrics on {addr}: {e}"))?;
+        let bound = listener.local_addr()?;
+        let app = axum::Router::new().route(
+            "/metrics",
+            get(move || {
+                let metrics = self.clone();
+                async move {
+                    (
+                        [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
+                        metrics.render(),
+                    )
+                }
+            }),
+        );
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                tracing::error!("metrics endpoint stopped: {e}");
+            }
+        });
+        Ok(bound)
+    }
+}

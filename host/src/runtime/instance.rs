@@ -1,0 +1,195 @@
+//! One task's instance: its `Store`, the typed exports, and every call bounded by a deadline.
+
+use std::time::Duration;
+
+use wasmtime::{Store, Trap};
+
+use super::bindings::exports::sluice::topology::processor as wit;
+use super::bindings::Topology;
+use super::fault::GuestFault;
+use super::host::TaskData;
+use super::{LoadedTopology, EPOCH_TICK};
+use sluice_guest::wire::{self, Emitted};
+use sluice_guest::{Description, TaskInfo};
+
+/// An instance of a topology for one task. After a fault it refuses further calls: a
+/// trapped instance may be in any state, so the task must start over with a new one.
+pub struct TaskInstance {
+    store: Store<TaskData>,
+    topology: Topology,
+    timeout: Duration,
+    deadline_ticks: u64,
+    faulted: bool,
+}
+
+/// What one call emitted: the guest's output buffer plus anything sent through `host.emit`.
+#[derive(Debug, Default)]
+pub struct CallOutput {
+    returned: Vec<u8>,
+    host_emitted: Vec<u8>,
+}
+
+impl CallOutput {
+    /// The emitted records, checked against the contract (encoding, declared sinks).
+    pub fn records(&self, sink_count: usize) -> Result<Vec<Emitted<'_>>, GuestFault> {
+        let mut out = Vec::new();
+        for buffer in [&self.host_emitted, &self.returned] {
+            if buffer.is_empty() {
+                continue;
+            }
+            let records = wire::emitted(buffer).map_err(|e| GuestFault::BadOutput { detail: e.to_string() })?;
+            out.reserve(records.remaining() as usize);
+            for record in records {
+                let record = record.map_err(|e| GuestFault::BadOutput { detail: e.to_string() })?;
+                if record.sink as usize >= sink_count {
+                    return Err(GuestFault::BadOutput {
+                        detail: format!(
+                            "a record for sink #{}, but the topology declares {sink_count} sink(s)",
+                            record.sink
+                        ),
+                    });
+                }
+                out.push(record);
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl TaskInstance {
+    pub(super) fn new(topology: &LoadedTopology, label: &str, sinks: Vec<String>) -> Result<Self, GuestFault> {
+        let config = &topology.config;
+        let timeout = config.call_timeout;
+        let mut store = Store::new(&topology.engine, TaskData::new(label, sinks, config.memory_limit));
+        store.limiter(|data| data);
+        store.epoch_deadline_trap();
+        let deadline_ticks = timeout.as_nanos().div_ceil(EPOCH_TICK.as_nanos()).max(1) as u64;
+        store.set_epoch_deadline(deadline_ticks);
+        let topology = match topology.pre.instantiate(&mut store) {
+            Ok(topology) => topology,
+            // A start function can trap like any call; anything else is the host's problem
+            // (e.g. the pooling allocator has no free slot).
+            Err(e) if e.downcast_ref::<Trap>().is_some() => return Err(classify(&mut store, e, timeout)),
+            Err(e) => {
+                return Err(GuestFault::Instantiate {
+                    detail: format!("{e:#}"),
+                })
+            }
+        };
+        Ok(TaskInstance {
+            store,
+            topology,
+            timeout,
+            deadline_ticks,
+            faulted: false,
+        })
+    }
+
+    pub fn describe(&mut self) -> Result<Description, GuestFault> {
+        let d = self.call(|p, s| p.call_describe(s))?;
+        Ok(Description {
+            name: d.name,
+            sources: d.sources,
+            sinks: d.sinks,
+            stores: d.stores,
+        })
+    }
+
+    pub fn init(&mut self, task: &TaskInfo) -> Result<(), GuestFault> {
+        let info = wit::TaskInfo {
+            topology: task.topology.clone(),
+            task_id: task.task_id.clone(),
+            partition: task.partition,
+            source_topics: task.source_topics.clone(),
+            sink_topics: task.sink_topics.clone(),
+        };
+        let result = self.call(|p, s| p.call_init(s, &info))?;
+        result.map_err(|e| self.guest_error(e))
+    }
+
+    /// Processes one encoded batch (see `sluice_guest::wire`).
+    pub fn process(&mut self, batch: &[u8]) -> Result<CallOutput, GuestFault> {
+        let result = self.call(|p, s| p.call_process(s, batch))?;
+        self.output(result)
+    }
+
+    pub fn punctuate(&mut self, stream_time_ms: i64, wall_clock_ms: i64) -> Result<CallOutput, GuestFault> {
+        let result = self.call(|p, s| p.call_punctuate(s, stream_time_ms, wall_clock_ms))?;
+        self.output(result)
+    }
+
+    pub fn close(&mut self) -> Result<CallOutput, GuestFault> {
+        let result = self.call(|p, s| p.call_close(s))?;
+        self.output(result)
+    }
+
+    /// Whether a previous call faulted (the instance must not be used again).
+    pub fn is_faulted(&self) -> bool {
+        self.faulted
+    }
+
+    fn output(&mut self, result: Result<Vec<u8>, wit::GuestError>) -> Result<CallOutput, GuestFault> {
+        let host_emitted = self.store.data_mut().emitted.take_if_any();
+        match result {
+            Ok(returned) => Ok(CallOutput { returned, host_emitted }),
+            Err(e) => Err(self.guest_error(e)),
+        }
+    }
+
+    fn guest_error(&mut self, e: wit::GuestError) -> GuestFault {
+        self.faulted = true;
+        GuestFault::Error {
+            message: e.message,
+            record_index: e.record_index,
+        }
+    }
+
+    fn call<R>(
+        &mut self,
+        f: impl FnOnce(&wit::Guest, &mut Store<TaskData>) -> wasmtime::Result<R>,
+    ) -> Result<R, GuestFault> {
+        if self.faulted {
+            return Err(GuestFault::Instantiate {
+                detail: "the instance faulted earlier and cannot be called again".into(),
+            });
+        }
+        self.store.set_epoch_deadline(self.deadline_ticks);
+        let processor = self.topology.sluice_topology_processor();
+        match f(processor, &mut self.store) {
+            Ok(r) => Ok(r),
+            Err(e) => {
+                self.faulted = true;
+                Err(self.classify(e))
+            }
+        }
+    }
+
+    fn classify(&mut self, e: wasmtime::Error) -> GuestFault {
+        classify(&mut self.store, e, self.timeout)
+    }
+}
+
+fn classify(store: &mut Store<TaskData>, e: wasmtime::Error, timeout: Duration) -> GuestFault {
+    let data = store.data_mut();
+    if let Some(requested) = data.memory_denied.take() {
+        return GuestFault::Memory {
+            limit: data.memory_limit,
+            requested,
+        };
+    }
+    match e.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) => GuestFault::Deadline { timeout },
+        Some(trap) => {
+            let text = trap.to_string();
+            let trap = text.strip_prefix("wasm trap: ").unwrap_or(&text).to_string();
+            GuestFault::Trap {
+                trap,
+                stderr: data.captured_output(),
+            }
+        }
+        None => GuestFault::Trap {
+            trap: format!("{e:#}"),
+            stderr: data.captured_output(),
+        },
+    }
+}

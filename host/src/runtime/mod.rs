@@ -1,0 +1,301 @@
+//! The Wasm sandbox: one wasmtime `Engine` per process, each topology compiled once, one
+//! `Store` and instance per task, with a memory cap and a deadline on every call.
+//!
+//! ```no_run
+//! use sluice::runtime::{Runtime, RuntimeConfig};
+//! # fn main() -> anyhow::Result<()> {
+//! let runtime = Runtime::new(&RuntimeConfig::default())?;
+//! let topology = runtime.load("uppercase.wasm")?;
+//! println!("{:?}", topology.description());
+//! # Ok(()) }
+//! ```
+//!
+//! The sandbox policy lives here and nowhere else: guests get no filesystem, network,
+//! environment or clock beyond what the `sluice:topology/host` interface offers (WASI is
+//! linked only because Rust's `wasm32-wasip2` standard library imports it; every
+//! capability in it is denied, and stdout/stderr go to a small per-task buffer used to
+//! explain traps).
+
+mod fault;
+mod host;
+mod instance;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+pub use fault::GuestFault;
+pub use host::TaskData;
+pub use instance::{CallOutput, TaskInstance};
+
+/// Generated from `wit/`; kept private behind the types of this module.
+mod bindings {
+    wasmtime::component::bindgen!({
+        world: "topology",
+        path: "../wit",
+    });
+}
+
+pub use bindings::sluice::topology::types::Level as GuestLevel;
+
+/// How long one epoch tick lasts; call deadlines are rounded up to whole ticks.
+const EPOCH_TICK: Duration = Duration::from_millis(5);
+
+/// Sandbox limits and engine settings. Defaults suit a worker running a few hundred tasks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeConfig {
+    /// Linear memory one task instance may grow to.
+    pub memory_limit: usize,
+    /// Longest one guest call (a batch, a punctuation, init, close) may run.
+    pub call_timeout: Duration,
+    /// Use the pooling allocator (pre-reserved slots, fast instantiation). Falls back to
+    /// on-demand allocation when the machine refuses the reservation.
+    pub pooling: bool,
+    /// Instances the pooling allocator has room for (one per task).
+    pub max_instances: u32,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            memory_limit: 64 << 20,
+            call_timeout: Duration::from_secs(5),
+            pooling: true,
+            max_instances: 1000,
+        }
+    }
+}
+
+/// Loading a component failed; the message says which file and what is wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("cannot read component {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("{path} is not a WebAssembly component: {detail}")]
+    NotAComponent { path: String, detail: String },
+    #[error("component {path} does not fit the sluice:topology@0.1.0 world: {detail}")]
+    WrongWorld { path: String, detail: String },
+    #[error("component {path} failed while describing itself: {fault}")]
+    Describe { path: String, fault: GuestFault },
+    #[error("component {path} describes itself inconsistently: {detail}")]
+    BadDescription { path: String, detail: String },
+}
+
+/// The process-wide engine, linker and epoch ticker.
+pub struct Runtime {
+    engine: Engine,
+    linker: Linker<TaskData>,
+    config: RuntimeConfig,
+    pooling: bool,
+    ticker_stop: Arc<AtomicBool>,
+}
+
+impl Runtime {
+    pub fn new(config: &RuntimeConfig) -> anyhow::Result<Runtime> {
+        let (engine, pooling) = if config.pooling {
+            match Engine::new(&engine_config(config, true)) {
+                Ok(engine) => (engine, true),
+                Err(e) => {
+                    tracing::warn!("pooling allocator unavailable ({e:#}); allocating instances on demand");
+                    (Engine::new(&engine_config(config, false))?, false)
+                }
+            }
+        } else {
+            (Engine::new(&engine_config(config, false))?, false)
+        };
+
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
+        bindings::Topology::add_to_linker::<_, HasSelf<_>>(&mut linker, |data: &mut TaskData| data)?;
+
+        // Epoch interruption bounds every call: a thread bumps the epoch every tick and a
+        // store traps once its deadline (set per call) passes.
+        let ticker_stop = Arc::new(AtomicBool::new(false));
+        let ticker_engine = engine.weak();
+        let stop = ticker_stop.clone();
+        std::thread::Builder::new().name("sluice-epoch".into()).spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(EPOCH_TICK);
+                match ticker_engine.upgrade() {
+                    Some(engine) => engine.increment_epoch(),
+                    None => break,
+                }
+            }
+        })?;
+
+        Ok(Runtime {
+            engine,
+            linker,
+            config: config.clone(),
+            pooling,
+            ticker_stop,
+        })
+    }
+
+    /// Whether instances come from the pooling allocator.
+    pub fn is_pooling(&self) -> bool {
+        self.pooling
+    }
+
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.config
+    }
+
+    /// Compiles a component file, checks it against the world and asks it to describe itself.
+    pub fn load(&self, path: impl AsRef<Path>) -> Result<LoadedTopology, LoadError> {
+        let path = path.as_ref();
+        let shown = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
+            path: shown.clone(),
+            source,
+        })?;
+        self.load_bytes(&shown, &bytes)
+    }
+
+    /// As [`Runtime::load`], from bytes; `name` is used in errors.
+    pub fn load_bytes(&self, name: &str, bytes: &[u8]) -> Result<LoadedTopology, LoadError> {
+        let path = name.to_string();
+        if !is_component(bytes) {
+            let detail = if bytes.starts_with(b"\0asm") {
+                "it is a core Wasm module; build it for wasm32-wasip2 (or wrap it with `wasm-tools component new`)"
+                    .to_string()
+            } else {
+                "it does not start with the Wasm magic bytes".to_string()
+            };
+            return Err(LoadError::NotAComponent { path, detail });
+        }
+        let component = Component::new(&self.engine, bytes).map_err(|e| LoadError::NotAComponent {
+            path: path.clone(),
+            detail: format!("{e:#}"),
+        })?;
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| LoadError::WrongWorld {
+                path: path.clone(),
+                detail: format!("{e:#}"),
+            })?;
+        let pre = bindings::TopologyPre::new(pre).map_err(|e| LoadError::WrongWorld {
+            path: path.clone(),
+            detail: format!("{e:#}"),
+        })?;
+        let topology = LoadedTopology {
+            pre,
+            description: Default::default(),
+            engine: self.engine.clone(),
+            config: self.config.clone(),
+        };
+        let description = topology.describe().map_err(|fault| LoadError::Describe {
+            path: path.clone(),
+            fault,
+        })?;
+        check_description(&description).map_err(|detail| LoadError::BadDescription { path, detail })?;
+        Ok(LoadedTopology {
+            description,
+            ..topology
+        })
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        self.ticker_stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn engine_config(config: &RuntimeConfig, pooling: bool) -> Config {
+    let mut c = Config::new();
+    c.wasm_component_model(true);
+    c.epoch_interruption(true);
+    c.cranelift_opt_level(wasmtime::OptLevel::Speed);
+    if pooling {
+        let mut pool = PoolingAllocationConfig::default();
+        let n = config.max_instances;
+        pool.total_component_instances(n);
+        // A Rust wasm32-wasip2 component is one core module plus a few small shims.
+        pool.total_core_instances(n.saturating_mul(8));
+        pool.total_memories(n.saturating_mul(2));
+        pool.total_tables(n.saturating_mul(4));
+        pool.total_stacks(n);
+        pool.max_memory_size(config.memory_limit);
+        c.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    }
+    c
+}
+
+fn is_component(bytes: &[u8]) -> bool {
+    // A component has the Wasm magic and layer 1 in the version field; a core module layer 0.
+    bytes.len() >= 8 && bytes.starts_with(b"\0asm") && bytes[6..8] == [1, 0]
+}
+
+fn check_description(d: &sluice_guest::Description) -> Result<(), String> {
+    if d.sources.is_empty() {
+        return Err("it declares no sources".into());
+    }
+    for (kind, names) in [("source", &d.sources), ("sink", &d.sinks), ("store", &d.stores)] {
+        let mut seen = std::collections::HashSet::new();
+        for name in names {
+            if name.is_empty() {
+                return Err(format!("it declares a {kind} with an empty name"));
+            }
+            if !seen.insert(name) {
+                return Err(format!("it declares the {kind} {name:?} twice"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A compiled topology, ready to instantiate for tasks.
+#[derive(Clone)]
+pub struct LoadedTopology {
+    pre: bindings::TopologyPre<TaskData>,
+    description: sluice_guest::Description,
+    engine: Engine,
+    config: RuntimeConfig,
+}
+
+impl LoadedTopology {
+    pub fn description(&self) -> &sluice_guest::Description {
+        &self.description
+    }
+
+    /// The same topology with a manifest's limits applied. A topology may ask for less
+    /// memory than the worker allows, not more (the pooling allocator's slots are sized
+    /// for the worker's limit).
+    pub fn with_limits(&self, limits: &crate::manifest::Limits) -> Result<LoadedTopology, String> {
+        let mut config = self.config.clone();
+        if let Some(memory) = limits.memory {
+            if memory > self.config.memory_limit {
+                return Err(format!(
+                    "limits.memory ({memory} bytes) is more than the worker's memory limit ({} bytes)",
+                    self.config.memory_limit
+                ));
+            }
+            config.memory_limit = memory;
+        }
+        if let Some(timeout) = limits.call_timeout {
+            config.call_timeout = timeout;
+        }
+        Ok(LoadedTopology { config, ..self.clone() })
+    }
+
+    /// The limits its instances run with.
+    pub fn limits(&self) -> &RuntimeConfig {
+        &self.config
+    }
+
+    fn describe(&self) -> Result<sluice_guest::Description, GuestFault> {
+        let mut instance = TaskInstance::new(self, "(describe)", Vec::new())?;
+        instance.describe()
+    }
+
+    /// A fresh instance for one task; `label` tags its log lines.
+    pub fn instantiate(&self, label: &str, sinks: Vec<String>) -> Result<TaskInstance, GuestFault> {
+        TaskInstance::new(self, label, sinks)
+    }
+}

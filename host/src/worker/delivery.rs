@@ -1,0 +1,128 @@
+//! The worker's producer and per-task delivery tracking: a task commits its source offsets
+//! only once every record it produced before the commit has been acknowledged.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdkafka::client::ClientContext;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header as KafkaHeader, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::Message;
+
+/// Deliveries of one task still in flight, and the first failure among them.
+#[derive(Debug, Default)]
+pub struct DeliveryTracker {
+    pending: AtomicU64,
+    failure: Mutex<Option<String>>,
+}
+
+impl DeliveryTracker {
+    pub fn pending(&self) -> u64 {
+        self.pending.load(Ordering::Acquire)
+    }
+
+    pub fn failure(&self) -> Option<String> {
+        self.failure.lock().unwrap().clone()
+    }
+
+    /// Waits until nothing is in flight; fails with the first delivery error, or when
+    /// `timeout` passes first.
+    pub fn wait_idle(&self, timeout: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(failure) = self.failure() {
+                return Err(failure);
+            }
+            let pending = self.pending();
+            if pending == 0 {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "{pending} produced record(s) not acknowledged within {}s",
+                    timeout.as_secs()
+                ));
+            }
+            std::thread::sleep(Duration::from_micros(500));
+        }
+    }
+}
+
+/// Routes delivery reports to the tracker of the task that produced the record. Does
+/// nothing heavy: it runs on the producer's polling thread.
+pub struct DeliveryRouter;
+
+impl ClientContext for DeliveryRouter {}
+
+impl ProducerContext for DeliveryRouter {
+    type DeliveryOpaque = Arc<DeliveryTracker>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, tracker: Arc<DeliveryTracker>) {
+        if let Err((error, message)) = result {
+            let mut failure = tracker.failure.lock().unwrap();
+            failure.get_or_insert_with(|| {
+                format!(
+                    "producing to topic {} (partition {}) failed: {error}",
+                    message.topic(),
+                    message.partition()
+                )
+            });
+        }
+        tracker.pending.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+pub type WorkerProducer = ThreadedProducer<DeliveryRouter>;
+
+/// One record to produce.
+pub struct Outgoing<'a> {
+    pub topic: &'a str,
+    pub key: Option<&'a [u8]>,
+    pub value: Option<&'a [u8]>,
+    pub timestamp: i64,
+    pub headers: sluice_guest::wire::Headers<'a>,
+}
+
+/// Enqueues a record, waiting while the producer's queue is full.
+pub fn send(producer: &WorkerProducer, tracker: &Arc<DeliveryTracker>, out: Outgoing<'_>) -> Result<(), String> {
+    let mut record = BaseRecord::with_opaque_to(out.topic, tracker.clone()).timestamp(out.timestamp);
+    if let Some(key) = out.key {
+        record = record.key(key);
+    }
+    if let Some(value) = out.value {
+        record = record.payload(value);
+    }
+    if !out.headers.is_empty() {
+        let mut headers = OwnedHeaders::new_with_capacity(out.headers.len());
+        for h in out.headers.iter() {
+            let key = String::from_utf8_lossy(h.name);
+            headers = headers.insert(KafkaHeader {
+                key: &key,
+                value: h.value,
+            });
+        }
+        record = record.headers(headers);
+    }
+    tracker.pending.fetch_add(1, Ordering::AcqRel);
+    loop {
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                record = back;
+                // The producer's own thread drains the queue; give it a moment.
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err((e, _)) => {
+                tracker.pending.fetch_sub(1, Ordering::AcqRel);
+                return Err(format!("producing to topic {}: {e}", out.topic));
+            }
+        }
+    }
+}
+
+/// Flushes everything, for shutdown.
+pub fn flush(producer: &WorkerProducer, timeout: Duration) -> Result<(), KafkaError> {
+    producer.flush(timeout)
+}

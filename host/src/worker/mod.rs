@@ -1,0 +1,305 @@
+//! A worker process: loads the topologies it is given, checks them against the cluster,
+//! and runs one task per source partition until it is told to stop.
+//!
+//! Until the worker group lands, a worker owns every partition of its topologies. Source
+//! offsets are committed under a consumer group per topology (`sluice-<name>`), so a
+//! restarted worker resumes where the last one committed.
+
+pub mod delivery;
+pub mod task;
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use rdkafka::client::ClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::base_consumer::PartitionQueue;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{Offset, TopicPartitionList};
+
+use crate::manifest::{Binding, Manifest};
+use crate::metrics::Metrics;
+use crate::runtime::{LoadedTopology, Runtime, RuntimeConfig};
+use delivery::{DeliveryRouter, WorkerProducer};
+pub use task::{TaskError, TaskSettings, TaskSummary};
+
+/// Everything a worker is started with.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    pub bootstrap: String,
+    pub manifests: Vec<PathBuf>,
+    pub metrics_addr: Option<SocketAddr>,
+    pub tasks: TaskSettings,
+    pub runtime: RuntimeConfig,
+}
+
+impl WorkerConfig {
+    pub fn new(bootstrap: impl Into<String>, manifests: Vec<PathBuf>) -> Self {
+        WorkerConfig {
+            bootstrap: bootstrap.into(),
+            manifests,
+            metrics_addr: None,
+            tasks: TaskSettings {
+                batch_size: 500,
+                commit_interval: Duration::from_secs(1),
+                punctuate_interval: Duration::from_secs(1),
+            },
+            runtime: RuntimeConfig::default(),
+        }
+    }
+}
+
+/// Consumer events: errors go to the log; nothing else is needed yet.
+pub struct ConsumerEvents;
+
+impl ClientContext for ConsumerEvents {}
+impl ConsumerContext for ConsumerEvents {}
+
+pub type TaskQueue = PartitionQueue<ConsumerEvents>;
+
+/// A topology ready to run: compiled, bound to topics, with its consumer.
+pub struct DeployedTopology {
+    pub name: String,
+    pub loaded: LoadedTopology,
+    pub binding: Binding,
+    pub partitions: i32,
+    pub consumer: Arc<BaseConsumer<ConsumerEvents>>,
+}
+
+/// Loads and checks every manifest and component; the first problem is returned.
+pub fn load_topologies(
+    runtime: &Runtime,
+    manifests: &[PathBuf],
+) -> anyhow::Result<Vec<(Manifest, LoadedTopology, Binding)>> {
+    if manifests.is_empty() {
+        bail!("no topology to run: pass --topology FILE.toml (repeatable)");
+    }
+    let mut names = HashSet::new();
+    let mut out = Vec::new();
+    for path in manifests {
+        let manifest = Manifest::load(path)?;
+        if !names.insert(manifest.name.clone()) {
+            bail!(
+                "two manifests name the topology {:?}; topology names must be unique",
+                manifest.name
+            );
+        }
+        let loaded = runtime.load(&manifest.component)?;
+        let loaded = loaded
+            .with_limits(&manifest.limits)
+            .map_err(|m| anyhow::anyhow!("manifest {}: {m}", manifest.path))?;
+        let binding = manifest.bind(loaded.description())?;
+        out.push((manifest, loaded, binding));
+    }
+    Ok(out)
+}
+
+/// Runs a worker until `shutdown` resolves, then stops every task cleanly (finish the
+/// batch, flush, commit, close) and returns. Start-up problems (a bad manifest or
+/// component, a missing topic, an unreachable cluster) are returned before anything runs.
+pub async fn run(
+    config: WorkerConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<WorkerReport> {
+    let runtime = Runtime::new(&config.runtime)?;
+    let topologies = load_topologies(&runtime, &config.manifests)?;
+
+    let metrics = Metrics::new();
+    if let Some(addr) = config.metrics_addr {
+        let bound = metrics.clone().serve(addr).await?;
+        tracing::info!("metrics on http://{bound}/metrics");
+    }
+
+    let bootstrap = config.bootstrap.clone();
+    let deployed = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<DeployedTopology>> {
+        topologies
+            .into_iter()
+            .map(|(m, loaded, binding)| deploy(&bootstrap, m, loaded, binding))
+            .collect()
+    })
+    .await??;
+
+    let producer: Arc<WorkerProducer> = Arc::new(
+        base_config(&config.bootstrap)
+            .set("enable.idempotence", "true")
+            .set("linger.ms", "5")
+            .set("compression.type", "lz4")
+            .create_with_context(DeliveryRouter)
+            .context("creating the producer")?,
+    );
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut threads = Vec::new();
+    let mut pollers = Vec::new();
+    for topology in deployed {
+        let topology = Arc::new(topology);
+        let mut queues: Vec<Vec<TaskQueue>> = (0..topology.partitions).map(|_| Vec::new()).collect();
+        let mut assignment = TopicPartitionList::new();
+        for topic in &topology.binding.source_topics {
+            for partition in 0..topology.partitions {
+                // Queues are split off before assigning, so no record reaches the main queue.
+                let queue = topology
+                    .consumer
+                    .split_partition_queue(topic, partition)
+                    .with_context(|| format!("splitting the queue of {topic}/{partition}"))?;
+                queues[partition as usize].push(queue);
+                assignment.add_partition_offset(topic, partition, Offset::Stored)?;
+            }
+        }
+        topology
+            .consumer
+            .assign(&assignment)
+            .context("assigning source partitions")?;
+        tracing::info!(topology = %topology.name, partitions = topology.partitions, sources = ?topology.binding.source_topics, sinks = ?topology.binding.sink_topics, "deployed");
+
+        pollers.push(spawn_main_queue_poller(topology.clone(), stop.clone())?);
+        for (partition, queues) in queues.into_iter().enumerate() {
+            let ctx = task::TaskContext {
+                topology: topology.clone(),
+                partition: partition as i32,
+                queues,
+                producer: producer.clone(),
+                settings: config.tasks.clone(),
+                stop: stop.clone(),
+                metrics: metrics.clone(),
+            };
+            let name = format!("task-{}-{partition}", topology.name);
+            let id = format!("{}/{partition}", topology.name);
+            threads.push((
+                id,
+                std::thread::Builder::new().name(name).spawn(move || task::run(ctx))?,
+            ));
+        }
+    }
+
+    shutdown.await;
+    tracing::info!("stopping: finishing batches in flight, flushing, committing");
+    stop.store(true, Ordering::Relaxed);
+    let report = tokio::task::spawn_blocking(move || {
+        let mut report = WorkerReport::default();
+        for (id, handle) in threads {
+            match handle.join() {
+                Ok(Ok(summary)) => report.stopped.push((id, summary)),
+                Ok(Err(e)) => report.failed.push((id, e.to_string())),
+                Err(_) => report.failed.push((id, "the task thread panicked".to_string())),
+            }
+        }
+        for poller in pollers {
+            let _ = poller.join();
+        }
+        if let Err(e) = delivery::flush(&producer, Duration::from_secs(30)) {
+            report
+                .failed
+                .push(("producer".into(), format!("flushing at shutdown: {e}")));
+        }
+        report
+    })
+    .await?;
+    Ok(report)
+}
+
+/// How the worker's tasks ended.
+#[derive(Debug, Default)]
+pub struct WorkerReport {
+    pub stopped: Vec<(String, TaskSummary)>,
+    pub failed: Vec<(String, String)>,
+}
+
+fn base_config(bootstrap: &str) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", bootstrap)
+        .set("client.id", "sluice-worker");
+    config
+}
+
+/// Creates a topology's consumer and checks its topics against the cluster.
+fn deploy(
+    bootstrap: &str,
+    manifest: Manifest,
+    loaded: LoadedTopology,
+    binding: Binding,
+) -> anyhow::Result<DeployedTopology> {
+    let group = format!("sluice-{}", manifest.name);
+    let consumer: BaseConsumer<ConsumerEvents> = base_config(bootstrap)
+        .set("group.id", &group)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("enable.partition.eof", "false")
+        .set("fetch.wait.max.ms", "100")
+        .create_with_context(ConsumerEvents)
+        .context("creating the consumer")?;
+
+    let mut partitions = None;
+    for (kind, topics) in [("source", &binding.source_topics), ("sink", &binding.sink_topics)] {
+        for topic in topics.iter() {
+            let count = partition_count(&consumer, topic).map_err(|e| {
+                anyhow::anyhow!(
+                    "topology {} (manifest {}): {kind} topic {topic:?}: {e}",
+                    manifest.name,
+                    manifest.path
+                )
+            })?;
+            if kind == "source" {
+                match partitions {
+                    None => partitions = Some((topic.clone(), count)),
+                    Some((ref first, n)) if n != count => bail!(
+                        "topology {}: source topics {first:?} ({n} partitions) and {topic:?} ({count} partitions) \
+                         must have the same number of partitions (a task reads the same partition of each)",
+                        manifest.name
+                    ),
+                    Some(_) => {}
+                }
+            }
+        }
+    }
+    let (_, partitions) = partitions.expect("a topology has at least one source");
+    Ok(DeployedTopology {
+        name: manifest.name,
+        loaded,
+        binding,
+        partitions,
+        consumer: Arc::new(consumer),
+    })
+}
+
+fn partition_count(consumer: &BaseConsumer<ConsumerEvents>, topic: &str) -> Result<i32, String> {
+    let metadata = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(15))
+        .map_err(|e| format!("cannot fetch metadata from Kafka: {e}"))?;
+    let Some(t) = metadata.topics().iter().find(|t| t.name() == topic) else {
+        return Err("not in the cluster's metadata".into());
+    };
+    match t.error() {
+        None if !t.partitions().is_empty() => Ok(t.partitions().len() as i32),
+        Some(e) if RDKafkaErrorCode::from(e) == RDKafkaErrorCode::UnknownTopicOrPartition => {
+            Err("does not exist; create it first (for example `sluice topics create --partitions 4 TOPIC`)".into())
+        }
+        None => Err("does not exist; create it first (for example `sluice topics create --partitions 4 TOPIC`)".into()),
+        Some(e) => Err(format!("{}", KafkaError::MetadataFetch(e.into()))),
+    }
+}
+
+/// The main queue carries errors and events; records all go to the task queues.
+fn spawn_main_queue_poller(
+    topology: Arc<DeployedTopology>,
+    stop: Arc<AtomicBool>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new().name(format!("poll-{}", topology.name)).spawn(move || {
+        while !stop.load(Ordering::Relaxed) {
+            match topology.consumer.poll(Duration::from_millis(100)) {
+                None => {}
+                Some(Ok(m)) => tracing::warn!(topology = %topology.name, "a record reached the main queue: {}/{}", rdkafka::Message::partition(&m), rdkafka::Message::offset(&m)),
+                Some(Err(e)) => tracing::warn!(topology = %topology.name, "consumer: {e}"),
+            }
+        }
+    })
+}

@@ -1,0 +1,478 @@
+//! One task — a topology on one input partition — on its own thread: poll a batch, call the
+//! guest, produce what it emits, and commit source offsets once those records are
+//! acknowledged (at-least-once).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::message::{BorrowedMessage, Headers as _, Message};
+use rdkafka::{Offset, TopicPartitionList};
+use sluice_guest::wire::{self, Header, Writer, INHERIT_TIMESTAMP};
+use sluice_guest::TaskInfo;
+
+use super::delivery::{self, DeliveryTracker, Outgoing, WorkerProducer};
+use super::{ConsumerEvents, DeployedTopology, TaskQueue};
+use crate::metrics::{ErrorLabels, Metrics, TaskLabels};
+use crate::runtime::{CallOutput, GuestFault, TaskInstance};
+
+/// How long a commit waits for the task's produced records to be acknowledged.
+const DELIVERY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Knobs shared by every task of a worker.
+#[derive(Debug, Clone)]
+pub struct TaskSettings {
+    pub batch_size: usize,
+    pub commit_interval: Duration,
+    pub punctuate_interval: Duration,
+}
+
+/// Why a task stopped. Each message names the task, where it was, and the cause.
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    #[error("task {task} failed at {at}: {fault}")]
+    Guest {
+        task: String,
+        at: String,
+        fault: GuestFault,
+    },
+    #[error("task {task} failed: {detail}")]
+    Produce { task: String, detail: String },
+}
+
+impl TaskError {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            TaskError::Guest { fault, .. } => fault.kind(),
+            TaskError::Produce { .. } => "produce",
+        }
+    }
+}
+
+/// Everything a task thread needs.
+pub struct TaskContext {
+    pub topology: Arc<DeployedTopology>,
+    pub partition: i32,
+    /// One queue per source, in the order of the description.
+    pub queues: Vec<TaskQueue>,
+    pub producer: Arc<WorkerProducer>,
+    pub settings: TaskSettings,
+    pub stop: Arc<AtomicBool>,
+    pub metrics: Metrics,
+}
+
+/// What a task did before it stopped cleanly.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct TaskSummary {
+    pub records_in: u64,
+    pub records_out: u64,
+}
+
+struct Task {
+    ctx: TaskContext,
+    id: String,
+    info: TaskInfo,
+    instance: TaskInstance,
+    tracker: Arc<DeliveryTracker>,
+    writer: Writer,
+    /// (source index, offset) of each record in the current batch.
+    batch: Vec<(u32, i64)>,
+    /// Next offset to commit per source, once the batch that read it is produced.
+    positions: Vec<Option<i64>>,
+    committed: Vec<Option<i64>>,
+    stream_time: i64,
+    last_commit: Instant,
+    last_punctuate: Instant,
+    last_punctuate_stream: i64,
+    summary: TaskSummary,
+    counters: Counters,
+}
+
+/// This task's metric handles, looked up once.
+struct Counters {
+    records_in: prometheus_client::metrics::counter::Counter,
+    records_out: prometheus_client::metrics::counter::Counter,
+    calls: prometheus_client::metrics::counter::Counter,
+    call_seconds: prometheus_client::metrics::counter::Counter<f64>,
+}
+
+/// Runs a task until `stop` is set (returns its summary) or it fails (returns why; nothing
+/// past the last good record is committed, and its partitions are paused).
+pub fn run(ctx: TaskContext) -> Result<TaskSummary, TaskError> {
+    let id = format!("{}/{}", ctx.topology.name, ctx.partition);
+    let labels = TaskLabels {
+        topology: ctx.topology.name.clone(),
+        task: id.clone(),
+    };
+    ctx.metrics.task_failed.get_or_create(&labels).set(0);
+    let metrics = ctx.metrics.clone();
+    let consumer = ctx.topology.consumer.clone();
+    let pause: Vec<(String, i32)> = ctx
+        .topology
+        .binding
+        .source_topics
+        .iter()
+        .map(|t| (t.clone(), ctx.partition))
+        .collect();
+
+    metrics.tasks_running.inc();
+    let result = Task::start(ctx, id.clone(), &labels).and_then(Task::run_until_stopped);
+    metrics.tasks_running.dec();
+
+    if let Err(e) = &result {
+        tracing::error!(task = %id, "{e}");
+        metrics.task_failed.get_or_create(&labels).set(1);
+        metrics
+            .task_errors
+            .get_or_create(&ErrorLabels {
+                topology: labels.topology.clone(),
+                task: id,
+                kind: e.kind().into(),
+            })
+            .inc();
+        pause_partitions(&consumer, &pause);
+    }
+    result
+}
+
+fn pause_partitions(consumer: &BaseConsumer<ConsumerEvents>, partitions: &[(String, i32)]) {
+    // Stop fetching for a failed task, so its records do not pile up in memory.
+    let mut tpl = TopicPartitionList::new();
+    for (topic, partition) in partitions {
+        tpl.add_partition(topic, *partition);
+    }
+    if let Err(e) = consumer.pause(&tpl) {
+        tracing::warn!("pausing {partitions:?} after a task failure: {e}");
+    }
+}
+
+impl Task {
+    fn start(ctx: TaskContext, id: String, labels: &TaskLabels) -> Result<Task, TaskError> {
+        let topology = &ctx.topology;
+        let info = TaskInfo {
+            topology: topology.name.clone(),
+            task_id: id.clone(),
+            partition: ctx.partition,
+            source_topics: topology.binding.source_topics.clone(),
+            sink_topics: topology.binding.sink_topics.clone(),
+        };
+        let at = "start-up (instantiate and init)".to_string();
+        let fail = |fault| TaskError::Guest {
+            task: id.clone(),
+            at: at.clone(),
+            fault,
+        };
+        let mut instance = topology
+            .loaded
+            .instantiate(&id, topology.loaded.description().sinks.clone())
+            .map_err(fail)?;
+        instance.init(&info).map_err(fail)?;
+        let sources = ctx.queues.len();
+        let counters = Counters {
+            records_in: ctx.metrics.records_in.get_or_create(labels).clone(),
+            records_out: ctx.metrics.records_out.get_or_create(labels).clone(),
+            calls: ctx.metrics.guest_calls.get_or_create(labels).clone(),
+            call_seconds: ctx.metrics.guest_call_seconds.get_or_create(labels).clone(),
+        };
+        tracing::info!(task = %id, "started");
+        Ok(Task {
+            id,
+            info,
+            instance,
+            tracker: Arc::new(DeliveryTracker::default()),
+            writer: Writer::new(),
+            batch: Vec::with_capacity(ctx.settings.batch_size),
+            positions: vec![None; sources],
+            committed: vec![None; sources],
+            stream_time: i64::MIN,
+            last_commit: Instant::now(),
+            last_punctuate: Instant::now(),
+            last_punctuate_stream: i64::MIN,
+            summary: TaskSummary::default(),
+            counters,
+            ctx,
+        })
+    }
+
+    fn run_until_stopped(mut self) -> Result<TaskSummary, TaskError> {
+        let mut turn = 0usize;
+        while !self.ctx.stop.load(Ordering::Relaxed) {
+            self.fill_batch(&mut turn);
+            if !self.batch.is_empty() {
+                self.process_batch()?;
+            }
+            self.maybe_punctuate()?;
+            if self.last_commit.elapsed() >= self.ctx.settings.commit_interval {
+                self.commit()?;
+            }
+        }
+        // Shutdown: the batch in flight is done; flush and commit, then let the guest close.
+        self.commit()?;
+        let output = self.call("close", |i| i.close())?;
+        self.produce(&output, now_ms(), "close")?;
+        self.tracker
+            .wait_idle(DELIVERY_TIMEOUT)
+            .map_err(|detail| TaskError::Produce {
+                task: self.id.clone(),
+                detail,
+            })?;
+        tracing::info!(task = %self.id, records_in = self.summary.records_in, records_out = self.summary.records_out, "stopped");
+        Ok(self.summary)
+    }
+
+    /// Takes what the task's queues hold, up to a batch; waits briefly only when all are empty.
+    fn fill_batch(&mut self, turn: &mut usize) {
+        self.writer.clear();
+        self.batch.clear();
+        let queues = std::mem::take(&mut self.ctx.queues);
+        for (source, queue) in queues.iter().enumerate() {
+            self.drain(source as u32, queue, Duration::ZERO);
+        }
+        if self.batch.is_empty() && !queues.is_empty() {
+            let source = *turn % queues.len();
+            *turn += 1;
+            let wait = Duration::from_millis(if queues.len() == 1 { 100 } else { 20 });
+            self.drain(source as u32, &queues[source], wait);
+            if !self.batch.is_empty() {
+                for (source, queue) in queues.iter().enumerate() {
+                    self.drain(source as u32, queue, Duration::ZERO);
+                }
+            }
+        }
+        self.ctx.queues = queues;
+    }
+
+    fn drain(&mut self, source: u32, queue: &TaskQueue, first_wait: Duration) {
+        let mut wait = first_wait;
+        while self.batch.len() < self.ctx.settings.batch_size {
+            match queue.poll(wait) {
+                Some(Ok(message)) => self.push(source, &message),
+                Some(Err(e)) => tracing::warn!(task = %self.id, "consumer: {e}"),
+                None => break,
+            }
+            wait = Duration::ZERO;
+        }
+    }
+
+    fn push(&mut self, source: u32, m: &BorrowedMessage<'_>) {
+        let timestamp = m.timestamp().to_millis().unwrap_or(-1);
+        let headers: Vec<Header<'_>> = match m.headers() {
+            Some(h) => h
+                .iter()
+                .map(|h| Header {
+                    name: h.key.as_bytes(),
+                    value: h.value,
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        self.writer.push_input(
+            m.key(),
+            m.payload(),
+            timestamp,
+            source,
+            m.partition(),
+            m.offset(),
+            headers.into_iter(),
+        );
+        self.batch.push((source, m.offset()));
+        self.stream_time = self.stream_time.max(timestamp);
+    }
+
+    fn process_batch(&mut self) -> Result<(), TaskError> {
+        let started = Instant::now();
+        let result = self.instance.process(self.writer.as_bytes());
+        self.counters.calls.inc();
+        self.counters.call_seconds.inc_by(started.elapsed().as_secs_f64());
+        let output = match result {
+            Ok(output) => output,
+            Err(fault) => return Err(self.fail_batch(fault)),
+        };
+        let default_ts = self.stream_time;
+        if let Err(fault) = self.produce(&output, default_ts, "a batch") {
+            return Err(match fault {
+                TaskError::Guest { fault, .. } => self.fail_batch(fault),
+                other => other,
+            });
+        }
+        let n = self.batch.len() as u64;
+        self.summary.records_in += n;
+        self.counters.records_in.inc_by(n);
+        for &(source, offset) in &self.batch {
+            self.positions[source as usize] = Some(offset + 1);
+        }
+        Ok(())
+    }
+
+    /// Produces what a call (`at` says which) emitted. Records without a timestamp of their
+    /// own get `default_ts`.
+    fn produce(&mut self, output: &CallOutput, default_ts: i64, at: &str) -> Result<(), TaskError> {
+        let sink_topics = &self.ctx.topology.binding.sink_topics;
+        let records = output.records(sink_topics.len()).map_err(|fault| TaskError::Guest {
+            task: self.id.clone(),
+            at: at.to_string(),
+            fault,
+        })?;
+        for r in &records {
+            let timestamp = if r.timestamp == INHERIT_TIMESTAMP {
+                default_ts
+            } else {
+                r.timestamp
+            };
+            let out = Outgoing {
+                topic: &sink_topics[r.sink as usize],
+                key: r.key,
+                value: r.value,
+                timestamp: timestamp.max(-1),
+                headers: r.headers,
+            };
+            delivery::send(&self.ctx.producer, &self.tracker, out).map_err(|detail| TaskError::Produce {
+                task: self.id.clone(),
+                detail,
+            })?;
+        }
+        let n = records.len() as u64;
+        self.summary.records_out += n;
+        self.counters.records_out.inc_by(n);
+        Ok(())
+    }
+
+    fn maybe_punctuate(&mut self) -> Result<(), TaskError> {
+        let interval = self.ctx.settings.punctuate_interval;
+        let stream_due = self.stream_time != i64::MIN
+            && self.stream_time.saturating_sub(self.last_punctuate_stream) >= interval.as_millis() as i64;
+        if !(stream_due || self.last_punctuate.elapsed() >= interval) {
+            return Ok(());
+        }
+        self.last_punctuate = Instant::now();
+        self.last_punctuate_stream = self.stream_time;
+        let (stream_time, wall) = (self.stream_time, now_ms());
+        let at = format!("punctuation (stream time {stream_time})");
+        let output = self.call(&at, |i| i.punctuate(stream_time, wall))?;
+        self.produce(&output, if stream_time == i64::MIN { wall } else { stream_time }, &at)
+    }
+
+    fn call(
+        &mut self,
+        at: &str,
+        f: impl FnOnce(&mut TaskInstance) -> Result<CallOutput, GuestFault>,
+    ) -> Result<CallOutput, TaskError> {
+        let started = Instant::now();
+        let result = f(&mut self.instance);
+        self.counters.calls.inc();
+        self.counters.call_seconds.inc_by(started.elapsed().as_secs_f64());
+        result.map_err(|fault| TaskError::Guest {
+            task: self.id.clone(),
+            at: at.to_string(),
+            fault,
+        })
+    }
+
+    /// Commits what earlier batches read, then names where this batch failed.
+    fn fail_batch(&mut self, fault: GuestFault) -> TaskError {
+        let at = self.locate(&fault);
+        if let Err(e) = self.commit() {
+            tracing::warn!(task = %self.id, "committing the records before the failure: {e}");
+        }
+        TaskError::Guest {
+            task: self.id.clone(),
+            at,
+            fault,
+        }
+    }
+
+    /// Where in the batch the guest failed: the record it named, the only record, or the
+    /// first record that fails again when the batch is replayed one record at a time in a
+    /// fresh instance (a trap carries no record index).
+    fn locate(&self, fault: &GuestFault) -> String {
+        let topics = &self.ctx.topology.binding.source_topics;
+        let describe = |(source, offset): (u32, i64)| {
+            format!(
+                "offset {offset} of topic {} partition {}",
+                topics[source as usize], self.ctx.partition
+            )
+        };
+        if let Some(&record) = fault.record_index().and_then(|i| self.batch.get(i as usize)) {
+            return describe(record);
+        }
+        if self.batch.len() == 1 {
+            return describe(self.batch[0]);
+        }
+        if matches!(
+            fault,
+            GuestFault::Trap { .. } | GuestFault::Deadline { .. } | GuestFault::Memory { .. }
+        ) {
+            if let Some(index) = self.replay_one_by_one() {
+                return describe(self.batch[index]);
+            }
+        }
+        let (first, last) = (self.batch[0], self.batch[self.batch.len() - 1]);
+        format!(
+            "the batch of offsets {}..={} of partition {}",
+            first.1, last.1, self.ctx.partition
+        )
+    }
+
+    fn replay_one_by_one(&self) -> Option<usize> {
+        tracing::info!(task = %self.id, records = self.batch.len(), "replaying the failed batch one record at a time to find the failing record");
+        let loaded = &self.ctx.topology.loaded;
+        let mut instance = loaded.instantiate(&self.id, loaded.description().sinks.clone()).ok()?;
+        instance.init(&self.info).ok()?;
+        let mut single = Writer::new();
+        for (index, input) in wire::inputs(self.writer.as_bytes()).ok()?.enumerate() {
+            let input = input.ok()?;
+            single.clear();
+            single.push_input(
+                input.key,
+                input.value,
+                input.timestamp,
+                input.source,
+                input.partition,
+                input.offset,
+                input.headers.iter().collect::<Vec<_>>().into_iter(),
+            );
+            if instance.process(single.as_bytes()).is_err() {
+                return Some(index);
+            }
+        }
+        None
+    }
+
+    /// Flush → commit: waits until every record produced so far is acknowledged, then
+    /// commits the source offsets of the batches that produced them.
+    fn commit(&mut self) -> Result<(), TaskError> {
+        self.last_commit = Instant::now();
+        if self.positions == self.committed {
+            return Ok(());
+        }
+        self.tracker
+            .wait_idle(DELIVERY_TIMEOUT)
+            .map_err(|detail| TaskError::Produce {
+                task: self.id.clone(),
+                detail,
+            })?;
+        let mut tpl = TopicPartitionList::new();
+        for (source, position) in self.positions.iter().enumerate() {
+            if let Some(offset) = position {
+                let topic = &self.ctx.topology.binding.source_topics[source];
+                tpl.add_partition_offset(topic, self.ctx.partition, Offset::Offset(*offset))
+                    .expect("a valid offset");
+            }
+        }
+        match self.ctx.topology.consumer.commit(&tpl, CommitMode::Sync) {
+            Ok(()) => self.committed = self.positions.clone(),
+            // Not fatal: the offsets are committed with the next commit, and until then a
+            // restart only reprocesses (at-least-once).
+            Err(e) => tracing::warn!(task = %self.id, "committing offsets failed, will retry: {e}"),
+        }
+        Ok(())
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

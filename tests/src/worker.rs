@@ -1,0 +1,212 @@
+//! Running `sluice worker` as a real process: start, watch its log, stop or kill it.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+/// The cargo target directory these tests were built in.
+pub fn target_dir() -> PathBuf {
+    if let Ok(dir) = std::env::var("CARGO_TARGET_DIR") {
+        return PathBuf::from(dir);
+    }
+    // The test binary lives in <target>/<profile>/deps/.
+    let exe = std::env::current_exe().expect("the test binary's path");
+    exe.ancestors()
+        .nth(3)
+        .expect("<target>/<profile>/deps/<binary>")
+        .to_path_buf()
+}
+
+/// The `sluice` binary built alongside these tests.
+pub fn sluice_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let profile_dir = exe.ancestors().nth(2).expect("<target>/<profile>/deps/<binary>");
+    let bin = profile_dir.join("sluice");
+    assert!(
+        bin.exists(),
+        "{} is missing: build it first (`cargo build -p sluice-host`, or run dev/test)",
+        bin.display()
+    );
+    bin
+}
+
+/// An example guest component built by `dev/build-guests`.
+pub fn guest(name: &str) -> PathBuf {
+    let path = target_dir().join("wasm32-wasip2/release").join(format!("{name}.wasm"));
+    assert!(
+        path.exists(),
+        "{} is missing: run dev/build-guests (dev/test does)",
+        path.display()
+    );
+    path
+}
+
+/// A temporary directory removed on drop.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(prefix: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(crate::unique_name(prefix));
+        std::fs::create_dir_all(&dir).expect("creating a temporary directory");
+        TempDir(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    /// Writes `contents` to `name` inside the directory and returns the path.
+    pub fn write(&self, name: &str, contents: &str) -> PathBuf {
+        let path = self.0.join(name);
+        std::fs::write(&path, contents).expect("writing a temporary file");
+        path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A manifest for `component` binding `input` and `output` (or the given sinks).
+pub fn manifest(
+    name: &str,
+    component: &Path,
+    sources: &[(&str, &str)],
+    sinks: &[(&str, &str)],
+    limits: &str,
+) -> String {
+    let mut text = format!(
+        "name = {name:?}\ncomponent = {:?}\n[sources]\n",
+        component.display().to_string()
+    );
+    for (logical, topic) in sources {
+        text.push_str(&format!("{logical} = {topic:?}\n"));
+    }
+    text.push_str("[sinks]\n");
+    for (logical, topic) in sinks {
+        text.push_str(&format!("{logical} = {topic:?}\n"));
+    }
+    if !limits.is_empty() {
+        text.push_str(&format!("[limits]\n{limits}\n"));
+    }
+    text
+}
+
+/// A running `sluice worker`; its stderr goes to a log file that tests can search.
+pub struct WorkerProcess {
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl WorkerProcess {
+    /// Starts `sluice worker --bootstrap … <args>` with `SLUICE_LOG` at info.
+    pub fn start(bootstrap: &str, log_dir: &Path, args: &[&str]) -> Result<WorkerProcess> {
+        let log = log_dir.join(crate::unique_name("worker") + ".log");
+        let file = std::fs::File::create(&log)?;
+        let child = Command::new(sluice_binary())
+            .arg("worker")
+            .arg("--bootstrap")
+            .arg(bootstrap)
+            .args(args)
+            .env("SLUICE_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .spawn()
+            .context("starting sluice worker")?;
+        Ok(WorkerProcess {
+            child: Some(child),
+            log,
+        })
+    }
+
+    /// Everything the worker logged so far.
+    pub fn log(&self) -> String {
+        let mut text = String::new();
+        if let Ok(mut f) = std::fs::File::open(&self.log) {
+            let _ = f.read_to_string(&mut text);
+        }
+        text
+    }
+
+    /// Waits until a log line contains every one of `parts`; returns that line.
+    pub fn wait_for_line(&mut self, parts: &[&str], timeout: Duration) -> Result<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(line) = self.log().lines().find(|l| parts.iter().all(|p| l.contains(p))) {
+                return Ok(line.to_string());
+            }
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                bail!(
+                    "the worker exited ({status}) before logging {parts:?}; its log:\n{}",
+                    self.log()
+                );
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "no log line with {parts:?} within {timeout:?}; the log:\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Sends SIGTERM and waits for the exit.
+    pub fn terminate(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        self.signal("TERM")?;
+        self.wait(timeout)
+    }
+
+    /// SIGKILL: no chance to flush or commit.
+    pub fn kill(&mut self) -> Result<()> {
+        if let Some(child) = self.child.as_mut() {
+            child.kill()?;
+            child.wait()?;
+        }
+        self.child = None;
+        Ok(())
+    }
+
+    pub fn wait(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        let child = self.child.as_mut().context("the worker is not running")?;
+        loop {
+            if let Some(status) = child.try_wait()? {
+                self.child = None;
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                bail!("the worker did not exit within {timeout:?}; its log:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn signal(&self, name: &str) -> Result<()> {
+        if let Some(child) = &self.child {
+            let status = Command::new("kill")
+                .arg(format!("-{name}"))
+                .arg(child.id().to_string())
+                .status()?;
+            if !status.success() {
+                bail!("kill -{name} {} failed", child.id());
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

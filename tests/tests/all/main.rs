@@ -1,0 +1,5 @@
+//! All integration tests, one module per area (one binary keeps linking time down).
+
+mod kafka_roundtrip;
+mod runtime;
+mod worker;

@@ -1,0 +1,287 @@
+//! The Wasm sandbox without Kafka: real components, real wasmtime.
+
+use std::time::Duration;
+
+use sluice::runtime::{GuestFault, LoadError, LoadedTopology, Runtime, RuntimeConfig};
+use sluice_guest::wire::{self, Writer};
+use sluice_guest::TaskInfo;
+use sluice_tests::worker::{guest, TempDir};
+
+fn runtime(memory: usize, timeout: Duration) -> Runtime {
+    Runtime::new(&RuntimeConfig {
+        memory_limit: memory,
+        call_timeout: timeout,
+        pooling: true,
+        max_instances: 16,
+    })
+    .expect("an engine")
+}
+
+fn task(topology: &LoadedTopology) -> TaskInfo {
+    TaskInfo {
+        topology: "test".into(),
+        task_id: "test/0".into(),
+        partition: 0,
+        source_topics: vec!["in".into()],
+        sink_topics: topology
+            .description()
+            .sinks
+            .iter()
+            .map(|s| format!("topic-{s}"))
+            .collect(),
+    }
+}
+
+fn batch(values: &[&str]) -> Vec<u8> {
+    let mut w = Writer::new();
+    for (i, v) in values.iter().enumerate() {
+        let key = format!("k{i}");
+        w.push_input(
+            Some(key.as_bytes()),
+            Some(v.as_bytes()),
+            1000 + i as i64,
+            0,
+            0,
+            i as i64,
+            std::iter::empty(),
+        );
+    }
+    w.take()
+}
+
+/// Runs one batch through a fresh instance; returns (sink, key, value, timestamp) per output.
+fn run(topology: &LoadedTopology, values: &[&str]) -> Result<Vec<(String, String, String, i64)>, GuestFault> {
+    let sinks = topology.description().sinks.clone();
+    let mut instance = topology.instantiate("test/0", sinks.clone())?;
+    instance.init(&task(topology))?;
+    let output = instance.process(&batch(values))?;
+    let records = output.records(sinks.len())?;
+    Ok(records
+        .iter()
+        .map(|r| {
+            let text = |b: Option<&[u8]>| String::from_utf8(b.unwrap_or_default().to_vec()).unwrap();
+            (sinks[r.sink as usize].clone(), text(r.key), text(r.value), r.timestamp)
+        })
+        .collect())
+}
+
+#[test]
+fn uppercase_describes_itself_and_upper_cases_a_batch() {
+    let rt = runtime(64 << 20, Duration::from_secs(5));
+    let topology = rt.load(guest("uppercase")).unwrap();
+    let d = topology.description();
+    assert_eq!(
+        (d.name.as_str(), d.sources.as_slice(), d.sinks.as_slice()),
+        ("uppercase", &["input".to_string()][..], &["output".to_string()][..])
+    );
+    let out = run(&topology, &["hello", "wasm world", ""]).unwrap();
+    assert_eq!(
+        out,
+        vec![
+            ("output".into(), "k0".into(), "HELLO".into(), 1000),
+            ("output".into(), "k1".into(), "WASM WORLD".into(), 1001),
+            ("output".into(), "k2".into(), "".into(), 1002),
+        ]
+    );
+}
+
+#[test]
+fn route_sends_even_numbers_to_even_and_everything_else_to_odd() {
+    let rt = runtime(64 << 20, Duration::from_secs(5));
+    let topology = rt.load(guest("route")).unwrap();
+    assert_eq!(
+        topology.description().sinks,
+        vec!["even".to_string(), "odd".to_string()]
+    );
+    let out = run(&topology, &["2", "3", " 10 ", "-4", "x", "7"]).unwrap();
+    let sinks: Vec<(&str, &str)> = out.iter().map(|(s, _, v, _)| (s.as_str(), v.as_str())).collect();
+    assert_eq!(
+        sinks,
+        vec![
+            ("even", "2"),
+            ("odd", "3"),
+            ("even", " 10 "),
+            ("even", "-4"),
+            ("odd", "x"),
+            ("odd", "7")
+        ]
+    );
+}
+
+#[test]
+fn a_panic_is_a_trap_with_the_panic_message() {
+    let rt = runtime(64 << 20, Duration::from_secs(5));
+    let topology = rt.load(guest("faults")).unwrap();
+    let fault = run(&topology, &["a", "panic"]).unwrap_err();
+    let GuestFault::Trap { trap, stderr } = &fault else {
+        panic!("expected a trap, got {fault:?}")
+    };
+    assert!(trap.contains("unreachable"), "{trap}");
+    assert!(stderr.contains("boom at offset 1"), "{stderr}");
+    assert!(
+        fault
+            .to_string()
+            .starts_with("the guest trapped: wasm `unreachable` instruction executed"),
+        "{fault}"
+    );
+}
+
+#[test]
+fn an_endless_loop_hits_the_deadline() {
+    let rt = runtime(64 << 20, Duration::from_millis(200));
+    let topology = rt.load(guest("faults")).unwrap();
+    let started = std::time::Instant::now();
+    let fault = run(&topology, &["loop"]).unwrap_err();
+    assert_eq!(
+        fault,
+        GuestFault::Deadline {
+            timeout: Duration::from_millis(200)
+        }
+    );
+    assert_eq!(fault.to_string(), "the guest call exceeded its deadline of 200ms");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn memory_beyond_the_cap_is_reported_as_such() {
+    let rt = runtime(16 << 20, Duration::from_secs(5));
+    let topology = rt.load(guest("faults")).unwrap();
+    let fault = run(&topology, &["oom"]).unwrap_err();
+    let GuestFault::Memory { limit, requested } = fault else {
+        panic!("expected a memory fault, got {fault:?}")
+    };
+    assert_eq!(limit, 16 << 20);
+    assert!(requested > limit);
+}
+
+#[test]
+fn an_emit_to_an_undeclared_sink_fails_the_batch_at_that_record() {
+    let rt = runtime(64 << 20, Duration::from_secs(5));
+    let topology = rt.load(guest("faults")).unwrap();
+    let fault = run(&topology, &["fine", "undeclared", "fine"]).unwrap_err();
+    assert_eq!(fault.record_index(), Some(1));
+    assert_eq!(
+        fault.to_string(),
+        "the topology reported an error: emit to undeclared sink \"nowhere\"; the topology declares [\"output\"]"
+    );
+}
+
+#[test]
+fn a_guest_error_names_its_record() {
+    let rt = runtime(64 << 20, Duration::from_secs(5));
+    let topology = rt.load(guest("faults")).unwrap();
+    let fault = run(&topology, &["fine", "fine", "error"]).unwrap_err();
+    assert_eq!(fault.record_index(), Some(2));
+    assert_eq!(
+        fault.to_string(),
+        "the topology reported an error: refusing the record at offset 2"
+    );
+}
+
+#[test]
+fn a_faulted_instance_refuses_further_calls_but_a_new_one_works() {
+    let rt = runtime(64 << 20, Duration::from_secs(5));
+    let topology = rt.load(guest("faults")).unwrap();
+    let mut instance = topology.instantiate("t/0", vec!["output".into()]).unwrap();
+    instance.init(&task(&topology)).unwrap();
+    assert!(instance.process(&batch(&["panic"])).is_err());
+    assert!(instance.is_faulted());
+    assert!(instance.process(&batch(&["fine"])).is_err());
+    assert_eq!(run(&topology, &["fine"]).unwrap().len(), 1);
+}
+
+#[test]
+fn bad_components_are_refused_with_a_message_that_says_why() {
+    let rt = runtime(64 << 20, Duration::from_secs(5));
+    let dir = TempDir::new("components");
+
+    let missing = dir.path().join("missing.wasm");
+    let err = rt.load(&missing).err().unwrap();
+    assert!(matches!(err, LoadError::Read { .. }));
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "cannot read component {}: No such file or directory (os error 2)",
+            missing.display()
+        )
+    );
+
+    let text = dir.write("notes.wasm", "this is not wasm");
+    let err = rt.load(&text).err().unwrap();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{} is not a WebAssembly component: it does not start with the Wasm magic bytes",
+            text.display()
+        )
+    );
+
+    // An empty core module: the Wasm magic, version 1.
+    let core = dir.path().join("core.wasm");
+    std::fs::write(&core, b"\0asm\x01\0\0\0").unwrap();
+    let err = rt.load(&core).err().unwrap();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{} is not a WebAssembly component: it is a core Wasm module; build it for wasm32-wasip2 (or wrap it with `wasm-tools component new`)",
+            core.display()
+        )
+    );
+
+    // An empty component: valid, but it exports nothing of the topology world.
+    let empty = dir.path().join("empty.wasm");
+    std::fs::write(&empty, b"\0asm\x0d\0\x01\0").unwrap();
+    let err = rt.load(&empty).err().unwrap();
+    assert!(matches!(err, LoadError::WrongWorld { .. }), "{err}");
+    let message = err.to_string();
+    assert!(
+        message.starts_with(&format!(
+            "component {} does not fit the sluice:topology@0.1.0 world: ",
+            empty.display()
+        )),
+        "{message}"
+    );
+    assert!(message.contains("sluice:topology/processor@0.1.0"), "{message}");
+
+    // A truncated component.
+    let bytes = std::fs::read(guest("uppercase")).unwrap();
+    let cut = dir.path().join("cut.wasm");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let err = rt.load(&cut).err().unwrap();
+    assert!(matches!(err, LoadError::NotAComponent { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with(&format!("{} is not a WebAssembly component: ", cut.display())),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_wire_format_survives_the_boundary_with_headers_and_nulls() {
+    let rt = runtime(64 << 20, Duration::from_secs(5));
+    let topology = rt.load(guest("faults")).unwrap();
+    let mut instance = topology.instantiate("t/0", vec!["output".into()]).unwrap();
+    instance.init(&task(&topology)).unwrap();
+    let mut w = Writer::new();
+    let headers = [wire::Header {
+        name: b"trace",
+        value: Some(b"abc"),
+    }];
+    w.push_input(None, Some(b"v"), 5, 0, 0, 0, headers.iter().copied());
+    w.push_input(Some(b"k"), None, 6, 0, 0, 1, std::iter::empty());
+    let output = instance.process(w.as_bytes()).unwrap();
+    let records = output.records(1).unwrap();
+    assert_eq!(records.len(), 2);
+    assert_eq!(
+        (records[0].key, records[0].value, records[0].timestamp),
+        (None, Some(&b"v"[..]), 5)
+    );
+    assert_eq!(
+        (records[1].key, records[1].value, records[1].timestamp),
+        (Some(&b"k"[..]), None, 6)
+    );
+}
