@@ -28,6 +28,10 @@ enum Command {
         /// The uppercase component.
         #[arg(long)]
         component: PathBuf,
+        /// A component that emits every record unchanged (the `faults` guest does): its
+        /// time against a native pass-through is the cost of the boundary alone.
+        #[arg(long)]
+        passthrough: Option<PathBuf>,
         #[arg(long, default_value_t = 1_000_000)]
         records: usize,
         /// Value size in bytes.
@@ -47,11 +51,18 @@ fn main() -> anyhow::Result<()> {
     match Args::parse().command {
         Command::Guest {
             component,
+            passthrough,
             records,
             size,
             batch,
             runs,
-        } => guest(component, records, size, batch, runs),
+        } => {
+            guest(component, records, size, batch, runs)?;
+            if let Some(passthrough) = passthrough {
+                boundary(passthrough, records, size, batch, runs)?;
+            }
+            Ok(())
+        }
         Command::E2e(args) => tokio::runtime::Runtime::new()?.block_on(e2e::run(args)),
     }
 }
@@ -183,6 +194,61 @@ fn guest(component: PathBuf, records: usize, size: usize, batch: usize, runs: us
         per_call_ns / batch as f64
     );
     println!("  new instance:   {instantiate_us:>7.1} µs (store + instance + init)");
+    Ok(())
+}
+
+/// Pass-through in Wasm against pass-through in native code: what crossing costs.
+fn boundary(component: PathBuf, records: usize, size: usize, batch: usize, runs: usize) -> anyhow::Result<()> {
+    let runtime = Runtime::new(&RuntimeConfig::default())?;
+    let topology = runtime.load(&component)?;
+    let sinks = topology.description().sinks.clone();
+    let input = batches(records, size, batch);
+    let task = TaskInfo {
+        topology: "bench".into(),
+        task_id: "bench/0".into(),
+        partition: 0,
+        source_topics: vec!["in".into()],
+        sink_topics: vec!["out".into()],
+    };
+    let mut wasm = Vec::new();
+    for _ in 0..runs {
+        let mut instance = topology.instantiate("bench/0", sinks.clone())?;
+        instance.init(&task)?;
+        let started = Instant::now();
+        let mut n = 0;
+        for b in &input {
+            n += instance.process(b)?.records(sinks.len())?.len();
+        }
+        wasm.push(started.elapsed().as_secs_f64());
+        if n != records {
+            bail!("the pass-through guest emitted {n} of {records} records");
+        }
+    }
+    let mut native = Vec::new();
+    let mut writer = Writer::new();
+    for _ in 0..runs {
+        let started = Instant::now();
+        let mut n = 0usize;
+        for b in &input {
+            writer.clear();
+            for r in wire::inputs(b)? {
+                let r = r?;
+                writer.push_emitted(0, r.key, r.value, r.timestamp, std::iter::empty());
+            }
+            for r in wire::emitted(writer.as_bytes())? {
+                r?;
+                n += 1;
+            }
+        }
+        std::hint::black_box(n);
+        native.push(started.elapsed().as_secs_f64());
+    }
+    let per = |s: f64| s * 1e9 / records as f64;
+    let (w, n) = (per(median(wasm)), per(median(native)));
+    println!("pass-through ({}): the boundary alone", component.display());
+    println!("  wasm guest:     {:>12.0} records/s  {w:>7.1} ns/record", 1e9 / w);
+    println!("  native closure: {:>12.0} records/s  {n:>7.1} ns/record", 1e9 / n);
+    println!("  boundary cost:  {:>7.1} ns/record", w - n);
     Ok(())
 }
 
