@@ -113,7 +113,7 @@ fn guest(component: PathBuf, records: usize, size: usize, batch: usize, runs: us
     let mut wasm = Vec::new();
     let mut checksum = 0usize;
     for _ in 0..runs {
-        let mut instance = topology.instantiate("bench/0", sinks.clone())?;
+        let mut instance = topology.instantiate_in_memory("bench/0")?;
         instance.init(&task)?;
         let started = Instant::now();
         for b in &input {
@@ -154,7 +154,7 @@ fn guest(component: PathBuf, records: usize, size: usize, batch: usize, runs: us
 
     // The fixed cost of one call: an empty batch.
     let empty = Writer::new().take();
-    let mut instance = topology.instantiate("bench/0", sinks.clone())?;
+    let mut instance = topology.instantiate_in_memory("bench/0")?;
     instance.init(&task)?;
     let calls = 100_000;
     let started = Instant::now();
@@ -167,7 +167,7 @@ fn guest(component: PathBuf, records: usize, size: usize, batch: usize, runs: us
     let started = Instant::now();
     let n = 1_000;
     for _ in 0..n {
-        let mut i = topology.instantiate("bench/0", sinks.clone())?;
+        let mut i = topology.instantiate_in_memory("bench/0")?;
         i.init(&task)?;
     }
     let instantiate_us = started.elapsed().as_secs_f64() * 1e6 / n as f64;
@@ -212,7 +212,7 @@ fn boundary(component: PathBuf, records: usize, size: usize, batch: usize, runs:
     };
     let mut wasm = Vec::new();
     for _ in 0..runs {
-        let mut instance = topology.instantiate("bench/0", sinks.clone())?;
+        let mut instance = topology.instantiate_in_memory("bench/0")?;
         instance.init(&task)?;
         let started = Instant::now();
         let mut n = 0;

@@ -100,6 +100,31 @@ impl<T: Encode + ?Sized> Encode for &T {
     }
 }
 
+/// Integers are 8 bytes, big-endian: for `u64` the byte order is the numeric order, so
+/// range scans over `u64` keys run in numeric order.
+macro_rules! big_endian {
+    ($($t:ty),*) => {$(
+        impl<'a> Decode<'a> for $t {
+            fn decode(bytes: &'a [u8]) -> Result<Self, CodecError> {
+                let array: [u8; 8] = bytes.try_into().map_err(|_| CodecError {
+                    codec: "big-endian integer",
+                    message: format!("expected 8 bytes, got {}", bytes.len()),
+                })?;
+                Ok(<$t>::from_be_bytes(array))
+            }
+        }
+
+        impl Encode for $t {
+            fn encode_into(&self, out: &mut Vec<u8>) -> Result<(), CodecError> {
+                out.extend_from_slice(&self.to_be_bytes());
+                Ok(())
+            }
+        }
+    )*};
+}
+
+big_endian!(u64, i64);
+
 /// A value carried as JSON (with serde): `record.value_as::<Json<Order>>()?.0`,
 /// `ctx.emit("out", None, &Json(total))?`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -133,6 +158,18 @@ mod tests {
         let err = String::decode(&[0xff, 0xfe]).unwrap_err();
         assert_eq!(err.codec, "utf-8");
         assert!(err.to_string().starts_with("utf-8 codec: invalid utf-8"), "{err}");
+    }
+
+    #[test]
+    fn integers_are_big_endian_and_checked() {
+        let mut out = Vec::new();
+        258u64.encode_into(&mut out).unwrap();
+        assert_eq!(out, [0, 0, 0, 0, 0, 0, 1, 2]);
+        assert_eq!(u64::decode(&out).unwrap(), 258);
+        assert_eq!(
+            u64::decode(b"abc").unwrap_err().to_string(),
+            "big-endian integer codec: expected 8 bytes, got 3"
+        );
     }
 
     #[test]

@@ -5,6 +5,8 @@ pub mod wire;
 
 #[cfg(feature = "bindings")]
 mod guest;
+#[cfg(feature = "bindings")]
+mod store;
 
 use std::fmt;
 
@@ -14,6 +16,8 @@ pub use codec::{CodecError, Decode, Encode, Json};
 pub use guest::__private;
 #[cfg(feature = "bindings")]
 pub use guest::{Context, Level};
+#[cfg(feature = "bindings")]
+pub use store::{Scan, Store};
 
 /// What a topology declares: its name, sources, sinks and state stores, by logical name.
 /// The manifest binds sources and sinks to topics at deployment; anything not declared

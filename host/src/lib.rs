@@ -7,6 +7,7 @@
 pub mod manifest;
 pub mod metrics;
 pub mod runtime;
+pub mod state;
 pub mod worker;
 
 /// The version of this build, as printed by `sluice --version`.

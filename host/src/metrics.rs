@@ -17,6 +17,13 @@ pub struct TaskLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StoreLabels {
+    pub topology: String,
+    pub task: String,
+    pub store: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
     pub topology: String,
     pub task: String,
@@ -34,6 +41,10 @@ pub struct Metrics {
     pub task_errors: Family<ErrorLabels, Counter>,
     pub task_failed: Family<TaskLabels, Gauge>,
     pub tasks_running: Gauge,
+    pub restored_records: Family<StoreLabels, Counter>,
+    pub restore_remaining: Family<StoreLabels, Gauge>,
+    pub restore_rate: Family<StoreLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub restore_seconds_left: Family<StoreLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
 }
 
 impl Default for Metrics {
@@ -52,6 +63,10 @@ impl Metrics {
         let task_errors = Family::<ErrorLabels, Counter>::default();
         let task_failed = Family::<TaskLabels, Gauge>::default();
         let tasks_running = Gauge::default();
+        let restored_records = Family::<StoreLabels, Counter>::default();
+        let restore_remaining = Family::<StoreLabels, Gauge>::default();
+        let restore_rate = Family::<StoreLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        let restore_seconds_left = Family::<StoreLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
         registry.register("records_in", "Records read from source topics", records_in.clone());
         registry.register("records_out", "Records produced to sink topics", records_out.clone());
         registry.register(
@@ -88,6 +103,10 @@ impl Metrics {
             task_errors,
             task_failed,
             tasks_running,
+            restored_records,
+            restore_remaining,
+            restore_rate,
+            restore_seconds_left,
         }
     }
 

@@ -35,7 +35,9 @@ pub fn sluice_binary() -> PathBuf {
 
 /// An example guest component built by `dev/build-guests`.
 pub fn guest(name: &str) -> PathBuf {
-    let path = target_dir().join("wasm32-wasip2/release").join(format!("{name}.wasm"));
+    let path = target_dir()
+        .join("wasm32-wasip2/release")
+        .join(format!("{}.wasm", name.replace('-', "_")));
     assert!(
         path.exists(),
         "{} is missing: run dev/build-guests (dev/test does)",

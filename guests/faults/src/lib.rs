@@ -7,10 +7,11 @@
 //! | `oom`        | allocates until memory runs out (the host's cap)     |
 //! | `undeclared` | emits to a sink it did not declare                   |
 //! | `error`      | returns an error                                     |
+//! | `store`      | opens a store it did not declare                     |
 
 use std::hint::black_box;
 
-use sluice_guest::{export, Context, Description, Error, Processor, Record, TaskInfo};
+use sluice_guest::{export, Context, Description, Error, Processor, Record, Store, TaskInfo};
 
 struct Faults;
 
@@ -41,6 +42,7 @@ impl Processor for Faults {
                 Ok(())
             }
             b"error" => Err(Error::msg(format!("refusing the record at offset {}", record.offset()))),
+            b"store" => Store::<String, String>::open("undeclared").map(drop),
             _ => ctx.emit_raw("output", record.key(), record.value(), None, &[]),
         }
     }

@@ -1,6 +1,7 @@
 //! Command-line interface: argument parsing and dispatch to the subcommands.
 
 mod kafka_tools;
+mod state;
 mod worker;
 
 use std::process::ExitCode;
@@ -23,6 +24,8 @@ pub struct Cli {
 pub enum Command {
     /// Run topologies: one task per source partition, until SIGINT or SIGTERM.
     Worker(worker::WorkerArgs),
+    /// Inspect a stopped worker's local state.
+    State(state::StateArgs),
     /// Create topics.
     Topics(kafka_tools::TopicsArgs),
     /// Produce lines from standard input as records (`key<TAB>value`, or just `value`).
@@ -51,6 +54,7 @@ pub fn init_logging(filter: Option<&str>) {
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Worker(args) => worker::run(args).await,
+        Command::State(args) => state::run(args),
         Command::Topics(args) => kafka_tools::topics(args).await,
         Command::Produce(args) => kafka_tools::produce(args).await,
         Command::Consume(args) => kafka_tools::consume(args).await,

@@ -42,6 +42,15 @@ pub struct WorkerArgs {
     /// Allocate instances on demand instead of from the pooling allocator.
     #[arg(long)]
     no_pooling: bool,
+    /// Where task state lives: one RocksDB store per (task, store) and a checkpoint per task.
+    #[arg(long, default_value = "sluice-state", env = "SLUICE_STATE_DIR")]
+    state_dir: PathBuf,
+    /// Block cache shared by every state store of this worker.
+    #[arg(long, default_value = "64MiB", value_parser = parse_size)]
+    state_cache: usize,
+    /// Memtable budget shared by every state store of this worker.
+    #[arg(long, default_value = "64MiB", value_parser = parse_size)]
+    state_write_buffers: usize,
 }
 
 pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
@@ -60,6 +69,9 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
             pooling: !args.no_pooling,
             max_instances: args.max_instances,
         },
+        state_dir: args.state_dir,
+        state_block_cache: args.state_cache,
+        state_write_buffers: args.state_write_buffers,
     };
     let report = worker::run(config, shutdown_signal()).await?;
     let out: u64 = report.stopped.iter().map(|(_, s)| s.records_out).sum();

@@ -6,6 +6,7 @@ use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::bindings::sluice::topology::{host, types};
+use super::state_host::NamedStore;
 use sluice_guest::wire::{Header, Writer, INHERIT_TIMESTAMP};
 
 /// How much guest stdout/stderr a task keeps (to explain a trap, e.g. a panic message).
@@ -14,7 +15,9 @@ const OUTPUT_CAPTURE: usize = 16 << 10;
 /// Everything one task's `Store` holds.
 pub struct TaskData {
     wasi: WasiCtx,
-    table: ResourceTable,
+    pub(super) table: ResourceTable,
+    /// The task's state stores, by declared name.
+    pub(super) stores: Vec<NamedStore>,
     stderr: MemoryOutputPipe,
     /// Tags log lines: `<topology>/<partition>`.
     pub(super) label: String,
@@ -28,7 +31,7 @@ pub struct TaskData {
 }
 
 impl TaskData {
-    pub(super) fn new(label: &str, sinks: Vec<String>, memory_limit: usize) -> Self {
+    pub(super) fn new(label: &str, sinks: Vec<String>, stores: Vec<NamedStore>, memory_limit: usize) -> Self {
         let stderr = MemoryOutputPipe::new(OUTPUT_CAPTURE);
         // No preopened directories, environment, arguments or network: the builder grants
         // nothing unless asked, and we say so explicitly for the network.
@@ -42,6 +45,7 @@ impl TaskData {
         TaskData {
             wasi,
             table: ResourceTable::new(),
+            stores,
             stderr,
             label: label.to_string(),
             sinks,

@@ -8,6 +8,7 @@ use super::bindings::exports::sluice::topology::processor as wit;
 use super::bindings::Topology;
 use super::fault::GuestFault;
 use super::host::TaskData;
+use super::state_host::NamedStore;
 use super::{LoadedTopology, EPOCH_TICK};
 use sluice_guest::wire::{self, Emitted};
 use sluice_guest::{Description, TaskInfo};
@@ -57,10 +58,18 @@ impl CallOutput {
 }
 
 impl TaskInstance {
-    pub(super) fn new(topology: &LoadedTopology, label: &str, sinks: Vec<String>) -> Result<Self, GuestFault> {
+    pub(super) fn new(
+        topology: &LoadedTopology,
+        label: &str,
+        sinks: Vec<String>,
+        stores: Vec<NamedStore>,
+    ) -> Result<Self, GuestFault> {
         let config = &topology.config;
         let timeout = config.call_timeout;
-        let mut store = Store::new(&topology.engine, TaskData::new(label, sinks, config.memory_limit));
+        let mut store = Store::new(
+            &topology.engine,
+            TaskData::new(label, sinks, stores, config.memory_limit),
+        );
         store.limiter(|data| data);
         store.epoch_deadline_trap();
         let deadline_ticks = timeout.as_nanos().div_ceil(EPOCH_TICK.as_nanos()).max(1) as u64;
@@ -121,6 +130,11 @@ impl TaskInstance {
     pub fn close(&mut self) -> Result<CallOutput, GuestFault> {
         let result = self.call(|p, s| p.call_close(s))?;
         self.output(result)
+    }
+
+    /// The task's state stores (the worker flushes them at commit).
+    pub fn stores_mut(&mut self) -> &mut [NamedStore] {
+        &mut self.store.data_mut().stores
     }
 
     /// Whether a previous call faulted (the instance must not be used again).

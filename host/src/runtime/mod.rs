@@ -19,6 +19,7 @@
 mod fault;
 mod host;
 mod instance;
+mod state_host;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,12 +32,17 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 pub use fault::GuestFault;
 pub use host::TaskData;
 pub use instance::{CallOutput, TaskInstance};
+pub use state_host::NamedStore;
 
 /// Generated from `wit/`; kept private behind the types of this module.
 mod bindings {
     wasmtime::component::bindgen!({
         world: "topology",
         path: "../wit",
+        with: {
+            "sluice:topology/state.store": super::state_host::StoreHandle,
+            "sluice:topology/state.scan": super::state_host::ScanState,
+        },
     });
 }
 
@@ -290,12 +296,32 @@ impl LoadedTopology {
     }
 
     fn describe(&self) -> Result<sluice_guest::Description, GuestFault> {
-        let mut instance = TaskInstance::new(self, "(describe)", Vec::new())?;
+        let mut instance = TaskInstance::new(self, "(describe)", Vec::new(), Vec::new())?;
         instance.describe()
     }
 
-    /// A fresh instance for one task; `label` tags its log lines.
-    pub fn instantiate(&self, label: &str, sinks: Vec<String>) -> Result<TaskInstance, GuestFault> {
-        TaskInstance::new(self, label, sinks)
+    /// A fresh instance for one task; `label` tags its log lines. `stores` are the task's
+    /// state stores; a store the topology declared but that is not given cannot be opened.
+    pub fn instantiate(
+        &self,
+        label: &str,
+        sinks: Vec<String>,
+        stores: Vec<NamedStore>,
+    ) -> Result<TaskInstance, GuestFault> {
+        TaskInstance::new(self, label, sinks, stores)
+    }
+
+    /// A fresh instance with an empty in-memory store for each declared store.
+    pub fn instantiate_in_memory(&self, label: &str) -> Result<TaskInstance, GuestFault> {
+        let stores = self
+            .description
+            .stores
+            .iter()
+            .map(|name| NamedStore {
+                name: name.clone(),
+                store: Box::new(crate::state::MemoryStore::default()),
+            })
+            .collect();
+        self.instantiate(label, self.description.sinks.clone(), stores)
     }
 }

@@ -16,9 +16,24 @@ use rdkafka::Message;
 pub struct DeliveryTracker {
     pending: AtomicU64,
     failure: Mutex<Option<String>>,
+    /// Highest acknowledged offset per topic, kept only for changelogs (for checkpoints).
+    offsets: Option<Mutex<std::collections::HashMap<String, i64>>>,
 }
 
 impl DeliveryTracker {
+    /// A tracker that also remembers the highest acknowledged offset of each topic.
+    pub fn with_offsets() -> Self {
+        DeliveryTracker {
+            offsets: Some(Mutex::default()),
+            ..Default::default()
+        }
+    }
+
+    /// The highest acknowledged offset of `topic` (trackers made `with_offsets` only).
+    pub fn offset(&self, topic: &str) -> Option<i64> {
+        self.offsets.as_ref()?.lock().unwrap().get(topic).copied()
+    }
+
     pub fn pending(&self) -> u64 {
         self.pending.load(Ordering::Acquire)
     }
@@ -60,6 +75,11 @@ impl ProducerContext for DeliveryRouter {
     type DeliveryOpaque = Arc<DeliveryTracker>;
 
     fn delivery(&self, result: &DeliveryResult<'_>, tracker: Arc<DeliveryTracker>) {
+        if let (Ok(message), Some(offsets)) = (result, &tracker.offsets) {
+            let mut offsets = offsets.lock().unwrap();
+            let entry = offsets.entry(message.topic().to_string()).or_insert(-1);
+            *entry = (*entry).max(message.offset());
+        }
         if let Err((error, message)) = result {
             let mut failure = tracker.failure.lock().unwrap();
             failure.get_or_insert_with(|| {
@@ -79,6 +99,8 @@ pub type WorkerProducer = ThreadedProducer<DeliveryRouter>;
 /// One record to produce.
 pub struct Outgoing<'a> {
     pub topic: &'a str,
+    /// None: the producer's partitioner picks by key.
+    pub partition: Option<i32>,
     pub key: Option<&'a [u8]>,
     pub value: Option<&'a [u8]>,
     pub timestamp: i64,
@@ -87,7 +109,13 @@ pub struct Outgoing<'a> {
 
 /// Enqueues a record, waiting while the producer's queue is full.
 pub fn send(producer: &WorkerProducer, tracker: &Arc<DeliveryTracker>, out: Outgoing<'_>) -> Result<(), String> {
-    let mut record = BaseRecord::with_opaque_to(out.topic, tracker.clone()).timestamp(out.timestamp);
+    let mut record = BaseRecord::with_opaque_to(out.topic, tracker.clone());
+    if out.timestamp >= 0 {
+        record = record.timestamp(out.timestamp);
+    }
+    if let Some(partition) = out.partition {
+        record = record.partition(partition);
+    }
     if let Some(key) = out.key {
         record = record.key(key);
     }

@@ -5,8 +5,10 @@
 //! offsets are committed under a consumer group per topology (`sluice-<name>`), so a
 //! restarted worker resumes where the last one committed.
 
+mod changelog;
 pub mod delivery;
 pub mod task;
+pub mod task_state;
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -38,6 +40,12 @@ pub struct WorkerConfig {
     pub metrics_addr: Option<SocketAddr>,
     pub tasks: TaskSettings,
     pub runtime: RuntimeConfig,
+    /// Where task state (RocksDB stores, checkpoints) lives.
+    pub state_dir: PathBuf,
+    /// Block cache shared by every store of the worker, in bytes.
+    pub state_block_cache: usize,
+    /// Memtable budget shared by every store of the worker, in bytes.
+    pub state_write_buffers: usize,
 }
 
 impl WorkerConfig {
@@ -52,6 +60,9 @@ impl WorkerConfig {
                 punctuate_interval: Duration::from_secs(1),
             },
             runtime: RuntimeConfig::default(),
+            state_dir: PathBuf::from("sluice-state"),
+            state_block_cache: 64 << 20,
+            state_write_buffers: 64 << 20,
         }
     }
 }
@@ -71,6 +82,8 @@ pub struct DeployedTopology {
     pub binding: Binding,
     pub partitions: i32,
     pub consumer: Arc<BaseConsumer<ConsumerEvents>>,
+    /// (store, changelog topic) for each declared store.
+    pub changelogs: Vec<(String, String)>,
 }
 
 /// Loads and checks every manifest and component; the first problem is returned.
@@ -135,6 +148,10 @@ pub async fn run(
             .context("creating the producer")?,
     );
 
+    let state = Arc::new(task_state::StateEnv {
+        dir: config.state_dir.clone(),
+        memory: crate::state::rocks::SharedMemory::new(config.state_block_cache, config.state_write_buffers),
+    });
     let stop = Arc::new(AtomicBool::new(false));
     let mut threads = Vec::new();
     let mut pollers = Vec::new();
@@ -169,6 +186,8 @@ pub async fn run(
                 settings: config.tasks.clone(),
                 stop: stop.clone(),
                 metrics: metrics.clone(),
+                bootstrap: config.bootstrap.clone(),
+                state: state.clone(),
             };
             let name = format!("task-{}-{partition}", topology.name);
             let id = format!("{}/{partition}", topology.name);
@@ -262,12 +281,15 @@ fn deploy(
         }
     }
     let (_, partitions) = partitions.expect("a topology has at least one source");
+    let changelogs = changelog::ensure_changelogs(bootstrap, &manifest.name, &loaded.description().stores, partitions)
+        .map_err(|e| anyhow::anyhow!("topology {} (manifest {}): {e:#}", manifest.name, manifest.path))?;
     Ok(DeployedTopology {
         name: manifest.name,
         loaded,
         binding,
         partitions,
         consumer: Arc::new(consumer),
+        changelogs,
     })
 }
 

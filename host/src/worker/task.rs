@@ -13,9 +13,11 @@ use sluice_guest::wire::{self, Header, Writer, INHERIT_TIMESTAMP};
 use sluice_guest::TaskInfo;
 
 use super::delivery::{self, DeliveryTracker, Outgoing, WorkerProducer};
+use super::task_state::{StateEnv, TaskState};
 use super::{ConsumerEvents, DeployedTopology, TaskQueue};
 use crate::metrics::{ErrorLabels, Metrics, TaskLabels};
 use crate::runtime::{CallOutput, GuestFault, TaskInstance};
+use crate::state::rocks::RocksStore;
 
 /// How long a commit waits for the task's produced records to be acknowledged.
 const DELIVERY_TIMEOUT: Duration = Duration::from_secs(120);
@@ -39,6 +41,8 @@ pub enum TaskError {
     },
     #[error("task {task} failed: {detail}")]
     Produce { task: String, detail: String },
+    #[error("task {task} failed: state: {detail}")]
+    State { task: String, detail: String },
 }
 
 impl TaskError {
@@ -46,6 +50,7 @@ impl TaskError {
         match self {
             TaskError::Guest { fault, .. } => fault.kind(),
             TaskError::Produce { .. } => "produce",
+            TaskError::State { .. } => "state",
         }
     }
 }
@@ -60,6 +65,9 @@ pub struct TaskContext {
     pub settings: TaskSettings,
     pub stop: Arc<AtomicBool>,
     pub metrics: Metrics,
+    pub bootstrap: String,
+    /// Where stateful topologies keep their stores.
+    pub state: Arc<StateEnv>,
 }
 
 /// What a task did before it stopped cleanly.
@@ -75,6 +83,9 @@ struct Task {
     info: TaskInfo,
     instance: TaskInstance,
     tracker: Arc<DeliveryTracker>,
+    /// Changelog records in flight; remembers acknowledged offsets for the checkpoint.
+    changelog_tracker: Arc<DeliveryTracker>,
+    state: Option<TaskState>,
     writer: Writer,
     /// (source index, offset) of each record in the current batch.
     batch: Vec<(u32, i64)>,
@@ -157,6 +168,24 @@ impl Task {
             source_topics: topology.binding.source_topics.clone(),
             sink_topics: topology.binding.sink_topics.clone(),
         };
+        let (state, stores) = if topology.changelogs.is_empty() {
+            (None, Vec::new())
+        } else {
+            let (state, stores, _) = TaskState::open(
+                &ctx.state,
+                &ctx.bootstrap,
+                &topology.name,
+                &id,
+                ctx.partition,
+                topology.changelogs.clone(),
+                &ctx.metrics,
+            )
+            .map_err(|detail| TaskError::State {
+                task: id.clone(),
+                detail,
+            })?;
+            (Some(state), stores)
+        };
         let at = "start-up (instantiate and init)".to_string();
         let fail = |fault| TaskError::Guest {
             task: id.clone(),
@@ -165,7 +194,7 @@ impl Task {
         };
         let mut instance = topology
             .loaded
-            .instantiate(&id, topology.loaded.description().sinks.clone())
+            .instantiate(&id, topology.loaded.description().sinks.clone(), stores)
             .map_err(fail)?;
         instance.init(&info).map_err(fail)?;
         let sources = ctx.queues.len();
@@ -181,6 +210,8 @@ impl Task {
             info,
             instance,
             tracker: Arc::new(DeliveryTracker::default()),
+            changelog_tracker: Arc::new(DeliveryTracker::with_offsets()),
+            state,
             writer: Writer::new(),
             batch: Vec::with_capacity(ctx.settings.batch_size),
             positions: vec![None; sources],
@@ -322,6 +353,7 @@ impl Task {
             };
             let out = Outgoing {
                 topic: &sink_topics[r.sink as usize],
+                partition: None,
                 key: r.key,
                 value: r.value,
                 timestamp: timestamp.max(-1),
@@ -416,8 +448,8 @@ impl Task {
 
     fn replay_one_by_one(&self) -> Option<usize> {
         tracing::info!(task = %self.id, records = self.batch.len(), "replaying the failed batch one record at a time to find the failing record");
-        let loaded = &self.ctx.topology.loaded;
-        let mut instance = loaded.instantiate(&self.id, loaded.description().sinks.clone()).ok()?;
+        // Against empty in-memory stores: this only has to find the record that faults.
+        let mut instance = self.ctx.topology.loaded.instantiate_in_memory(&self.id).ok()?;
         instance.init(&self.info).ok()?;
         let mut single = Writer::new();
         for (index, input) in wire::inputs(self.writer.as_bytes()).ok()?.enumerate() {
@@ -439,34 +471,88 @@ impl Task {
         None
     }
 
-    /// Flush → commit: waits until every record produced so far is acknowledged, then
-    /// commits the source offsets of the batches that produced them.
+    /// The commit protocol (see `task_state` for where a crash can fall): state changes to
+    /// RocksDB and the changelog → wait until everything produced is acknowledged → commit
+    /// source offsets → write the checkpoint.
     fn commit(&mut self) -> Result<(), TaskError> {
         self.last_commit = Instant::now();
-        if self.positions == self.committed {
+        let logged = self.flush_state()?;
+        if self.positions == self.committed && !logged {
             return Ok(());
         }
-        self.tracker
+        let produce_error = |detail| TaskError::Produce {
+            task: self.id.clone(),
+            detail,
+        };
+        self.tracker.wait_idle(DELIVERY_TIMEOUT).map_err(produce_error)?;
+        self.changelog_tracker
             .wait_idle(DELIVERY_TIMEOUT)
-            .map_err(|detail| TaskError::Produce {
+            .map_err(produce_error)?;
+        if self.positions != self.committed {
+            let mut tpl = TopicPartitionList::new();
+            for (source, position) in self.positions.iter().enumerate() {
+                if let Some(offset) = position {
+                    let topic = &self.ctx.topology.binding.source_topics[source];
+                    tpl.add_partition_offset(topic, self.ctx.partition, Offset::Offset(*offset))
+                        .expect("a valid offset");
+                }
+            }
+            match self.ctx.topology.consumer.commit(&tpl, CommitMode::Sync) {
+                Ok(()) => self.committed = self.positions.clone(),
+                // Not fatal: the offsets are committed with the next commit, and until then a
+                // restart only reprocesses (at-least-once).
+                Err(e) => tracing::warn!(task = %self.id, "committing offsets failed, will retry: {e}"),
+            }
+        }
+        if let Some(state) = &mut self.state {
+            let tracker = &self.changelog_tracker;
+            state
+                .write_checkpoint(|topic| tracker.offset(topic))
+                .map_err(|detail| TaskError::State {
+                    task: self.id.clone(),
+                    detail,
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Step 1: writes each store's cached changes to RocksDB and the changelog. Returns
+    /// whether anything was written.
+    fn flush_state(&mut self) -> Result<bool, TaskError> {
+        let Some(state) = &self.state else { return Ok(false) };
+        let mut written = false;
+        let partition = self.ctx.partition;
+        for named in self.instance.stores_mut() {
+            let Some(store) = named.store.as_any().downcast_mut::<RocksStore>() else {
+                continue;
+            };
+            if !store.has_changes() {
+                continue;
+            }
+            let changelog = state.changelog(&named.name).expect("every store has a changelog");
+            let changes = store.take_changes().map_err(|detail| TaskError::State {
                 task: self.id.clone(),
                 detail,
             })?;
-        let mut tpl = TopicPartitionList::new();
-        for (source, position) in self.positions.iter().enumerate() {
-            if let Some(offset) = position {
-                let topic = &self.ctx.topology.binding.source_topics[source];
-                tpl.add_partition_offset(topic, self.ctx.partition, Offset::Offset(*offset))
-                    .expect("a valid offset");
+            for (key, value) in &changes {
+                let out = Outgoing {
+                    topic: changelog,
+                    partition: Some(partition),
+                    key: Some(key),
+                    value: value.as_deref(),
+                    timestamp: -1,
+                    headers: wire::Headers::EMPTY,
+                };
+                delivery::send(&self.ctx.producer, &self.changelog_tracker, out).map_err(|detail| {
+                    TaskError::Produce {
+                        task: self.id.clone(),
+                        detail,
+                    }
+                })?;
             }
+            written |= !changes.is_empty();
         }
-        match self.ctx.topology.consumer.commit(&tpl, CommitMode::Sync) {
-            Ok(()) => self.committed = self.positions.clone(),
-            // Not fatal: the offsets are committed with the next commit, and until then a
-            // restart only reprocesses (at-least-once).
-            Err(e) => tracing::warn!(task = %self.id, "committing offsets failed, will retry: {e}"),
-        }
-        Ok(())
+        Ok(written)
     }
 }
 

@@ -2,4 +2,5 @@
 
 mod kafka_roundtrip;
 mod runtime;
+mod state;
 mod worker;

@@ -52,7 +52,7 @@ fn batch(values: &[&str]) -> Vec<u8> {
 /// Runs one batch through a fresh instance; returns (sink, key, value, timestamp) per output.
 fn run(topology: &LoadedTopology, values: &[&str]) -> Result<Vec<(String, String, String, i64)>, GuestFault> {
     let sinks = topology.description().sinks.clone();
-    let mut instance = topology.instantiate("test/0", sinks.clone())?;
+    let mut instance = topology.instantiate_in_memory("test/0")?;
     instance.init(&task(topology))?;
     let output = instance.process(&batch(values))?;
     let records = output.records(sinks.len())?;
@@ -186,7 +186,7 @@ fn a_guest_error_names_its_record() {
 fn a_faulted_instance_refuses_further_calls_but_a_new_one_works() {
     let rt = runtime(64 << 20, Duration::from_secs(5));
     let topology = rt.load(guest("faults")).unwrap();
-    let mut instance = topology.instantiate("t/0", vec!["output".into()]).unwrap();
+    let mut instance = topology.instantiate_in_memory("t/0").unwrap();
     instance.init(&task(&topology)).unwrap();
     assert!(instance.process(&batch(&["panic"])).is_err());
     assert!(instance.is_faulted());
@@ -264,7 +264,7 @@ fn bad_components_are_refused_with_a_message_that_says_why() {
 fn the_wire_format_survives_the_boundary_with_headers_and_nulls() {
     let rt = runtime(64 << 20, Duration::from_secs(5));
     let topology = rt.load(guest("faults")).unwrap();
-    let mut instance = topology.instantiate("t/0", vec!["output".into()]).unwrap();
+    let mut instance = topology.instantiate_in_memory("t/0").unwrap();
     instance.init(&task(&topology)).unwrap();
     let mut w = Writer::new();
     let headers = [wire::Header {
@@ -283,5 +283,103 @@ fn the_wire_format_survives_the_boundary_with_headers_and_nulls() {
     assert_eq!(
         (records[1].key, records[1].value, records[1].timestamp),
         (Some(&b"k"[..]), None, 6)
+    );
+}
+
+/// Runs batches of (key, value, timestamp) through one instance with in-memory stores.
+fn run_stateful(
+    instance: &mut sluice::runtime::TaskInstance,
+    records: &[(&str, &str, i64)],
+) -> Result<Vec<(String, String)>, GuestFault> {
+    let mut w = Writer::new();
+    for (i, (k, v, ts)) in records.iter().enumerate() {
+        w.push_input(
+            Some(k.as_bytes()),
+            Some(v.as_bytes()),
+            *ts,
+            0,
+            0,
+            i as i64,
+            std::iter::empty(),
+        );
+    }
+    let output = instance.process(w.as_bytes())?;
+    Ok(text_records(&output))
+}
+
+fn text_records(output: &sluice::runtime::CallOutput) -> Vec<(String, String)> {
+    let text = |b: Option<&[u8]>| String::from_utf8(b.unwrap_or_default().to_vec()).unwrap();
+    output
+        .records(8)
+        .unwrap()
+        .iter()
+        .map(|r| (text(r.key), text(r.value)))
+        .collect()
+}
+
+#[test]
+fn word_count_keeps_counts_across_batches_in_its_store() {
+    let rt = runtime(64 << 20, Duration::from_secs(5));
+    let topology = rt.load(guest("word-count")).unwrap();
+    assert_eq!(topology.description().stores, vec!["counts".to_string()]);
+    let mut instance = topology.instantiate_in_memory("wc/0").unwrap();
+    instance.init(&task(&topology)).unwrap();
+    let out = run_stateful(&mut instance, &[("1", "The cat, the hat", 1)]).unwrap();
+    let pairs = |v: &[(&str, &str)]| {
+        v.iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(out, pairs(&[("the", "1"), ("cat", "1"), ("the", "2"), ("hat", "1")]));
+    let out = run_stateful(&mut instance, &[("2", "THE end", 2)]).unwrap();
+    assert_eq!(out, pairs(&[("the", "3"), ("end", "1")]));
+}
+
+#[test]
+fn window_count_emits_each_window_once_when_stream_time_passes_its_end() {
+    let rt = runtime(64 << 20, Duration::from_secs(5));
+    let topology = rt.load(guest("window-count")).unwrap();
+    let mut instance = topology.instantiate_in_memory("w/0").unwrap();
+    instance.init(&task(&topology)).unwrap();
+    // Window [0, 10000): a ×2, b ×1; window [10000, 20000): a ×1.
+    let out = run_stateful(
+        &mut instance,
+        &[
+            ("a", "x", 1_000),
+            ("b", "x", 2_000),
+            ("a", "x", 9_999),
+            ("a", "x", 10_500),
+        ],
+    )
+    .unwrap();
+    assert!(out.is_empty(), "{out:?}");
+    // Stream time 9,999: nothing has closed yet.
+    assert!(text_records(&instance.punctuate(9_999, 0).unwrap()).is_empty());
+    // Stream time 10,000: the first window closes, exactly once.
+    let mut closed = text_records(&instance.punctuate(10_000, 0).unwrap());
+    closed.sort();
+    assert_eq!(
+        closed,
+        vec![
+            ("a".to_string(), "0 2".to_string()),
+            ("b".to_string(), "0 1".to_string())
+        ]
+    );
+    assert!(text_records(&instance.punctuate(15_000, 0).unwrap()).is_empty());
+    assert_eq!(
+        text_records(&instance.punctuate(20_000, 0).unwrap()),
+        vec![("a".to_string(), "10000 1".to_string())]
+    );
+}
+
+#[test]
+fn opening_an_undeclared_store_is_a_named_error() {
+    let rt = runtime(64 << 20, Duration::from_secs(5));
+    let topology = rt.load(guest("faults")).unwrap();
+    let fault = run(&topology, &["fine", "store"]).unwrap_err();
+    assert_eq!(fault.record_index(), Some(1));
+    assert_eq!(
+        fault.to_string(),
+        "the topology reported an error: store \"undeclared\": not declared by the topology, so it cannot be opened (declared stores: none)"
     );
 }

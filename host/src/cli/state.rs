@@ -1,0 +1,57 @@
+//! `sluice state`: look into a worker's local state (while that worker is stopped).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+use sluice::state::rocks;
+use sluice::worker::task_state::task_dir;
+
+#[derive(Debug, Args)]
+pub struct StateArgs {
+    #[command(subcommand)]
+    command: StateCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum StateCommand {
+    /// Print every entry of one task's store as `hex(key) hex(value)`, in key order.
+    Dump {
+        #[arg(long, default_value = "sluice-state", env = "SLUICE_STATE_DIR")]
+        state_dir: PathBuf,
+        #[arg(long)]
+        topology: String,
+        #[arg(long)]
+        partition: i32,
+        #[arg(long)]
+        store: String,
+    },
+}
+
+pub fn run(args: StateArgs) -> anyhow::Result<ExitCode> {
+    let StateCommand::Dump {
+        state_dir,
+        topology,
+        partition,
+        store,
+    } = args.command;
+    let path = task_dir(&state_dir, &topology, partition).join(&store);
+    if !path.exists() {
+        anyhow::bail!(
+            "no state at {}: check --state-dir, --topology, --partition and --store",
+            path.display()
+        );
+    }
+    let memory = rocks::SharedMemory::new(8 << 20, 8 << 20);
+    let db = rocks::open(&path, &memory).map_err(|e| anyhow::anyhow!("{e} (is a worker still using it?)"))?;
+    let mut out = std::io::stdout().lock();
+    for (k, v) in rocks::dump(&db).map_err(anyhow::Error::msg)? {
+        writeln!(out, "{} {}", hex(&k), hex(&v))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -1,0 +1,125 @@
+//! State stores: the key-value interface guests see, an in-memory engine for tests, and the
+//! RocksDB engine with its changelog, checkpoints and restoration.
+//!
+//! The trait lives apart from RocksDB so that the runtime and everything above it can be
+//! tested without it.
+
+pub mod checkpoint;
+pub mod restore;
+pub mod rocks;
+
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+/// A key and its value.
+pub type Entry = (Vec<u8>, Vec<u8>);
+
+/// A key and its new value; none deletes it (a changelog record, a tombstone when none).
+pub type Change = (Vec<u8>, Option<Vec<u8>>);
+
+/// One task's view of one store. Errors are storage failures (the task stops).
+pub trait StateStore: Send + 'static {
+    fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, String>;
+    fn put(&mut self, key: Vec<u8>, value: Vec<u8>) -> Result<(), String>;
+    fn delete(&mut self, key: Vec<u8>) -> Result<(), String>;
+    /// Up to `max` entries with `start <= key < end`, strictly after `after`, in key order.
+    fn scan(
+        &mut self,
+        start: Option<&[u8]>,
+        end: Option<&[u8]>,
+        after: Option<&[u8]>,
+        max: usize,
+    ) -> Result<Vec<Entry>, String>;
+    /// For the worker, which flushes its own engine's stores at commit.
+    fn as_any(&mut self) -> &mut dyn Any;
+}
+
+/// The smallest key greater than every key that starts with `prefix` (none: no bound).
+pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
+/// The lower bound of a page: after `after` if given, else from `start`.
+pub(crate) fn lower_bound<'a>(start: Option<&'a [u8]>, after: Option<&'a [u8]>) -> Bound<&'a [u8]> {
+    match (start, after) {
+        (_, Some(after)) if start.is_none_or(|s| after >= s) => Bound::Excluded(after),
+        (Some(start), _) => Bound::Included(start),
+        (None, _) => Bound::Unbounded,
+    }
+}
+
+/// A store in a `BTreeMap`, for tests and for guests run without a worker.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    pub entries: BTreeMap<Vec<u8>, Vec<u8>>,
+}
+
+impl StateStore for MemoryStore {
+    fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, String> {
+        Ok(self.entries.get(key).cloned())
+    }
+
+    fn put(&mut self, key: Vec<u8>, value: Vec<u8>) -> Result<(), String> {
+        self.entries.insert(key, value);
+        Ok(())
+    }
+
+    fn delete(&mut self, key: Vec<u8>) -> Result<(), String> {
+        self.entries.remove(&key);
+        Ok(())
+    }
+
+    fn scan(
+        &mut self,
+        start: Option<&[u8]>,
+        end: Option<&[u8]>,
+        after: Option<&[u8]>,
+        max: usize,
+    ) -> Result<Vec<Entry>, String> {
+        let upper = end.map_or(Bound::Unbounded, Bound::Excluded);
+        Ok(self
+            .entries
+            .range::<[u8], _>((lower_bound(start, after), upper))
+            .take(max)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
+
+    fn as_any(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_end_is_the_next_prefix() {
+        assert_eq!(prefix_end(b"ab"), Some(b"ac".to_vec()));
+        assert_eq!(prefix_end(&[1, 255]), Some(vec![2]));
+        assert_eq!(prefix_end(&[255, 255]), None);
+        assert_eq!(prefix_end(b""), None);
+    }
+
+    #[test]
+    fn memory_store_pages_through_a_range() {
+        let mut store = MemoryStore::default();
+        for k in [b"a", b"b", b"c", b"d", b"e"] {
+            store.put(k.to_vec(), k.to_vec()).unwrap();
+        }
+        let page = store.scan(Some(b"b"), Some(b"e"), None, 2).unwrap();
+        assert_eq!(page.iter().map(|(k, _)| k.as_slice()).collect::<Vec<_>>(), [b"b", b"c"]);
+        let page = store.scan(Some(b"b"), Some(b"e"), Some(b"c"), 2).unwrap();
+        assert_eq!(page.iter().map(|(k, _)| k.as_slice()).collect::<Vec<_>>(), [b"d"]);
+        assert!(store.scan(Some(b"b"), Some(b"e"), Some(b"d"), 2).unwrap().is_empty());
+    }
+}

@@ -1,0 +1,293 @@
+//! State stores against a real broker: word count, crashes, rebuilding state, changelog checks.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use sluice_tests::worker::{guest, manifest, sluice_binary, TempDir, WorkerProcess};
+use sluice_tests::{kafka, unique_name};
+
+const VOCABULARY: usize = 300;
+
+/// Lines of five words each from a fixed vocabulary, deterministic in `i`.
+fn lines(range: std::ops::Range<usize>) -> Vec<(Vec<u8>, Vec<u8>)> {
+    range
+        .map(|i| {
+            let words: Vec<String> = (0..5)
+                .map(|j| format!("w{}", (i * 7 + j * 131 + i / 3) % VOCABULARY))
+                .collect();
+            (format!("line-{i}").into_bytes(), words.join(" ").into_bytes())
+        })
+        .collect()
+}
+
+/// Word counts per input partition: each task counts the words of its own partition.
+type Counts = BTreeMap<String, u64>;
+
+fn truth(lines: &[(Vec<u8>, Vec<u8>)], positions: &[(i32, i64)]) -> HashMap<i32, Counts> {
+    let mut counts: HashMap<i32, Counts> = HashMap::new();
+    for ((_, line), (partition, _)) in lines.iter().zip(positions) {
+        for word in std::str::from_utf8(line).unwrap().split(' ') {
+            *counts
+                .entry(*partition)
+                .or_default()
+                .entry(word.to_string())
+                .or_insert(0) += 1;
+        }
+    }
+    counts
+}
+
+struct WordCount {
+    name: String,
+    input: String,
+    output: String,
+    manifest: std::path::PathBuf,
+    dir: TempDir,
+}
+
+impl WordCount {
+    async fn new() -> anyhow::Result<WordCount> {
+        let kafka = kafka();
+        let (input, output) = (unique_name("wc-in"), unique_name("wc-out"));
+        kafka.create_topic(&input, 4).await?;
+        kafka.create_topic(&output, 4).await?;
+        let dir = TempDir::new("word-count");
+        let name = unique_name("wc");
+        let manifest = dir.write(
+            "wc.toml",
+            &manifest(
+                &name,
+                &guest("word-count"),
+                &[("lines", &input)],
+                &[("counts", &output)],
+                "",
+            ),
+        );
+        Ok(WordCount {
+            name,
+            input,
+            output,
+            manifest,
+            dir,
+        })
+    }
+
+    fn start(&self, extra: &[&str]) -> anyhow::Result<WorkerProcess> {
+        let state = self.dir.path().join("state");
+        let mut args = vec![
+            "--topology",
+            self.manifest.to_str().unwrap(),
+            "--state-dir",
+            state.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        WorkerProcess::start(kafka().bootstrap(), self.dir.path(), &args)
+    }
+
+    /// Waits until the worker has committed `total` input records over the four partitions.
+    async fn wait_committed(&self, total: i64, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let mut committed = 0;
+            for p in 0..4 {
+                committed += kafka()
+                    .committed_offset(&format!("sluice-{}", self.name), &self.input, p)?
+                    .unwrap_or(0);
+            }
+            if committed >= total {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "only {committed} of {total} records committed within {timeout:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The counts in the store of one task (its worker stopped), decoded.
+    fn store_counts(&self, partition: i32) -> anyhow::Result<Counts> {
+        let mut out = Counts::new();
+        for line in self.dump(partition)?.lines() {
+            let (k, v) = line.split_once(' ').unwrap();
+            let word = String::from_utf8(unhex(k))?;
+            let count = u64::from_be_bytes(unhex(v).try_into().map_err(|_| anyhow::anyhow!("a count of 8 bytes"))?);
+            out.insert(word, count);
+        }
+        Ok(out)
+    }
+
+    fn dump(&self, partition: i32) -> anyhow::Result<String> {
+        let state = self.dir.path().join("state");
+        let out = Command::new(sluice_binary())
+            .args([
+                "state",
+                "dump",
+                "--state-dir",
+                state.to_str().unwrap(),
+                "--topology",
+                &self.name,
+            ])
+            .args(["--partition", &partition.to_string(), "--store", "counts"])
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "sluice state dump failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8(out.stdout)?)
+    }
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+/// `from_offset` of each "restored" line of task `<name>/<partition>` in a worker log.
+fn restored_from(log: &str, name: &str) -> HashMap<i32, i64> {
+    let mut out = HashMap::new();
+    for line in log.lines().filter(|l| l.contains(" restored ")) {
+        let field = |key: &str| {
+            line.split(&format!("{key}="))
+                .nth(1)
+                .map(|r| r.split([' ', '"']).next().unwrap_or("").to_string())
+        };
+        let (Some(task), Some(from)) = (field("task"), field("from_offset")) else {
+            continue;
+        };
+        if let Some(partition) = task.strip_prefix(&format!("{name}/")) {
+            out.insert(partition.parse().unwrap(), from.parse().unwrap());
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn word_count_over_100k_records_equals_the_ground_truth() -> anyhow::Result<()> {
+    let wc = WordCount::new().await?;
+    let input = lines(0..100_000);
+    let positions = kafka().produce(&wc.input, &input).await?;
+    let truth = truth(&input, &positions);
+    let mut worker = wc.start(&[])?;
+    wc.wait_committed(100_000, Duration::from_secs(240)).await?;
+    // A fresh start restores nothing.
+    assert!(restored_from(&worker.log(), &wc.name).values().all(|&from| from == 0));
+    assert!(worker.terminate(Duration::from_secs(60))?.success());
+    for p in 0..4 {
+        assert_eq!(
+            wc.store_counts(p)?,
+            truth[&p],
+            "partition {p}: no crash, so every count is exact"
+        );
+    }
+    // The sink carries each running count: the last one per word and partition is the total.
+    let emitted = kafka().consume(&wc.output, 500_000, Duration::from_secs(120)).await?;
+    let mut highest: BTreeMap<String, u64> = BTreeMap::new();
+    for r in &emitted {
+        let word = String::from_utf8(r.key.clone().unwrap())?;
+        let count: u64 = std::str::from_utf8(r.value.as_ref().unwrap())?.parse()?;
+        let entry = highest.entry(word).or_insert(0);
+        *entry = (*entry).max(count);
+    }
+    for (word, n) in &highest {
+        let most = (0..4).filter_map(|p| truth[&p].get(word)).max().unwrap();
+        assert_eq!(
+            n, most,
+            "{word}: the highest count emitted is the highest partition's count"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn after_sigkill_no_count_is_below_the_truth_and_state_restores_from_the_checkpoint() -> anyhow::Result<()> {
+    let wc = WordCount::new().await?;
+    let args = ["--commit-interval", "100ms", "--batch-size", "50"];
+    let mut worker = wc.start(&args)?;
+    let total = 40_000;
+    let producing = {
+        let input = wc.input.clone();
+        tokio::spawn(async move {
+            let mut positions = Vec::new();
+            for chunk in 0..40 {
+                positions.extend(
+                    kafka()
+                        .produce(&input, &lines(chunk * 1000..(chunk + 1) * 1000))
+                        .await?,
+                );
+                tokio::time::sleep(Duration::from_millis(75)).await;
+            }
+            anyhow::Ok(positions)
+        })
+    };
+    // Kill once state has been written for a while, with input still arriving.
+    kafka().consume(&wc.output, 25_000, Duration::from_secs(60)).await?;
+    worker.kill()?;
+    let positions = producing.await??;
+
+    let mut worker = wc.start(&args)?;
+    wc.wait_committed(total as i64, Duration::from_secs(240)).await?;
+    // Every task restored from its checkpoint, not from the start of its changelog.
+    let restored = restored_from(&worker.log(), &wc.name);
+    assert_eq!(restored.len(), 4, "restore lines: {restored:?}\n{}", worker.log());
+    assert!(restored.values().all(|&from| from > 0), "restored from {restored:?}");
+    assert!(worker.terminate(Duration::from_secs(60))?.success());
+    let truth = truth(&lines(0..total), &positions);
+    for p in 0..4 {
+        let counts = wc.store_counts(p)?;
+        for (word, n) in &truth[&p] {
+            let got = counts.get(word).copied().unwrap_or(0);
+            assert!(got >= *n, "partition {p}, {word}: {got} < {n}");
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deleted_local_state_is_rebuilt_from_the_changelog_identically() -> anyhow::Result<()> {
+    let wc = WordCount::new().await?;
+    let input = lines(0..20_000);
+    kafka().produce(&wc.input, &input).await?;
+    let mut worker = wc.start(&[])?;
+    wc.wait_committed(20_000, Duration::from_secs(120)).await?;
+    assert!(worker.terminate(Duration::from_secs(60))?.success());
+    let before = wc.dump(0)?;
+    assert!(
+        before.lines().count() > 10,
+        "the store of partition 0 is nearly empty:\n{before}"
+    );
+
+    std::fs::remove_dir_all(Path::new(&wc.dir.path().join("state")).join(&wc.name).join("0"))?;
+    let mut worker = wc.start(&[])?;
+    let line = worker.wait_for_line(&[" restored ", &format!("task={}/0", wc.name)], Duration::from_secs(60))?;
+    assert!(line.contains("from_offset=0"), "{line}");
+    assert!(!line.contains("records=0"), "{line}");
+    assert!(worker.terminate(Duration::from_secs(60))?.success());
+    assert_eq!(wc.dump(0)?, before, "the rebuilt store differs from the original");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_changelog_with_the_wrong_partition_count_is_refused() -> anyhow::Result<()> {
+    let wc = WordCount::new().await?;
+    let changelog = format!("{}-counts-changelog", wc.name);
+    kafka().create_topic(&changelog, 2).await?;
+    let mut worker = wc.start(&[])?;
+    assert!(!worker.wait(Duration::from_secs(60))?.success());
+    let expected = format!(
+        "changelog topic {changelog:?} of store \"counts\" has 2 partitions, but topology {} reads 4 source partitions; \
+         a changelog needs one partition per source partition (delete the topic to let the worker recreate it, or fix the sources)",
+        wc.name
+    );
+    assert!(
+        worker.log().contains(&expected),
+        "expected {expected:?} in:\n{}",
+        worker.log()
+    );
+    Ok(())
+}
