@@ -14,6 +14,7 @@ use sluice_guest::wire::{self, Writer};
 use sluice_guest::TaskInfo;
 
 mod e2e;
+mod state;
 
 #[derive(Parser)]
 struct Args {
@@ -45,6 +46,10 @@ enum Command {
     },
     /// End to end on a broker: produce, run `sluice worker`, read the sink.
     E2e(e2e::E2eArgs),
+    /// Restoring a store from a changelog of 1M keys into a fresh RocksDB.
+    Restore(state::RestoreArgs),
+    /// Word count end to end on a broker (state store and changelog included).
+    WordCount(state::WordCountArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -64,6 +69,8 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::E2e(args) => tokio::runtime::Runtime::new()?.block_on(e2e::run(args)),
+        Command::Restore(args) => tokio::runtime::Runtime::new()?.block_on(state::restore(args)),
+        Command::WordCount(args) => tokio::runtime::Runtime::new()?.block_on(state::word_count(args)),
     }
 }
 
