@@ -4,6 +4,7 @@
 //! Layers, lowest first: [`manifest`] (pure parsing), [`runtime`] (the Wasm sandbox),
 //! [`metrics`], and [`worker`] (Kafka in, guest calls, Kafka out).
 
+pub mod group;
 pub mod manifest;
 pub mod metrics;
 pub mod runtime;

@@ -1,0 +1,246 @@
+//! What a worker tells the group when it joins, and what the leader sends back: both
+//! versioned and compact (the coordinator caps a response near 1 MB, and the leader's
+//! JoinGroup response carries every member's metadata).
+//!
+//! Compatibility: fields are only ever appended, and a reader ignores what follows the
+//! fields of its own version. Each member says which version it understands; the leader
+//! encodes assignments in the highest version every member understands, so workers of two
+//! versions share a group during a rolling upgrade.
+//!
+//! Versions: 1 — capacity, admin address, active and standby tasks, changelog offset sums.
+//! 2 — adds learner tasks and the *leaving* flag (members and assignments).
+
+use super::codec::{Decoder, Encoder};
+use super::{DecodeError, TaskId};
+
+/// The newest version this build writes and understands.
+pub const CURRENT_VERSION: u16 = 2;
+/// The oldest version this build still reads.
+pub const OLDEST_VERSION: u16 = 1;
+
+/// A member's metadata in JoinGroup.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MemberMetadata {
+    /// The version it is encoded in.
+    pub version: u16,
+    /// The highest version the member understands.
+    pub supported: u16,
+    /// Stable across restarts (kept in the state directory).
+    pub worker_id: [u8; 16],
+    /// Stream threads: the share of tasks it should get.
+    pub capacity: u32,
+    /// Where its admin API listens (`host:port`), empty if none.
+    pub admin: String,
+    pub active: Vec<TaskId>,
+    pub standby: Vec<TaskId>,
+    /// Sum of changelog offsets held locally per stateful task (for lag).
+    pub offset_sums: Vec<(TaskId, i64)>,
+    /// Version 2.
+    pub learner: Vec<TaskId>,
+    /// Version 2: the worker is scaling down and wants its tasks moved away.
+    pub leaving: bool,
+}
+
+/// The leader's assignment to one member, in SyncGroup.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Assignment {
+    pub version: u16,
+    /// 0 = none; see [`AssignmentError`].
+    pub error: i16,
+    /// Rejoin right after applying this (tasks were revoked and will be handed out).
+    pub rejoin: bool,
+    pub active: Vec<TaskId>,
+    pub standby: Vec<TaskId>,
+    pub revoked: Vec<TaskId>,
+    /// Version 2.
+    pub learner: Vec<TaskId>,
+}
+
+/// Errors a leader can put in an assignment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i16)]
+pub enum AssignmentError {
+    None = 0,
+    /// The member's metadata could not be read; it should upgrade or rejoin.
+    BadMetadata = 1,
+}
+
+fn check_version(d: &Decoder<'_>, version: u16) -> Result<(), DecodeError> {
+    if version < OLDEST_VERSION {
+        return Err(DecodeError {
+            position: d.pos,
+            problem: "a metadata version older than this worker reads",
+        });
+    }
+    Ok(())
+}
+
+impl MemberMetadata {
+    /// Encodes in `version` (at most [`CURRENT_VERSION`]); newer fields are left out.
+    pub fn encode(&self, version: u16) -> Vec<u8> {
+        let mut e = Encoder::default();
+        e.u64(version as u64);
+        e.u64(self.supported as u64);
+        e.buf.extend_from_slice(&self.worker_id);
+        e.u64(self.capacity as u64);
+        e.str(&self.admin);
+        e.tasks(&self.active);
+        e.tasks(&self.standby);
+        e.tasks(self.offset_sums.iter().map(|(t, _)| t));
+        // Values in the order the task set was written (sorted by topology, partition).
+        let mut sums: Vec<&(TaskId, i64)> = self.offset_sums.iter().collect();
+        sums.sort_by(|a, b| a.0.cmp(&b.0));
+        sums.dedup_by(|a, b| a.0 == b.0);
+        for (_, sum) in sums {
+            e.i64(*sum);
+        }
+        if version >= 2 {
+            e.tasks(&self.learner);
+            e.bool(self.leaving);
+        }
+        e.buf
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<MemberMetadata, DecodeError> {
+        let mut d = Decoder::new(buf);
+        let version = d.u64()? as u16;
+        check_version(&d, version)?;
+        let supported = d.u64()? as u16;
+        let mut worker_id = [0u8; 16];
+        for b in worker_id.iter_mut() {
+            *b = d.bytes_fixed()?;
+        }
+        let capacity = d.u32()?;
+        let admin = d.string()?;
+        let active = d.tasks()?;
+        let standby = d.tasks()?;
+        let sum_tasks = d.tasks()?;
+        let mut offset_sums = Vec::with_capacity(sum_tasks.len());
+        for task in sum_tasks {
+            offset_sums.push((task, d.i64()?));
+        }
+        let (learner, leaving) = if version >= 2 {
+            (d.tasks()?, d.bool()?)
+        } else {
+            (Vec::new(), false)
+        };
+        Ok(MemberMetadata {
+            version,
+            supported,
+            worker_id,
+            capacity,
+            admin,
+            active,
+            standby,
+            offset_sums,
+            learner,
+            leaving,
+        })
+    }
+}
+
+impl Assignment {
+    pub fn encode(&self, version: u16) -> Vec<u8> {
+        let mut e = Encoder::default();
+        e.u64(version as u64);
+        e.i64(self.error as i64);
+        e.bool(self.rejoin);
+        e.tasks(&self.active);
+        e.tasks(&self.standby);
+        e.tasks(&self.revoked);
+        if version >= 2 {
+            e.tasks(&self.learner);
+        }
+        e.buf
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<Assignment, DecodeError> {
+        let mut d = Decoder::new(buf);
+        let version = d.u64()? as u16;
+        check_version(&d, version)?;
+        let error = d.i64()? as i16;
+        let rejoin = d.bool()?;
+        let active = d.tasks()?;
+        let standby = d.tasks()?;
+        let revoked = d.tasks()?;
+        let learner = if version >= 2 { d.tasks()? } else { Vec::new() };
+        Ok(Assignment {
+            version,
+            error,
+            rejoin,
+            active,
+            standby,
+            revoked,
+            learner,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tasks(topology: &str, partitions: &[u32]) -> Vec<TaskId> {
+        partitions.iter().map(|&p| TaskId::new(topology, p)).collect()
+    }
+
+    fn member() -> MemberMetadata {
+        MemberMetadata {
+            version: 2,
+            supported: 2,
+            worker_id: [7; 16],
+            capacity: 4,
+            admin: "127.0.0.1:9100".into(),
+            active: tasks("orders", &[0, 3, 9]),
+            standby: tasks("clicks", &[1]),
+            offset_sums: vec![(TaskId::new("clicks", 1), 1234), (TaskId::new("orders", 0), -1)],
+            learner: tasks("orders", &[5]),
+            leaving: true,
+        }
+    }
+
+    #[test]
+    fn metadata_round_trips_in_the_current_version() {
+        let m = member();
+        assert_eq!(MemberMetadata::decode(&m.encode(2)).unwrap(), m);
+    }
+
+    #[test]
+    fn a_version_1_reader_and_writer_drop_only_the_version_2_fields() {
+        let m = member();
+        let old = MemberMetadata::decode(&m.encode(1)).unwrap();
+        assert_eq!(old.version, 1);
+        assert_eq!(
+            (old.active.clone(), old.standby.clone(), old.offset_sums.clone()),
+            (m.active, m.standby, m.offset_sums)
+        );
+        assert!(old.learner.is_empty() && !old.leaving);
+        let a = Assignment {
+            version: 2,
+            rejoin: true,
+            active: tasks("t", &[1, 2]),
+            learner: tasks("t", &[3]),
+            ..Default::default()
+        };
+        let old = Assignment::decode(&a.encode(1)).unwrap();
+        assert_eq!((old.active, old.rejoin, old.learner), (a.active.clone(), true, vec![]));
+        assert_eq!(Assignment::decode(&a.encode(2)).unwrap(), a);
+    }
+
+    #[test]
+    fn garbage_is_a_decode_error_not_a_panic() {
+        let bytes = member().encode(2);
+        for cut in 0..bytes.len() {
+            let _ = MemberMetadata::decode(&bytes[..cut]);
+        }
+        let err = MemberMetadata::decode(&[0x80]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "malformed group metadata at byte 1: a varint runs past the end"
+        );
+        assert!(
+            MemberMetadata::decode(&[0]).is_err(),
+            "version 0 is older than any reader"
+        );
+    }
+}
