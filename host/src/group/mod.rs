@@ -1,10 +1,12 @@
-//! The worker group's pure core: task ids, versioned member metadata and assignments, and
-//! the assignors. No I/O here; the membership client (Kafka's group protocol) sits above.
+//! The worker group: task ids, versioned member metadata and assignments, the assignors
+//! (pure, no I/O), and the membership client that speaks Kafka's group protocol.
 
 pub mod assignor;
 #[cfg(test)]
 mod assignor_tests;
 mod codec;
+pub mod connection;
+pub mod membership;
 pub mod metadata;
 
 use std::fmt;

@@ -1,0 +1,143 @@
+//! One TCP connection to a broker speaking Kafka's request/response framing, with the
+//! messages encoded by the `kafka-protocol` crate.
+
+use std::time::Duration;
+
+use bytes::{Buf, BufMut, BytesMut};
+use kafka_protocol::messages::{
+    ApiKey, FindCoordinatorRequest, FindCoordinatorResponse, HeartbeatRequest, HeartbeatResponse, JoinGroupRequest,
+    JoinGroupResponse, LeaveGroupRequest, LeaveGroupResponse, RequestHeader, ResponseHeader, SyncGroupRequest,
+    SyncGroupResponse,
+};
+use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, StrBytes};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A connection or protocol failure talking to a broker (the external system's side).
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectionError {
+    #[error("cannot connect to broker {addr}: {detail}")]
+    Connect { addr: String, detail: String },
+    #[error("broker {addr}: {detail}")]
+    Io { addr: String, detail: String },
+    #[error("broker {addr} answered something that does not decode: {detail}")]
+    Protocol { addr: String, detail: String },
+}
+
+/// A request this client sends, with its API key and response type. (kafka-protocol ties
+/// these together only when built with its `broker` feature, which we do not need.)
+pub trait Call: Encodable + HeaderVersion {
+    const KEY: ApiKey;
+    type Response: Decodable + HeaderVersion;
+}
+
+macro_rules! calls {
+    ($($request:ty => $response:ty, $key:ident;)*) => {$(
+        impl Call for $request {
+            const KEY: ApiKey = ApiKey::$key;
+            type Response = $response;
+        }
+    )*};
+}
+
+calls! {
+    FindCoordinatorRequest => FindCoordinatorResponse, FindCoordinator;
+    JoinGroupRequest => JoinGroupResponse, JoinGroup;
+    SyncGroupRequest => SyncGroupResponse, SyncGroup;
+    HeartbeatRequest => HeartbeatResponse, Heartbeat;
+    LeaveGroupRequest => LeaveGroupResponse, LeaveGroup;
+}
+
+pub struct Connection {
+    stream: TcpStream,
+    addr: String,
+    correlation: i32,
+    client_id: StrBytes,
+}
+
+/// Longest a single request may take (JoinGroup waits up to the rebalance timeout).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+
+impl Connection {
+    pub async fn connect(addr: &str) -> Result<Connection, ConnectionError> {
+        let fail = |detail: String| ConnectionError::Connect {
+            addr: addr.to_string(),
+            detail,
+        };
+        let stream = tokio::time::timeout(Duration::from_secs(10), TcpStream::connect(addr))
+            .await
+            .map_err(|_| fail("timed out after 10s".into()))?
+            .map_err(|e| fail(e.to_string()))?;
+        stream.set_nodelay(true).ok();
+        Ok(Connection {
+            stream,
+            addr: addr.to_string(),
+            correlation: 0,
+            client_id: StrBytes::from_static_str("sluice-worker"),
+        })
+    }
+
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// Sends `request` in API `version` and waits for its response.
+    pub async fn send<R: Call>(&mut self, request: &R, version: i16) -> Result<R::Response, ConnectionError> {
+        self.correlation = self.correlation.wrapping_add(1);
+        let protocol = |e: anyhow::Error| ConnectionError::Protocol {
+            addr: self.addr.clone(),
+            detail: format!("{e:#}"),
+        };
+        let header = RequestHeader::default()
+            .with_request_api_key(R::KEY as i16)
+            .with_request_api_version(version)
+            .with_correlation_id(self.correlation)
+            .with_client_id(Some(self.client_id.clone()));
+        let mut body = BytesMut::new();
+        header.encode(&mut body, R::header_version(version)).map_err(protocol)?;
+        request.encode(&mut body, version).map_err(protocol)?;
+        let mut frame = BytesMut::with_capacity(body.len() + 4);
+        frame.put_i32(body.len() as i32);
+        frame.extend_from_slice(&body);
+
+        let io = |e: std::io::Error| ConnectionError::Io {
+            addr: self.addr.clone(),
+            detail: e.to_string(),
+        };
+        let exchange = async {
+            self.stream.write_all(&frame).await.map_err(io)?;
+            let size = self.stream.read_i32().await.map_err(io)?;
+            if !(0..=100 << 20).contains(&size) {
+                return Err(ConnectionError::Protocol {
+                    addr: self.addr.clone(),
+                    detail: format!("a response of {size} bytes"),
+                });
+            }
+            let mut response = vec![0u8; size as usize];
+            self.stream.read_exact(&mut response).await.map_err(io)?;
+            Ok(response)
+        };
+        let response = tokio::time::timeout(REQUEST_TIMEOUT, exchange)
+            .await
+            .map_err(|_| ConnectionError::Io {
+                addr: self.addr.clone(),
+                detail: format!("no response within {}s", REQUEST_TIMEOUT.as_secs()),
+            })??;
+        let mut buf = bytes::Bytes::from(response);
+        let header = ResponseHeader::decode(&mut buf, R::Response::header_version(version)).map_err(protocol)?;
+        if header.correlation_id != self.correlation {
+            return Err(ConnectionError::Protocol {
+                addr: self.addr.clone(),
+                detail: format!(
+                    "correlation id {} for request {}",
+                    header.correlation_id, self.correlation
+                ),
+            });
+        }
+        let decoded = R::Response::decode(&mut buf, version).map_err(protocol)?;
+        if buf.has_remaining() {
+            tracing::debug!(broker = %self.addr, extra = buf.remaining(), "response has trailing bytes");
+        }
+        Ok(decoded)
+    }
+}

@@ -1,0 +1,364 @@
+//! Membership of the worker group through Kafka's group coordinator, with a protocol type of
+//! our own (as Kafka Connect does): FindCoordinator, JoinGroup, SyncGroup, Heartbeat and
+//! LeaveGroup. The leader runs the assignor on every member's metadata.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use kafka_protocol::messages::find_coordinator_request::FindCoordinatorRequest;
+use kafka_protocol::messages::heartbeat_request::HeartbeatRequest;
+use kafka_protocol::messages::join_group_request::{JoinGroupRequest, JoinGroupRequestProtocol};
+use kafka_protocol::messages::leave_group_request::{LeaveGroupRequest, MemberIdentity};
+use kafka_protocol::messages::sync_group_request::{SyncGroupRequest, SyncGroupRequestAssignment};
+use kafka_protocol::messages::GroupId;
+use kafka_protocol::protocol::StrBytes;
+
+use super::connection::{Connection, ConnectionError};
+use super::metadata::{Assignment, MemberMetadata, CURRENT_VERSION};
+
+/// The protocol type of Sluice groups; the coordinator refuses members of other types.
+pub const PROTOCOL_TYPE: &str = "sluice";
+/// The one protocol (assignment strategy) name members advertise.
+pub const PROTOCOL_NAME: &str = "sluice-v1";
+
+const FIND_COORDINATOR_VERSION: i16 = 3;
+const JOIN_GROUP_VERSION: i16 = 7;
+const SYNC_GROUP_VERSION: i16 = 5;
+const HEARTBEAT_VERSION: i16 = 4;
+const LEAVE_GROUP_VERSION: i16 = 4;
+
+mod code {
+    pub const NONE: i16 = 0;
+    pub const COORDINATOR_LOAD_IN_PROGRESS: i16 = 14;
+    pub const COORDINATOR_NOT_AVAILABLE: i16 = 15;
+    pub const NOT_COORDINATOR: i16 = 16;
+    pub const ILLEGAL_GENERATION: i16 = 22;
+    pub const UNKNOWN_MEMBER_ID: i16 = 25;
+    pub const REBALANCE_IN_PROGRESS: i16 = 27;
+    pub const MEMBER_ID_REQUIRED: i16 = 79;
+    pub const FENCED_INSTANCE_ID: i16 = 82;
+}
+
+fn describe(code: i16) -> String {
+    match kafka_protocol::ResponseError::try_from_code(code) {
+        Some(e) => format!("{e:?} ({code})"),
+        None => format!("error code {code}"),
+    }
+}
+
+/// Why membership failed; transient coordinator trouble is retried inside.
+#[derive(Debug, thiserror::Error)]
+pub enum MembershipError {
+    #[error(transparent)]
+    Connection(#[from] ConnectionError),
+    #[error("group {group}: the coordinator refused {call}: {reason}")]
+    Refused {
+        group: String,
+        call: &'static str,
+        reason: String,
+    },
+    #[error("group {group}: another worker uses group.instance.id {instance}; this one is fenced and must stop")]
+    Fenced { group: String, instance: String },
+    #[error("group {group}: the leader's assignment does not decode: {detail}")]
+    BadAssignment { group: String, detail: String },
+}
+
+/// Settings of one membership.
+#[derive(Debug, Clone)]
+pub struct MembershipConfig {
+    pub bootstrap: String,
+    pub group: String,
+    /// Static membership: a restart within the session timeout keeps the member's place.
+    pub instance_id: Option<String>,
+    pub session_timeout: Duration,
+    pub rebalance_timeout: Duration,
+}
+
+/// What a heartbeat learned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Heartbeat {
+    Alive,
+    /// A rebalance started: rejoin (keep processing tasks meanwhile).
+    RejoinNeeded,
+    /// The coordinator no longer knows this member: stop active tasks, then rejoin.
+    Lost,
+}
+
+/// The result of a completed join.
+#[derive(Debug, Clone)]
+pub struct Joined {
+    pub generation: i32,
+    pub member_id: String,
+    pub leader: bool,
+    pub assignment: Assignment,
+}
+
+/// One worker's membership in the group.
+pub struct Membership {
+    config: MembershipConfig,
+    coordinator: Option<Connection>,
+    member_id: String,
+    generation: i32,
+}
+
+impl Membership {
+    pub fn new(config: MembershipConfig) -> Membership {
+        Membership {
+            config,
+            coordinator: None,
+            member_id: String::new(),
+            generation: -1,
+        }
+    }
+
+    pub fn member_id(&self) -> &str {
+        &self.member_id
+    }
+
+    pub fn generation(&self) -> i32 {
+        self.generation
+    }
+
+    fn group_id(&self) -> GroupId {
+        GroupId(StrBytes::from_string(self.config.group.clone()))
+    }
+
+    fn instance(&self) -> Option<StrBytes> {
+        self.config.instance_id.clone().map(StrBytes::from_string)
+    }
+
+    /// Finds the coordinator through any bootstrap broker and connects to it.
+    async fn coordinator(&mut self) -> Result<&mut Connection, MembershipError> {
+        if self.coordinator.is_none() {
+            let mut last = None;
+            for _attempt in 0..30 {
+                for addr in self
+                    .config
+                    .bootstrap
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|a| !a.is_empty())
+                {
+                    let found = async {
+                        let mut c = Connection::connect(addr).await?;
+                        let request = FindCoordinatorRequest::default()
+                            .with_key(StrBytes::from_string(self.config.group.clone()))
+                            .with_key_type(0);
+                        c.send(&request, FIND_COORDINATOR_VERSION).await
+                    }
+                    .await;
+                    match found {
+                        Ok(r) if r.error_code == code::NONE => {
+                            let addr = format!("{}:{}", r.host, r.port);
+                            self.coordinator = Some(Connection::connect(&addr).await?);
+                            return Ok(self.coordinator.as_mut().expect("just set"));
+                        }
+                        Ok(r) => {
+                            last = Some(MembershipError::Refused {
+                                group: self.config.group.clone(),
+                                call: "FindCoordinator",
+                                reason: describe(r.error_code),
+                            })
+                        }
+                        Err(e) => last = Some(e.into()),
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            return Err(last.expect("at least one attempt"));
+        }
+        Ok(self.coordinator.as_mut().expect("checked"))
+    }
+
+    /// Joins (or rejoins) the group and returns this member's assignment. When this member
+    /// is elected leader, `assign` computes everyone's assignment from their metadata.
+    pub async fn join(
+        &mut self,
+        metadata: &MemberMetadata,
+        assign: impl Fn(&BTreeMap<String, MemberMetadata>) -> BTreeMap<String, Assignment>,
+    ) -> Result<Joined, MembershipError> {
+        let encoded = Bytes::from(metadata.encode(metadata.version.min(CURRENT_VERSION)));
+        loop {
+            let request = JoinGroupRequest::default()
+                .with_group_id(self.group_id())
+                .with_session_timeout_ms(self.config.session_timeout.as_millis() as i32)
+                .with_rebalance_timeout_ms(self.config.rebalance_timeout.as_millis() as i32)
+                .with_member_id(StrBytes::from_string(self.member_id.clone()))
+                .with_group_instance_id(self.instance())
+                .with_protocol_type(StrBytes::from_static_str(PROTOCOL_TYPE))
+                .with_protocols(vec![JoinGroupRequestProtocol::default()
+                    .with_name(StrBytes::from_static_str(PROTOCOL_NAME))
+                    .with_metadata(encoded.clone())]);
+            let response = match self.coordinator().await?.send(&request, JOIN_GROUP_VERSION).await {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(group = %self.config.group, "JoinGroup: {e}; finding the coordinator again");
+                    self.coordinator = None;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            };
+            match response.error_code {
+                code::NONE => {}
+                code::MEMBER_ID_REQUIRED => {
+                    self.member_id = response.member_id.to_string();
+                    continue;
+                }
+                code::UNKNOWN_MEMBER_ID | code::ILLEGAL_GENERATION => {
+                    self.member_id.clear();
+                    continue;
+                }
+                code::REBALANCE_IN_PROGRESS | code::COORDINATOR_LOAD_IN_PROGRESS => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+                code::NOT_COORDINATOR | code::COORDINATOR_NOT_AVAILABLE => {
+                    self.coordinator = None;
+                    continue;
+                }
+                code::FENCED_INSTANCE_ID => return Err(self.fenced()),
+                other => return Err(self.refused("JoinGroup", other)),
+            }
+            self.member_id = response.member_id.to_string();
+            self.generation = response.generation_id;
+            let leader = response.leader == response.member_id;
+            let assignments = if leader {
+                let mut members = BTreeMap::new();
+                for m in &response.members {
+                    match MemberMetadata::decode(&m.metadata) {
+                        Ok(meta) => {
+                            members.insert(m.member_id.to_string(), meta);
+                        }
+                        Err(e) => {
+                            tracing::warn!(member = %m.member_id, "ignoring a member whose metadata does not decode: {e}")
+                        }
+                    }
+                }
+                // Assign in the highest version every member understands (rolling upgrades).
+                let version = members
+                    .values()
+                    .map(|m| m.supported.min(CURRENT_VERSION))
+                    .min()
+                    .unwrap_or(CURRENT_VERSION);
+                assign(&members)
+                    .into_iter()
+                    .map(|(id, a)| {
+                        SyncGroupRequestAssignment::default()
+                            .with_member_id(StrBytes::from_string(id))
+                            .with_assignment(Bytes::from(a.encode(version)))
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let sync = SyncGroupRequest::default()
+                .with_group_id(self.group_id())
+                .with_generation_id(self.generation)
+                .with_member_id(StrBytes::from_string(self.member_id.clone()))
+                .with_group_instance_id(self.instance())
+                .with_protocol_type(Some(StrBytes::from_static_str(PROTOCOL_TYPE)))
+                .with_protocol_name(Some(StrBytes::from_static_str(PROTOCOL_NAME)))
+                .with_assignments(assignments);
+            let response = match self.coordinator().await?.send(&sync, SYNC_GROUP_VERSION).await {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(group = %self.config.group, "SyncGroup: {e}; rejoining");
+                    self.coordinator = None;
+                    continue;
+                }
+            };
+            match response.error_code {
+                code::NONE => {}
+                code::REBALANCE_IN_PROGRESS => continue,
+                code::UNKNOWN_MEMBER_ID | code::ILLEGAL_GENERATION => {
+                    self.member_id.clear();
+                    continue;
+                }
+                code::NOT_COORDINATOR | code::COORDINATOR_NOT_AVAILABLE => {
+                    self.coordinator = None;
+                    continue;
+                }
+                code::FENCED_INSTANCE_ID => return Err(self.fenced()),
+                other => return Err(self.refused("SyncGroup", other)),
+            }
+            let assignment = Assignment::decode(&response.assignment).map_err(|e| MembershipError::BadAssignment {
+                group: self.config.group.clone(),
+                detail: e.to_string(),
+            })?;
+            return Ok(Joined {
+                generation: self.generation,
+                member_id: self.member_id.clone(),
+                leader,
+                assignment,
+            });
+        }
+    }
+
+    /// One heartbeat; call it every few seconds (well inside the session timeout).
+    pub async fn heartbeat(&mut self) -> Result<Heartbeat, MembershipError> {
+        let request = HeartbeatRequest::default()
+            .with_group_id(self.group_id())
+            .with_generation_id(self.generation)
+            .with_member_id(StrBytes::from_string(self.member_id.clone()))
+            .with_group_instance_id(self.instance());
+        let response = match self.coordinator().await?.send(&request, HEARTBEAT_VERSION).await {
+            Ok(r) => r,
+            Err(e) => {
+                // The next heartbeat finds the coordinator again; the session timeout bounds
+                // how long this may go on before the member counts as lost.
+                tracing::warn!(group = %self.config.group, "Heartbeat: {e}");
+                self.coordinator = None;
+                return Ok(Heartbeat::Alive);
+            }
+        };
+        match response.error_code {
+            code::NONE => Ok(Heartbeat::Alive),
+            code::REBALANCE_IN_PROGRESS => Ok(Heartbeat::RejoinNeeded),
+            code::UNKNOWN_MEMBER_ID | code::ILLEGAL_GENERATION => {
+                self.member_id.clear();
+                Ok(Heartbeat::Lost)
+            }
+            code::NOT_COORDINATOR | code::COORDINATOR_NOT_AVAILABLE | code::COORDINATOR_LOAD_IN_PROGRESS => {
+                self.coordinator = None;
+                Ok(Heartbeat::Alive)
+            }
+            code::FENCED_INSTANCE_ID => Err(self.fenced()),
+            other => Err(self.refused("Heartbeat", other)),
+        }
+    }
+
+    /// Leaves the group (clean shutdown), so the others rebalance at once.
+    pub async fn leave(&mut self) -> Result<(), MembershipError> {
+        if self.member_id.is_empty() {
+            return Ok(());
+        }
+        let request = LeaveGroupRequest::default()
+            .with_group_id(self.group_id())
+            .with_members(vec![MemberIdentity::default()
+                .with_member_id(StrBytes::from_string(self.member_id.clone()))
+                .with_group_instance_id(self.instance())]);
+        let response = self.coordinator().await?.send(&request, LEAVE_GROUP_VERSION).await?;
+        self.member_id.clear();
+        self.generation = -1;
+        match response.error_code {
+            code::NONE | code::UNKNOWN_MEMBER_ID => Ok(()),
+            other => Err(self.refused("LeaveGroup", other)),
+        }
+    }
+
+    fn refused(&self, call: &'static str, code: i16) -> MembershipError {
+        MembershipError::Refused {
+            group: self.config.group.clone(),
+            call,
+            reason: describe(code),
+        }
+    }
+
+    fn fenced(&self) -> MembershipError {
+        MembershipError::Fenced {
+            group: self.config.group.clone(),
+            instance: self.config.instance_id.clone().unwrap_or_default(),
+        }
+    }
+}

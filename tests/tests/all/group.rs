@@ -1,0 +1,106 @@
+//! The membership client against a real group coordinator: joins, cooperative rebalances,
+//! mixed metadata versions, leaving.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use sluice::group::assignor::{Assignor, AssignorInput, Sticky};
+use sluice::group::membership::{Heartbeat, Membership, MembershipConfig};
+use sluice::group::metadata::{Assignment, MemberMetadata};
+use sluice::group::TaskId;
+use sluice_tests::{kafka, unique_name};
+
+fn config(group: &str) -> MembershipConfig {
+    MembershipConfig {
+        bootstrap: kafka().bootstrap().to_string(),
+        group: group.to_string(),
+        instance_id: None,
+        session_timeout: Duration::from_secs(10),
+        rebalance_timeout: Duration::from_secs(20),
+    }
+}
+
+fn metadata(version: u16, active: &[TaskId]) -> MemberMetadata {
+    MemberMetadata {
+        version,
+        supported: version,
+        capacity: 1,
+        active: active.to_vec(),
+        ..Default::default()
+    }
+}
+
+async fn until_rejoin_needed(member: &mut Membership) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match member.heartbeat().await? {
+            Heartbeat::RejoinNeeded => return Ok(()),
+            Heartbeat::Alive => anyhow::ensure!(tokio::time::Instant::now() < deadline, "no rebalance within 30s"),
+            Heartbeat::Lost => anyhow::bail!("the member lost its membership"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_and_an_old_worker_share_a_group_and_only_moved_tasks_are_revoked() -> anyhow::Result<()> {
+    let group = unique_name("sluice-group");
+    let tasks: Vec<TaskId> = (0..12).map(|p| TaskId::new("orders", p)).collect();
+    let (stateful, ends) = (HashSet::new(), HashMap::new());
+    let assign = |members: &BTreeMap<String, MemberMetadata>| -> BTreeMap<String, Assignment> {
+        Sticky.assign(&AssignorInput {
+            members,
+            tasks: &tasks,
+            stateful: &stateful,
+            end_offsets: &ends,
+            standby_replicas: 0,
+        })
+    };
+
+    // A (metadata version 2) alone: it leads and owns everything.
+    let mut a = Membership::new(config(&group));
+    let first = a.join(&metadata(2, &[]), assign).await?;
+    assert!(first.leader);
+    assert_eq!(first.assignment.active.len(), 12);
+    assert!(!first.assignment.rejoin);
+
+    // B, an older worker (version 1 only), joins; A learns of it by heartbeat and rejoins.
+    let mut b = Membership::new(config(&group));
+    let (a_meta, b_meta) = (metadata(2, &first.assignment.active), metadata(1, &[]));
+    let (second_a, second_b) = tokio::join!(
+        async {
+            until_rejoin_needed(&mut a).await?;
+            anyhow::Ok(a.join(&a_meta, assign).await?)
+        },
+        b.join(&b_meta, assign)
+    );
+    let (second_a, second_b) = (second_a?, second_b?);
+    assert_eq!(second_a.generation, second_b.generation);
+    assert!(second_a.generation > first.generation);
+    // Assignments are written in the version both understand.
+    assert_eq!((second_a.assignment.version, second_b.assignment.version), (1, 1));
+    // Cooperative: A keeps six and revokes six; B gets none of them in this generation.
+    assert_eq!(second_a.assignment.active.len(), 6);
+    assert_eq!(second_a.assignment.revoked.len(), 6);
+    assert!(second_b.assignment.active.is_empty());
+    assert!(second_a.assignment.rejoin && second_b.assignment.rejoin);
+
+    // Both rejoin: the revoked six go to B, nothing else moves.
+    let kept = second_a.assignment.active.clone();
+    let a_meta = metadata(2, &kept);
+    let (third_a, third_b) = tokio::join!(a.join(&a_meta, assign), b.join(&b_meta, assign));
+    let (third_a, third_b) = (third_a?, third_b?);
+    assert_eq!(third_a.assignment.active, kept, "A's remaining tasks did not move");
+    let mut handed: Vec<TaskId> = second_a.assignment.revoked.clone();
+    handed.sort();
+    assert_eq!(third_b.assignment.active, handed);
+    assert!(third_a.assignment.revoked.is_empty() && !third_a.assignment.rejoin);
+
+    // B leaves cleanly: A is told at its next heartbeat and takes everything back.
+    b.leave().await?;
+    until_rejoin_needed(&mut a).await?;
+    let fourth = a.join(&metadata(2, &kept), assign).await?;
+    assert_eq!(fourth.assignment.active, tasks);
+    a.leave().await?;
+    Ok(())
+}
