@@ -23,7 +23,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run topologies: one task per source partition, until SIGINT or SIGTERM.
-    Worker(worker::WorkerArgs),
+    Worker(Box<worker::WorkerArgs>),
     /// Inspect a stopped worker's local state.
     State(state::StateArgs),
     /// Create topics.
@@ -53,7 +53,7 @@ pub fn init_logging(filter: Option<&str>) {
 
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Worker(args) => worker::run(args).await,
+        Command::Worker(args) => worker::run(*args).await,
         Command::State(args) => state::run(args),
         Command::Topics(args) => kafka_tools::topics(args).await,
         Command::Produce(args) => kafka_tools::produce(args).await,

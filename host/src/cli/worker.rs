@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::Args;
 use sluice::manifest::parse_size;
 use sluice::runtime::RuntimeConfig;
+use sluice::worker::group_runner::ClusterConfig;
 use sluice::worker::{self, TaskSettings, WorkerConfig};
 
 #[derive(Debug, Args)]
@@ -42,6 +43,28 @@ pub struct WorkerArgs {
     /// Allocate instances on demand instead of from the pooling allocator.
     #[arg(long)]
     no_pooling: bool,
+    /// Share the tasks of all topologies with every worker started with the same cluster name
+    /// (a Kafka group); without it this worker owns every task.
+    #[arg(long, env = "SLUICE_CLUSTER")]
+    cluster: Option<String>,
+    /// This worker's share of tasks relative to the others (stream threads).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    capacity: u32,
+    /// Static membership: a worker restarted under the same id within the session timeout
+    /// gets its tasks back without a rebalance.
+    #[arg(long)]
+    instance_id: Option<String>,
+    /// A worker not heard from for this long loses its tasks to the others.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    session_timeout: Duration,
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    heartbeat_interval: Duration,
+    /// How tasks are placed: `sticky` (cooperative) or `eager` (stop-the-world baseline).
+    #[arg(long, default_value = "sticky")]
+    assignor: String,
+    /// Standby replicas per stateful task, on other workers.
+    #[arg(long, default_value_t = 0)]
+    standby_replicas: u32,
     /// Where task state lives: one RocksDB store per (task, store) and a checkpoint per task.
     #[arg(long, default_value = "sluice-state", env = "SLUICE_STATE_DIR")]
     state_dir: PathBuf,
@@ -54,7 +77,19 @@ pub struct WorkerArgs {
 }
 
 pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
+    let cluster = args.cluster.map(|name| ClusterConfig {
+        name,
+        capacity: args.capacity,
+        instance_id: args.instance_id,
+        session_timeout: args.session_timeout,
+        heartbeat_interval: args.heartbeat_interval,
+        assignor: args.assignor,
+        standby_replicas: args.standby_replicas,
+        bootstrap: args.bootstrap.clone(),
+        state_dir: args.state_dir.clone(),
+    });
     let config = WorkerConfig {
+        cluster,
         bootstrap: args.bootstrap,
         manifests: args.topologies,
         metrics_addr: args.metrics,

@@ -79,6 +79,8 @@ pub struct MembershipConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Heartbeat {
     Alive,
+    /// The coordinator could not be reached this time (the session may still be alive).
+    Unreachable,
     /// A rebalance started: rejoin (keep processing tasks meanwhile).
     RejoinNeeded,
     /// The coordinator no longer knows this member: stop active tasks, then rejoin.
@@ -309,7 +311,7 @@ impl Membership {
                 // how long this may go on before the member counts as lost.
                 tracing::warn!(group = %self.config.group, "Heartbeat: {e}");
                 self.coordinator = None;
-                return Ok(Heartbeat::Alive);
+                return Ok(Heartbeat::Unreachable);
             }
         };
         match response.error_code {
@@ -321,7 +323,7 @@ impl Membership {
             }
             code::NOT_COORDINATOR | code::COORDINATOR_NOT_AVAILABLE | code::COORDINATOR_LOAD_IN_PROGRESS => {
                 self.coordinator = None;
-                Ok(Heartbeat::Alive)
+                Ok(Heartbeat::Unreachable)
             }
             code::FENCED_INSTANCE_ID => Err(self.fenced()),
             other => Err(self.refused("Heartbeat", other)),

@@ -7,10 +7,11 @@
 
 mod changelog;
 pub mod delivery;
+pub mod group_runner;
 pub mod task;
 pub mod task_state;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,12 +21,11 @@ use std::time::Duration;
 use anyhow::{bail, Context as _};
 use rdkafka::client::ClientContext;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::base_consumer::PartitionQueue;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::{Offset, TopicPartitionList};
 
+use crate::group::TaskId;
 use crate::manifest::{Binding, Manifest};
 use crate::metrics::Metrics;
 use crate::runtime::{LoadedTopology, Runtime, RuntimeConfig};
@@ -40,6 +40,8 @@ pub struct WorkerConfig {
     pub metrics_addr: Option<SocketAddr>,
     pub tasks: TaskSettings,
     pub runtime: RuntimeConfig,
+    /// Share tasks with the other workers of this cluster (a Kafka group); none: own them all.
+    pub cluster: Option<group_runner::ClusterConfig>,
     /// Where task state (RocksDB stores, checkpoints) lives.
     pub state_dir: PathBuf,
     /// Block cache shared by every store of the worker, in bytes.
@@ -60,6 +62,7 @@ impl WorkerConfig {
                 punctuate_interval: Duration::from_secs(1),
             },
             runtime: RuntimeConfig::default(),
+            cluster: None,
             state_dir: PathBuf::from("sluice-state"),
             state_block_cache: 64 << 20,
             state_write_buffers: 64 << 20,
@@ -72,8 +75,6 @@ pub struct ConsumerEvents;
 
 impl ClientContext for ConsumerEvents {}
 impl ConsumerContext for ConsumerEvents {}
-
-pub type TaskQueue = PartitionQueue<ConsumerEvents>;
 
 /// A topology ready to run: compiled, bound to topics, with its consumer.
 pub struct DeployedTopology {
@@ -152,76 +153,132 @@ pub async fn run(
         dir: config.state_dir.clone(),
         memory: crate::state::rocks::SharedMemory::new(config.state_block_cache, config.state_write_buffers),
     });
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut threads = Vec::new();
-    let mut pollers = Vec::new();
-    for topology in deployed {
-        let topology = Arc::new(topology);
-        let mut queues: Vec<Vec<TaskQueue>> = (0..topology.partitions).map(|_| Vec::new()).collect();
-        let mut assignment = TopicPartitionList::new();
-        for topic in &topology.binding.source_topics {
-            for partition in 0..topology.partitions {
-                // Queues are split off before assigning, so no record reaches the main queue.
-                let queue = topology
-                    .consumer
-                    .split_partition_queue(topic, partition)
-                    .with_context(|| format!("splitting the queue of {topic}/{partition}"))?;
-                queues[partition as usize].push(queue);
-                assignment.add_partition_offset(topic, partition, Offset::Stored)?;
-            }
-        }
-        topology
-            .consumer
-            .assign(&assignment)
-            .context("assigning source partitions")?;
-        tracing::info!(topology = %topology.name, partitions = topology.partitions, sources = ?topology.binding.source_topics, sinks = ?topology.binding.sink_topics, "deployed");
-
-        pollers.push(spawn_main_queue_poller(topology.clone(), stop.clone())?);
-        for (partition, queues) in queues.into_iter().enumerate() {
-            let ctx = task::TaskContext {
-                topology: topology.clone(),
-                partition: partition as i32,
-                queues,
-                producer: producer.clone(),
-                settings: config.tasks.clone(),
-                stop: stop.clone(),
-                metrics: metrics.clone(),
-                bootstrap: config.bootstrap.clone(),
-                state: state.clone(),
-            };
-            let name = format!("task-{}-{partition}", topology.name);
-            let id = format!("{}/{partition}", topology.name);
-            threads.push((
-                id,
-                std::thread::Builder::new().name(name).spawn(move || task::run(ctx))?,
-            ));
-        }
+    let mut runner = TaskRunner {
+        producer: producer.clone(),
+        settings: config.tasks.clone(),
+        metrics: metrics.clone(),
+        bootstrap: config.bootstrap.clone(),
+        state: state.clone(),
+        topologies: deployed.into_iter().map(|t| (t.name.clone(), Arc::new(t))).collect(),
+        running: BTreeMap::new(),
+        finished: WorkerReport::default(),
+    };
+    for (name, t) in runner.topologies.clone() {
+        tracing::info!(topology = %name, partitions = t.partitions, sources = ?t.binding.source_topics, sinks = ?t.binding.sink_topics, "deployed");
     }
 
-    shutdown.await;
-    tracing::info!("stopping: finishing batches in flight, flushing, committing");
-    stop.store(true, Ordering::Relaxed);
-    let report = tokio::task::spawn_blocking(move || {
-        let mut report = WorkerReport::default();
-        for (id, handle) in threads {
-            match handle.join() {
-                Ok(Ok(summary)) => report.stopped.push((id, summary)),
-                Ok(Err(e)) => report.failed.push((id, e.to_string())),
-                Err(_) => report.failed.push((id, "the task thread panicked".to_string())),
-            }
+    let report = match &config.cluster {
+        None => {
+            // Alone: this worker owns every task.
+            let all = runner.all_tasks();
+            runner.start(&all)?;
+            shutdown.await;
+            tracing::info!("stopping: finishing batches in flight, flushing, committing");
+            tokio::task::spawn_blocking(move || runner.stop_all()).await?
         }
-        for poller in pollers {
-            let _ = poller.join();
-        }
+        Some(cluster) => group_runner::run(cluster, runner, shutdown).await?,
+    };
+    let report = {
+        let mut report = report;
         if let Err(e) = delivery::flush(&producer, Duration::from_secs(30)) {
             report
                 .failed
                 .push(("producer".into(), format!("flushing at shutdown: {e}")));
         }
         report
-    })
-    .await?;
+    };
     Ok(report)
+}
+
+/// A task thread and the flag that asks it to stop.
+type RunningTask = (Arc<AtomicBool>, std::thread::JoinHandle<Result<TaskSummary, TaskError>>);
+
+/// Starts and stops task threads; knows every deployed topology.
+pub struct TaskRunner {
+    producer: Arc<WorkerProducer>,
+    settings: TaskSettings,
+    metrics: Metrics,
+    bootstrap: String,
+    state: Arc<task_state::StateEnv>,
+    topologies: BTreeMap<String, Arc<DeployedTopology>>,
+    running: BTreeMap<TaskId, RunningTask>,
+    finished: WorkerReport,
+}
+
+impl TaskRunner {
+    /// Every task of every deployed topology.
+    pub fn all_tasks(&self) -> Vec<TaskId> {
+        self.topologies
+            .values()
+            .flat_map(|t| (0..t.partitions as u32).map(|p| TaskId::new(&t.name, p)))
+            .collect()
+    }
+
+    /// Topologies whose tasks keep state.
+    pub fn stateful(&self) -> std::collections::HashSet<Arc<str>> {
+        self.topologies
+            .values()
+            .filter(|t| !t.changelogs.is_empty())
+            .map(|t| Arc::from(t.name.as_str()))
+            .collect()
+    }
+
+    /// The tasks running now.
+    pub fn running(&self) -> Vec<TaskId> {
+        self.running.keys().cloned().collect()
+    }
+
+    pub fn start(&mut self, tasks: &[TaskId]) -> anyhow::Result<()> {
+        for task in tasks {
+            if self.running.contains_key(task) {
+                continue;
+            }
+            let Some(topology) = self.topologies.get(&*task.topology).cloned() else {
+                tracing::warn!(%task, "assigned a task of a topology this worker does not run");
+                continue;
+            };
+            let stop = Arc::new(AtomicBool::new(false));
+            let ctx = task::TaskContext {
+                topology,
+                partition: task.partition as i32,
+                producer: self.producer.clone(),
+                settings: self.settings.clone(),
+                stop: stop.clone(),
+                metrics: self.metrics.clone(),
+                bootstrap: self.bootstrap.clone(),
+                state: self.state.clone(),
+            };
+            let name = format!("task-{}-{}", task.topology, task.partition);
+            let handle = std::thread::Builder::new().name(name).spawn(move || task::run(ctx))?;
+            self.running.insert(task.clone(), (stop, handle));
+        }
+        Ok(())
+    }
+
+    /// Stops tasks cleanly (finish the batch, flush, commit, close) and waits for them.
+    pub fn stop(&mut self, tasks: &[TaskId]) {
+        let mut stopping = Vec::new();
+        for task in tasks {
+            if let Some((stop, handle)) = self.running.remove(task) {
+                stop.store(true, Ordering::Relaxed);
+                stopping.push((task.clone(), handle));
+            }
+        }
+        for (task, handle) in stopping {
+            let id = task.to_string();
+            match handle.join() {
+                Ok(Ok(summary)) => self.finished.stopped.push((id, summary)),
+                Ok(Err(e)) => self.finished.failed.push((id, e.to_string())),
+                Err(_) => self.finished.failed.push((id, "the task thread panicked".to_string())),
+            }
+        }
+    }
+
+    pub fn stop_all(mut self) -> WorkerReport {
+        let all = self.running();
+        self.stop(&all);
+        self.finished
+    }
 }
 
 /// How the worker's tasks ended.
@@ -308,20 +365,4 @@ fn partition_count(consumer: &BaseConsumer<ConsumerEvents>, topic: &str) -> Resu
         None => Err("does not exist; create it first (for example `sluice topics create --partitions 4 TOPIC`)".into()),
         Some(e) => Err(format!("{}", KafkaError::MetadataFetch(e.into()))),
     }
-}
-
-/// The main queue carries errors and events; records all go to the task queues.
-fn spawn_main_queue_poller(
-    topology: Arc<DeployedTopology>,
-    stop: Arc<AtomicBool>,
-) -> std::io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new().name(format!("poll-{}", topology.name)).spawn(move || {
-        while !stop.load(Ordering::Relaxed) {
-            match topology.consumer.poll(Duration::from_millis(100)) {
-                None => {}
-                Some(Ok(m)) => tracing::warn!(topology = %topology.name, "a record reached the main queue: {}/{}", rdkafka::Message::partition(&m), rdkafka::Message::offset(&m)),
-                Some(Err(e)) => tracing::warn!(topology = %topology.name, "consumer: {e}"),
-            }
-        }
-    })
 }

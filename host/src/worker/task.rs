@@ -14,7 +14,7 @@ use sluice_guest::TaskInfo;
 
 use super::delivery::{self, DeliveryTracker, Outgoing, WorkerProducer};
 use super::task_state::{StateEnv, TaskState};
-use super::{ConsumerEvents, DeployedTopology, TaskQueue};
+use super::{ConsumerEvents, DeployedTopology};
 use crate::metrics::{ErrorLabels, Metrics, TaskLabels};
 use crate::runtime::{CallOutput, GuestFault, TaskInstance};
 use crate::state::rocks::RocksStore;
@@ -59,8 +59,6 @@ impl TaskError {
 pub struct TaskContext {
     pub topology: Arc<DeployedTopology>,
     pub partition: i32,
-    /// One queue per source, in the order of the description.
-    pub queues: Vec<TaskQueue>,
     pub producer: Arc<WorkerProducer>,
     pub settings: TaskSettings,
     pub stop: Arc<AtomicBool>,
@@ -79,6 +77,8 @@ pub struct TaskSummary {
 
 struct Task {
     ctx: TaskContext,
+    /// Reads the task's partition of every source; `None` only while a batch is polled.
+    consumer: Option<BaseConsumer<ConsumerEvents>>,
     id: String,
     info: TaskInfo,
     instance: TaskInstance,
@@ -118,14 +118,6 @@ pub fn run(ctx: TaskContext) -> Result<TaskSummary, TaskError> {
     };
     ctx.metrics.task_failed.get_or_create(&labels).set(0);
     let metrics = ctx.metrics.clone();
-    let consumer = ctx.topology.consumer.clone();
-    let pause: Vec<(String, i32)> = ctx
-        .topology
-        .binding
-        .source_topics
-        .iter()
-        .map(|t| (t.clone(), ctx.partition))
-        .collect();
 
     metrics.tasks_running.inc();
     let result = Task::start(ctx, id.clone(), &labels).and_then(Task::run_until_stopped);
@@ -142,20 +134,9 @@ pub fn run(ctx: TaskContext) -> Result<TaskSummary, TaskError> {
                 kind: e.kind().into(),
             })
             .inc();
-        pause_partitions(&consumer, &pause);
+        // The task's consumer closed with it: its partitions are no longer fetched.
     }
     result
-}
-
-fn pause_partitions(consumer: &BaseConsumer<ConsumerEvents>, partitions: &[(String, i32)]) {
-    // Stop fetching for a failed task, so its records do not pile up in memory.
-    let mut tpl = TopicPartitionList::new();
-    for (topic, partition) in partitions {
-        tpl.add_partition(topic, *partition);
-    }
-    if let Err(e) = consumer.pause(&tpl) {
-        tracing::warn!("pausing {partitions:?} after a task failure: {e}");
-    }
 }
 
 impl Task {
@@ -197,7 +178,17 @@ impl Task {
             .instantiate(&id, topology.loaded.description().sinks.clone(), stores)
             .map_err(fail)?;
         instance.init(&info).map_err(fail)?;
-        let sources = ctx.queues.len();
+        let sources = topology.binding.source_topics.len();
+        let consumer = task_consumer(
+            &ctx.bootstrap,
+            &topology.name,
+            &topology.binding.source_topics,
+            ctx.partition,
+        )
+        .map_err(|detail| TaskError::Produce {
+            task: id.clone(),
+            detail,
+        })?;
         let counters = Counters {
             records_in: ctx.metrics.records_in.get_or_create(labels).clone(),
             records_out: ctx.metrics.records_out.get_or_create(labels).clone(),
@@ -206,6 +197,7 @@ impl Task {
         };
         tracing::info!(task = %id, "started");
         Ok(Task {
+            consumer: Some(consumer),
             id,
             info,
             instance,
@@ -227,9 +219,8 @@ impl Task {
     }
 
     fn run_until_stopped(mut self) -> Result<TaskSummary, TaskError> {
-        let mut turn = 0usize;
         while !self.ctx.stop.load(Ordering::Relaxed) {
-            self.fill_batch(&mut turn);
+            self.fill_batch();
             if !self.batch.is_empty() {
                 self.process_batch()?;
             }
@@ -238,52 +229,40 @@ impl Task {
                 self.commit()?;
             }
         }
-        // Shutdown: the batch in flight is done; flush and commit, then let the guest close.
+        // Shutdown: the batch in flight is done; flush and commit, then let the guest close
+        // and commit again.
         self.commit()?;
         let output = self.call("close", |i| i.close())?;
         self.produce(&output, now_ms(), "close")?;
-        self.tracker
-            .wait_idle(DELIVERY_TIMEOUT)
-            .map_err(|detail| TaskError::Produce {
-                task: self.id.clone(),
-                detail,
-            })?;
+        // What closing emitted or wrote to state goes through the same commit.
+        self.commit()?;
         tracing::info!(task = %self.id, records_in = self.summary.records_in, records_out = self.summary.records_out, "stopped");
         Ok(self.summary)
     }
 
-    /// Takes what the task's queues hold, up to a batch; waits briefly only when all are empty.
-    fn fill_batch(&mut self, turn: &mut usize) {
+    /// Takes what the consumer holds, up to a batch; waits briefly only when it has nothing.
+    fn fill_batch(&mut self) {
         self.writer.clear();
         self.batch.clear();
-        let queues = std::mem::take(&mut self.ctx.queues);
-        for (source, queue) in queues.iter().enumerate() {
-            self.drain(source as u32, queue, Duration::ZERO);
-        }
-        if self.batch.is_empty() && !queues.is_empty() {
-            let source = *turn % queues.len();
-            *turn += 1;
-            let wait = Duration::from_millis(if queues.len() == 1 { 100 } else { 20 });
-            self.drain(source as u32, &queues[source], wait);
-            if !self.batch.is_empty() {
-                for (source, queue) in queues.iter().enumerate() {
-                    self.drain(source as u32, queue, Duration::ZERO);
-                }
-            }
-        }
-        self.ctx.queues = queues;
-    }
-
-    fn drain(&mut self, source: u32, queue: &TaskQueue, first_wait: Duration) {
-        let mut wait = first_wait;
+        let consumer = self.consumer.take().expect("the task's consumer");
+        let mut wait = Duration::from_millis(100);
         while self.batch.len() < self.ctx.settings.batch_size {
-            match queue.poll(wait) {
-                Some(Ok(message)) => self.push(source, &message),
+            match consumer.poll(wait) {
+                Some(Ok(message)) => {
+                    let topics = &self.ctx.topology.binding.source_topics;
+                    match topics.iter().position(|t| t == message.topic()) {
+                        Some(source) => self.push(source as u32, &message),
+                        None => {
+                            tracing::warn!(task = %self.id, topic = message.topic(), "a record from a topic the task does not read")
+                        }
+                    }
+                }
                 Some(Err(e)) => tracing::warn!(task = %self.id, "consumer: {e}"),
                 None => break,
             }
             wait = Duration::ZERO;
         }
+        self.consumer = Some(consumer);
     }
 
     fn push(&mut self, source: u32, m: &BorrowedMessage<'_>) {
@@ -497,7 +476,12 @@ impl Task {
                         .expect("a valid offset");
                 }
             }
-            match self.ctx.topology.consumer.commit(&tpl, CommitMode::Sync) {
+            match self
+                .consumer
+                .as_ref()
+                .expect("the task's consumer")
+                .commit(&tpl, CommitMode::Sync)
+            {
                 Ok(()) => self.committed = self.positions.clone(),
                 // Not fatal: the offsets are committed with the next commit, and until then a
                 // restart only reprocesses (at-least-once).
@@ -554,6 +538,36 @@ impl Task {
         }
         Ok(written)
     }
+}
+
+/// The task's own consumer: its partition of every source, from the committed offsets of
+/// the topology's consumer group (`sluice-<topology>`), or the beginning.
+fn task_consumer(
+    bootstrap: &str,
+    topology: &str,
+    sources: &[String],
+    partition: i32,
+) -> Result<BaseConsumer<ConsumerEvents>, String> {
+    let consumer: BaseConsumer<ConsumerEvents> = rdkafka::config::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("client.id", "sluice-worker")
+        .set("group.id", format!("sluice-{topology}"))
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("enable.partition.eof", "false")
+        .set("fetch.wait.max.ms", "100")
+        .create_with_context(ConsumerEvents)
+        .map_err(|e| format!("creating the consumer: {e}"))?;
+    let mut tpl = TopicPartitionList::new();
+    for topic in sources {
+        tpl.add_partition_offset(topic, partition, Offset::Stored)
+            .map_err(|e| e.to_string())?;
+    }
+    consumer
+        .assign(&tpl)
+        .map_err(|e| format!("assigning {sources:?} partition {partition}: {e}"))?;
+    Ok(consumer)
 }
 
 fn now_ms() -> i64 {

@@ -35,7 +35,9 @@ async fn until_rejoin_needed(member: &mut Membership) -> anyhow::Result<()> {
     loop {
         match member.heartbeat().await? {
             Heartbeat::RejoinNeeded => return Ok(()),
-            Heartbeat::Alive => anyhow::ensure!(tokio::time::Instant::now() < deadline, "no rebalance within 30s"),
+            Heartbeat::Alive | Heartbeat::Unreachable => {
+                anyhow::ensure!(tokio::time::Instant::now() < deadline, "no rebalance within 30s")
+            }
             Heartbeat::Lost => anyhow::bail!("the member lost its membership"),
         }
         tokio::time::sleep(Duration::from_millis(200)).await;

@@ -1,0 +1,168 @@
+//! Several `sluice worker` processes in one cluster: sharing tasks, a worker joining, a
+//! worker killed.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use sluice_tests::worker::{guest, manifest, TempDir, WorkerProcess};
+use sluice_tests::{kafka, unique_name};
+
+/// The tasks of the last settled assignment (`rejoin=false`) in a worker's log.
+fn settled_tasks(log: &str) -> Option<BTreeSet<String>> {
+    let line = log
+        .lines()
+        .rfind(|l| l.contains(" assignment ") && l.contains("rejoin=false"))?;
+    let tasks = line.split("tasks=").nth(1)?.split(' ').next()?;
+    Some(tasks.split(',').filter(|t| !t.is_empty()).map(str::to_string).collect())
+}
+
+async fn until_settled(workers: &mut [WorkerProcess], per_worker: usize) -> anyhow::Result<Vec<BTreeSet<String>>> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let sets: Vec<Option<BTreeSet<String>>> = workers.iter().map(|w| settled_tasks(&w.log())).collect();
+        if sets.iter().all(|s| s.as_ref().is_some_and(|s| s.len() == per_worker)) {
+            let sets: Vec<BTreeSet<String>> = sets.iter().cloned().map(Option::unwrap).collect();
+            let union: BTreeSet<&String> = sets.iter().flatten().collect();
+            if union.len() == per_worker * workers.len() {
+                return Ok(sets);
+            }
+        }
+        if tokio::time::Instant::now() > deadline {
+            let logs: Vec<String> = workers.iter().map(|w| w.log()).collect();
+            anyhow::bail!(
+                "the cluster did not settle on {per_worker} tasks per worker: {sets:?}\n{}",
+                logs.join("\n-----\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn lines(range: std::ops::Range<usize>) -> Vec<(Vec<u8>, Vec<u8>)> {
+    range
+        .map(|i| {
+            (
+                format!("line-{i}").into_bytes(),
+                format!("alpha beta w{}", i % 97).into_bytes(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn workers_share_tasks_a_joiner_takes_only_moved_ones_and_a_killed_workers_tasks_move() -> anyhow::Result<()> {
+    let kafka = kafka();
+    let (input, output) = (unique_name("cluster-in"), unique_name("cluster-out"));
+    kafka.create_topic(&input, 12).await?;
+    kafka.create_topic(&output, 12).await?;
+    let dir = TempDir::new("cluster");
+    let name = unique_name("wc");
+    let m = dir.write(
+        "wc.toml",
+        &manifest(
+            &name,
+            &guest("word-count"),
+            &[("lines", &input)],
+            &[("counts", &output)],
+            "",
+        ),
+    );
+    let cluster = unique_name("c");
+    let start = |n: usize| {
+        let state = dir.path().join(format!("state-{n}"));
+        WorkerProcess::start(
+            kafka.bootstrap(),
+            dir.path(),
+            &[
+                "--topology",
+                m.to_str().unwrap(),
+                "--cluster",
+                &cluster,
+                "--state-dir",
+                state.to_str().unwrap(),
+                "--heartbeat-interval",
+                "200ms",
+                "--session-timeout",
+                "6s",
+                "--commit-interval",
+                "200ms",
+            ],
+        )
+    };
+
+    // Input arrives throughout: 60 chunks of 500 lines, 100 ms apart.
+    let total = 30_000;
+    let producing = {
+        let input = input.clone();
+        tokio::spawn(async move {
+            for chunk in 0..60 {
+                kafka.produce(&input, &lines(chunk * 500..(chunk + 1) * 500)).await?;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            anyhow::Ok(())
+        })
+    };
+
+    let mut workers = vec![start(0)?, start(1)?, start(2)?];
+    let three = until_settled(&mut workers, 4).await?;
+
+    // A fourth worker joins: each of the three gives up exactly one task, and keeps (never
+    // stops) the other three.
+    workers.push(start(3)?);
+    let four = until_settled(&mut workers, 3).await?;
+    for (before, after) in three.iter().zip(&four) {
+        assert!(
+            after.is_subset(before),
+            "a worker gained a task from another old worker: {before:?} -> {after:?}"
+        );
+    }
+    let moved: BTreeSet<String> = three
+        .iter()
+        .zip(&four)
+        .flat_map(|(b, a)| b.difference(a).cloned())
+        .collect();
+    assert_eq!(moved, four[3], "the newcomer got exactly the revoked tasks");
+    for (worker, kept) in workers.iter().zip(&four).take(3) {
+        let log = worker.log();
+        for task in kept {
+            let stops = log
+                .lines()
+                .filter(|l| l.contains(" stopped ") && l.contains(&format!("task={task} ")))
+                .count();
+            let starts = log
+                .lines()
+                .filter(|l| l.contains(" started ") && l.ends_with(&format!("task={task}")))
+                .count();
+            assert_eq!((starts, stops), (1, 0), "{task} kept running through the rebalance");
+        }
+    }
+
+    // A worker is killed: after the session timeout its tasks move to the other three.
+    workers[0].kill()?;
+    let mut alive: Vec<WorkerProcess> = workers.drain(1..).collect();
+    until_settled(&mut alive, 4).await?;
+    producing.await??;
+
+    // No input record is lost: everything is processed and committed.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let mut committed = 0;
+        for p in 0..12 {
+            committed += kafka
+                .committed_offset(&format!("sluice-{name}"), &input, p)?
+                .unwrap_or(0);
+        }
+        if committed == total as i64 {
+            break;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "{committed} of {total} input records committed"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    for worker in &mut alive {
+        assert!(worker.terminate(Duration::from_secs(60))?.success(), "{}", worker.log());
+    }
+    Ok(())
+}
