@@ -76,6 +76,8 @@ pub async fn run(
             worker_id,
             capacity: cluster.capacity,
             active: runner.running(),
+            standby: runner.standbys(),
+            offset_sums: runner.local_offset_sums(),
             ..Default::default()
         };
         let assign = |members: &_| {
@@ -98,10 +100,21 @@ pub async fn run(
             tasks = %a.active.iter().map(TaskId::to_string).collect::<Vec<_>>().join(","),
             "assignment"
         );
-        // Revoked (and anything no longer ours) stops first: commit, flush, close.
+        // Revoked (and anything no longer ours) stops first: commit, flush, close. Standbys
+        // no longer wanted (or promoted) stop next and checkpoint what they applied, so a
+        // promoted task replays only the rest.
         let stop: Vec<TaskId> = runner.running().into_iter().filter(|t| !a.active.contains(t)).collect();
-        tokio::task::block_in_place(|| runner.stop(&stop));
+        let stop_standby: Vec<TaskId> = runner
+            .standbys()
+            .into_iter()
+            .filter(|t| !a.standby.contains(t))
+            .collect();
+        tokio::task::block_in_place(|| {
+            runner.stop(&stop);
+            runner.stop_standbys(&stop_standby);
+        });
         runner.start(&a.active)?;
+        runner.start_standbys(&a.standby)?;
         if a.rejoin {
             continue 'member;
         }

@@ -8,6 +8,7 @@
 mod changelog;
 pub mod delivery;
 pub mod group_runner;
+pub mod standby;
 pub mod task;
 pub mod task_state;
 
@@ -161,6 +162,7 @@ pub async fn run(
         state: state.clone(),
         topologies: deployed.into_iter().map(|t| (t.name.clone(), Arc::new(t))).collect(),
         running: BTreeMap::new(),
+        standbys: BTreeMap::new(),
         finished: WorkerReport::default(),
     };
     for (name, t) in runner.topologies.clone() {
@@ -202,8 +204,12 @@ pub struct TaskRunner {
     state: Arc<task_state::StateEnv>,
     topologies: BTreeMap<String, Arc<DeployedTopology>>,
     running: BTreeMap<TaskId, RunningTask>,
+    standbys: BTreeMap<TaskId, RunningStandby>,
     finished: WorkerReport,
 }
+
+/// A standby thread and the flag that asks it to stop.
+type RunningStandby = (Arc<AtomicBool>, std::thread::JoinHandle<Result<u64, String>>);
 
 impl TaskRunner {
     /// Every task of every deployed topology.
@@ -277,7 +283,57 @@ impl TaskRunner {
     pub fn stop_all(mut self) -> WorkerReport {
         let all = self.running();
         self.stop(&all);
+        let standbys = self.standbys();
+        self.stop_standbys(&standbys);
         self.finished
+    }
+
+    /// The standby tasks running now.
+    pub fn standbys(&self) -> Vec<TaskId> {
+        self.standbys.keys().cloned().collect()
+    }
+
+    /// Offset sums of the local state of every task this worker has state for.
+    pub fn local_offset_sums(&self) -> Vec<(TaskId, i64)> {
+        let topologies: Vec<Arc<DeployedTopology>> = self.topologies.values().cloned().collect();
+        standby::local_offset_sums(&self.state.dir, &topologies)
+    }
+
+    pub fn start_standbys(&mut self, tasks: &[TaskId]) -> anyhow::Result<()> {
+        for task in tasks {
+            if self.standbys.contains_key(task) || self.running.contains_key(task) {
+                continue;
+            }
+            let Some(topology) = self.topologies.get(&*task.topology).cloned() else {
+                continue;
+            };
+            let stop = Arc::new(AtomicBool::new(false));
+            let (flag, bootstrap, state, partition) =
+                (stop.clone(), self.bootstrap.clone(), self.state.clone(), task.partition);
+            let name = format!("standby-{}-{}", task.topology, task.partition);
+            let handle = std::thread::Builder::new()
+                .name(name)
+                .spawn(move || standby::run(topology, partition as i32, &bootstrap, &state, &flag))?;
+            self.standbys.insert(task.clone(), (stop, handle));
+        }
+        Ok(())
+    }
+
+    pub fn stop_standbys(&mut self, tasks: &[TaskId]) {
+        let mut stopping = Vec::new();
+        for task in tasks {
+            if let Some((stop, handle)) = self.standbys.remove(task) {
+                stop.store(true, Ordering::Relaxed);
+                stopping.push((task.clone(), handle));
+            }
+        }
+        for (task, handle) in stopping {
+            match handle.join() {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::warn!(%task, "standby failed: {e}"),
+                Err(_) => tracing::warn!(%task, "standby thread panicked"),
+            }
+        }
     }
 }
 

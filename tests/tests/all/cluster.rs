@@ -166,3 +166,115 @@ async fn workers_share_tasks_a_joiner_takes_only_moved_ones_and_a_killed_workers
     }
     Ok(())
 }
+
+/// `(from_offset, records)` of the last "restored" line of `task` in a worker's log.
+fn last_restore(log: &str, task: &str) -> Option<(i64, u64)> {
+    let line = log
+        .lines()
+        .rfind(|l| l.contains(" restored ") && l.contains(&format!("task={task} ")))?;
+    let field = |key: &str| {
+        line.split(&format!(" {key}="))
+            .nth(1)?
+            .split(' ')
+            .next()
+            .map(str::to_string)
+    };
+    Some((field("from_offset")?.parse().ok()?, field("records")?.parse().ok()?))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_standby_takes_over_without_a_full_restore() -> anyhow::Result<()> {
+    let kafka = kafka();
+    let (input, output) = (unique_name("standby-in"), unique_name("standby-out"));
+    kafka.create_topic(&input, 4).await?;
+    kafka.create_topic(&output, 4).await?;
+    let dir = TempDir::new("standby");
+    let name = unique_name("wc");
+    let m = dir.write(
+        "wc.toml",
+        &manifest(
+            &name,
+            &guest("word-count"),
+            &[("lines", &input)],
+            &[("counts", &output)],
+            "",
+        ),
+    );
+    let cluster = unique_name("c");
+    let start = |n: usize| {
+        let state = dir.path().join(format!("state-{n}"));
+        WorkerProcess::start(
+            kafka.bootstrap(),
+            dir.path(),
+            &[
+                "--topology",
+                m.to_str().unwrap(),
+                "--cluster",
+                &cluster,
+                "--state-dir",
+                state.to_str().unwrap(),
+                "--heartbeat-interval",
+                "200ms",
+                "--session-timeout",
+                "6s",
+                "--commit-interval",
+                "200ms",
+                "--standby-replicas",
+                "1",
+            ],
+        )
+    };
+    let mut workers = vec![start(0)?, start(1)?];
+    let settled = until_settled(&mut workers, 2).await?;
+    let total = 20_000;
+    kafka.produce(&input, &lines(0..total)).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let mut committed = 0;
+        for p in 0..4 {
+            committed += kafka
+                .committed_offset(&format!("sluice-{name}"), &input, p)?
+                .unwrap_or(0);
+        }
+        if committed == total as i64 {
+            break;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "{committed} of {total} committed"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // Worker 1 dies; worker 0 held its tasks as standbys and takes them over.
+    let restores = |log: &str, task: &str| {
+        log.lines()
+            .filter(|l| l.contains(" restored ") && l.contains(&format!("task={task} ")))
+            .count()
+    };
+    let before: Vec<usize> = settled[1].iter().map(|t| restores(&workers[0].log(), t)).collect();
+    workers[1].kill()?;
+    let mut survivor: Vec<WorkerProcess> = workers.drain(..1).collect();
+    until_settled(&mut survivor, 4).await?;
+    for (task, before) in settled[1].iter().zip(before) {
+        // The promoted task restores as it starts, just after the assignment is logged.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while restores(&survivor[0].log(), task) <= before {
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "{task} was not restored on promotion"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let log = survivor[0].log();
+        let (from, records) =
+            last_restore(&log, task).ok_or_else(|| anyhow::anyhow!("no restore of {task}:\n{log}"))?;
+        eprintln!("promoted {task}: restored {records} records on top of a standby at offset {from}");
+        assert!(from > 0, "{task} restored from offset 0: a full restore");
+        assert!(
+            records * 10 <= from as u64,
+            "{task} replayed {records} records on top of {from}: not warm"
+        );
+    }
+    assert!(survivor[0].terminate(Duration::from_secs(60))?.success());
+    Ok(())
+}
