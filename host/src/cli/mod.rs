@@ -2,6 +2,7 @@
 
 mod kafka_tools;
 mod state;
+mod status;
 mod worker;
 
 use std::process::ExitCode;
@@ -24,6 +25,8 @@ pub struct Cli {
 pub enum Command {
     /// Run topologies: one task per source partition, until SIGINT or SIGTERM.
     Worker(Box<worker::WorkerArgs>),
+    /// Show a cluster: generation, workers, and every task with its role, owner and lag.
+    Status(status::StatusArgs),
     /// Inspect a stopped worker's local state.
     State(state::StateArgs),
     /// Create topics.
@@ -55,6 +58,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Worker(args) => worker::run(*args).await,
         Command::State(args) => state::run(args),
+        Command::Status(args) => status::run(args),
         Command::Topics(args) => kafka_tools::topics(args).await,
         Command::Produce(args) => kafka_tools::produce(args).await,
         Command::Consume(args) => kafka_tools::consume(args).await,

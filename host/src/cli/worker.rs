@@ -65,6 +65,9 @@ pub struct WorkerArgs {
     /// Standby replicas per stateful task, on other workers.
     #[arg(long, default_value_t = 0)]
     standby_replicas: u32,
+    /// The group metadata version to speak (tests of rolling upgrades).
+    #[arg(long, hide = true, default_value_t = sluice::group::metadata::CURRENT_VERSION)]
+    metadata_version: u16,
     /// Where task state lives: one RocksDB store per (task, store) and a checkpoint per task.
     #[arg(long, default_value = "sluice-state", env = "SLUICE_STATE_DIR")]
     state_dir: PathBuf,
@@ -87,6 +90,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         standby_replicas: args.standby_replicas,
         bootstrap: args.bootstrap.clone(),
         state_dir: args.state_dir.clone(),
+        metadata_version: args.metadata_version,
     });
     let config = WorkerConfig {
         cluster,

@@ -243,9 +243,11 @@ impl Membership {
                     .map(|m| m.supported.min(CURRENT_VERSION))
                     .min()
                     .unwrap_or(CURRENT_VERSION);
+                let generation = self.generation;
                 assign(&members)
                     .into_iter()
-                    .map(|(id, a)| {
+                    .map(|(id, mut a)| {
+                        a.generation = generation;
                         SyncGroupRequestAssignment::default()
                             .with_member_id(StrBytes::from_string(id))
                             .with_assignment(Bytes::from(a.encode(version)))

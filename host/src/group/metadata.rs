@@ -54,6 +54,8 @@ pub struct Assignment {
     pub revoked: Vec<TaskId>,
     /// Version 2.
     pub learner: Vec<TaskId>,
+    /// Version 2: the generation this assignment belongs to (for status).
+    pub generation: i32,
 }
 
 /// Errors a leader can put in an assignment.
@@ -150,6 +152,7 @@ impl Assignment {
         e.tasks(&self.revoked);
         if version >= 2 {
             e.tasks(&self.learner);
+            e.i64(self.generation as i64);
         }
         e.buf
     }
@@ -163,7 +166,11 @@ impl Assignment {
         let active = d.tasks()?;
         let standby = d.tasks()?;
         let revoked = d.tasks()?;
-        let learner = if version >= 2 { d.tasks()? } else { Vec::new() };
+        let (learner, generation) = if version >= 2 {
+            (d.tasks()?, d.i64()? as i32)
+        } else {
+            (Vec::new(), -1)
+        };
         Ok(Assignment {
             version,
             error,
@@ -172,6 +179,7 @@ impl Assignment {
             standby,
             revoked,
             learner,
+            generation,
         })
     }
 }
@@ -220,10 +228,14 @@ mod tests {
             rejoin: true,
             active: tasks("t", &[1, 2]),
             learner: tasks("t", &[3]),
+            generation: 7,
             ..Default::default()
         };
         let old = Assignment::decode(&a.encode(1)).unwrap();
-        assert_eq!((old.active, old.rejoin, old.learner), (a.active.clone(), true, vec![]));
+        assert_eq!(
+            (old.active, old.rejoin, old.learner, old.generation),
+            (a.active.clone(), true, vec![], -1)
+        );
         assert_eq!(Assignment::decode(&a.encode(2)).unwrap(), a);
     }
 

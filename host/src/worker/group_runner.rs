@@ -10,7 +10,7 @@ use anyhow::Context as _;
 use super::{TaskRunner, WorkerReport};
 use crate::group::assignor::{by_name, AssignorInput};
 use crate::group::membership::{Heartbeat, Membership, MembershipConfig};
-use crate::group::metadata::{MemberMetadata, CURRENT_VERSION};
+use crate::group::metadata::{MemberMetadata, CURRENT_VERSION, OLDEST_VERSION};
 use crate::group::TaskId;
 
 /// How a worker takes part in a cluster.
@@ -25,6 +25,9 @@ pub struct ClusterConfig {
     pub standby_replicas: u32,
     pub bootstrap: String,
     pub state_dir: PathBuf,
+    /// The member metadata version this worker speaks (testing rolling upgrades: a newer
+    /// build can pretend to be an older one).
+    pub metadata_version: u16,
 }
 
 /// The Kafka group of a cluster.
@@ -58,6 +61,11 @@ pub async fn run(
         )
     })?;
     let worker_id = worker_id(&cluster.state_dir)?;
+    anyhow::ensure!(
+        (OLDEST_VERSION..=CURRENT_VERSION).contains(&cluster.metadata_version),
+        "metadata version {} is not one this worker speaks ({OLDEST_VERSION} to {CURRENT_VERSION})",
+        cluster.metadata_version
+    );
     let all = runner.all_tasks();
     let stateful = runner.stateful();
     let ends = HashMap::new();
@@ -71,8 +79,8 @@ pub async fn run(
     tokio::pin!(shutdown);
     'member: loop {
         let metadata = MemberMetadata {
-            version: CURRENT_VERSION,
-            supported: CURRENT_VERSION,
+            version: cluster.metadata_version,
+            supported: cluster.metadata_version,
             worker_id,
             capacity: cluster.capacity,
             active: runner.running(),

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use sluice_tests::worker::{guest, manifest, TempDir, WorkerProcess};
+use sluice_tests::worker::{guest, manifest, sluice_binary, TempDir, WorkerProcess};
 use sluice_tests::{kafka, unique_name};
 
 /// The tasks of the last settled assignment (`rejoin=false`) in a worker's log.
@@ -245,6 +245,38 @@ async fn a_standby_takes_over_without_a_full_restore() -> anyhow::Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+    // `sluice status` shows both workers, every task active once and once standby elsewhere.
+    let json = status(&cluster, "json")?;
+    let status_json: serde_json::Value = serde_json::from_str(&json)?;
+    assert_eq!(status_json["workers"].as_array().unwrap().len(), 2, "{json}");
+    assert!(status_json["generation"].as_i64().unwrap() >= 2, "{json}");
+    let tasks = status_json["tasks"].as_array().unwrap();
+    for p in 0..4 {
+        let task = format!("{name}/{p}");
+        let owners = |role: &str| -> Vec<String> {
+            tasks
+                .iter()
+                .filter(|t| t["task"] == task.as_str() && t["role"] == role)
+                .map(|t| t["owner"].as_str().unwrap().to_string())
+                .collect()
+        };
+        let (active, standby) = (owners("active"), owners("standby"));
+        assert_eq!((active.len(), standby.len()), (1, 1), "{task}: {json}");
+        assert_ne!(active, standby, "{task}: standby on the active's worker");
+    }
+    assert!(
+        tasks.iter().all(|t| t["lag"].is_i64()),
+        "every word-count task has a changelog lag: {json}"
+    );
+    let text = status(&cluster, "text")?;
+    assert!(
+        text.starts_with(&format!(
+            "cluster {cluster} (group sluice-cluster-{cluster}): Stable, generation "
+        )),
+        "{text}"
+    );
+    assert!(text.contains("TASK") && text.contains(&format!("{name}/3")), "{text}");
+
     // Worker 1 dies; worker 0 held its tasks as standbys and takes them over.
     let restores = |log: &str, task: &str| {
         log.lines()
@@ -276,5 +308,88 @@ async fn a_standby_takes_over_without_a_full_restore() -> anyhow::Result<()> {
         );
     }
     assert!(survivor[0].terminate(Duration::from_secs(60))?.success());
+    Ok(())
+}
+
+fn status(cluster: &str, output: &str) -> anyhow::Result<String> {
+    let out = std::process::Command::new(sluice_binary())
+        .args([
+            "status",
+            "--bootstrap",
+            kafka().bootstrap(),
+            "--cluster",
+            cluster,
+            "--output",
+            output,
+        ])
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "sluice status failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn workers_of_an_older_and_a_newer_metadata_version_share_a_cluster() -> anyhow::Result<()> {
+    let kafka = kafka();
+    let (input, output) = (unique_name("versions-in"), unique_name("versions-out"));
+    kafka.create_topic(&input, 4).await?;
+    kafka.create_topic(&output, 4).await?;
+    let dir = TempDir::new("versions");
+    let name = unique_name("shout");
+    let m = dir.write(
+        "m.toml",
+        &manifest(
+            &name,
+            &guest("uppercase"),
+            &[("input", &input)],
+            &[("output", &output)],
+            "",
+        ),
+    );
+    let cluster = unique_name("c");
+    let start = |n: usize, version: &str| {
+        let state = dir.path().join(format!("state-{n}"));
+        WorkerProcess::start(
+            kafka.bootstrap(),
+            dir.path(),
+            &[
+                "--topology",
+                m.to_str().unwrap(),
+                "--cluster",
+                &cluster,
+                "--state-dir",
+                state.to_str().unwrap(),
+                "--heartbeat-interval",
+                "200ms",
+                "--metadata-version",
+                version,
+            ],
+        )
+    };
+    let mut workers = vec![start(0, "2")?, start(1, "1")?];
+    until_settled(&mut workers, 2).await?;
+    let json: serde_json::Value = serde_json::from_str(&status(&cluster, "json")?)?;
+    let mut versions: Vec<i64> = json["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["version"].as_i64().unwrap())
+        .collect();
+    versions.sort();
+    assert_eq!(versions, vec![1, 2]);
+    // Records flow through both.
+    let sent: Vec<(Vec<u8>, Vec<u8>)> = (0..400)
+        .map(|i| (format!("k{i}").into_bytes(), format!("v{i}").into_bytes()))
+        .collect();
+    kafka.produce(&input, &sent).await?;
+    let received = kafka.consume(&output, 400, Duration::from_secs(60)).await?;
+    let values: BTreeSet<Vec<u8>> = received.into_iter().map(|r| r.value.unwrap()).collect();
+    assert_eq!(values, sent.iter().map(|(_, v)| v.to_ascii_uppercase()).collect());
+    for w in &mut workers {
+        assert!(w.terminate(Duration::from_secs(60))?.success());
+    }
     Ok(())
 }
