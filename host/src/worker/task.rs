@@ -109,7 +109,7 @@ struct Counters {
 }
 
 /// Runs a task until `stop` is set (returns its summary) or it fails (returns why; nothing
-/// past the last good record is committed, and its partitions are paused).
+/// past the last good record is committed, and its consumer closes with it).
 pub fn run(ctx: TaskContext) -> Result<TaskSummary, TaskError> {
     let id = format!("{}/{}", ctx.topology.name, ctx.partition);
     let labels = TaskLabels {
