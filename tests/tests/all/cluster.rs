@@ -122,18 +122,31 @@ async fn workers_share_tasks_a_joiner_takes_only_moved_ones_and_a_killed_workers
         .flat_map(|(b, a)| b.difference(a).cloned())
         .collect();
     assert_eq!(moved, four[3], "the newcomer got exactly the revoked tasks");
+    // A task logs "started" once it has restored its state and initialised, which under load
+    // can come after the assignment settled: wait for it, then expect exactly one start and
+    // no stop.
+    let count = |log: &str, task: &str| {
+        let stops = log
+            .lines()
+            .filter(|l| l.contains(" stopped ") && l.contains(&format!("task={task} ")))
+            .count();
+        let starts = log
+            .lines()
+            .filter(|l| l.contains(" started ") && l.ends_with(&format!("task={task}")))
+            .count();
+        (starts, stops)
+    };
     for (worker, kept) in workers.iter().zip(&four).take(3) {
-        let log = worker.log();
         for task in kept {
-            let stops = log
-                .lines()
-                .filter(|l| l.contains(" stopped ") && l.contains(&format!("task={task} ")))
-                .count();
-            let starts = log
-                .lines()
-                .filter(|l| l.contains(" started ") && l.ends_with(&format!("task={task}")))
-                .count();
-            assert_eq!((starts, stops), (1, 0), "{task} kept running through the rebalance");
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            while count(&worker.log(), task).0 == 0 && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert_eq!(
+                count(&worker.log(), task),
+                (1, 0),
+                "{task} kept running through the rebalance"
+            );
         }
     }
 
