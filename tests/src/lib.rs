@@ -154,12 +154,59 @@ impl Kafka {
         let consumer: BaseConsumer = self.config().set("group.id", group).create()?;
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition(topic, partition);
-        let committed = consumer.committed_offsets(tpl, Duration::from_secs(15))?;
+        let committed = consumer.committed_offsets(tpl, Duration::from_secs(30))?;
         let offset = committed.find_partition(topic, partition).map(|p| p.offset());
         Ok(match offset {
             Some(Offset::Offset(o)) => Some(o),
             _ => None,
         })
+    }
+
+    /// Offsets `group` has committed for partitions `0..partitions` of `topic` (0 where none),
+    /// summed: how many records of the topic the group has processed. One consumer, one
+    /// request; a slow coordinator gets 30 s.
+    pub fn committed_total(&self, group: &str, topic: &str, partitions: i32) -> Result<i64> {
+        use rdkafka::consumer::BaseConsumer;
+        use rdkafka::{Offset, TopicPartitionList};
+        let consumer: BaseConsumer = self.config().set("group.id", group).create()?;
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..partitions {
+            tpl.add_partition(topic, p);
+        }
+        let committed = consumer.committed_offsets(tpl, Duration::from_secs(30))?;
+        Ok(committed
+            .elements()
+            .iter()
+            .map(|e| match e.offset() {
+                Offset::Offset(o) => o,
+                _ => 0,
+            })
+            .sum())
+    }
+
+    /// Waits until `group` has committed `total` records of `topic`. A query that fails (a
+    /// busy coordinator) is retried until `timeout`.
+    pub async fn wait_committed(
+        &self,
+        group: &str,
+        topic: &str,
+        partitions: i32,
+        total: i64,
+        timeout: Duration,
+    ) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut last;
+        loop {
+            match self.committed_total(group, topic, partitions) {
+                Ok(n) if n >= total => return Ok(()),
+                Ok(n) => last = format!("{n} of {total} committed"),
+                Err(e) => last = format!("querying committed offsets: {e}"),
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!("group {group} did not commit {total} records of {topic} within {timeout:?}: {last}");
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
     }
 
     /// A consumer in `group` that starts from the earliest offset of partitions it has no commit for.

@@ -157,23 +157,15 @@ async fn workers_share_tasks_a_joiner_takes_only_moved_ones_and_a_killed_workers
     producing.await??;
 
     // No input record is lost: everything is processed and committed.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
-    loop {
-        let mut committed = 0;
-        for p in 0..12 {
-            committed += kafka
-                .committed_offset(&format!("sluice-{name}"), &input, p)?
-                .unwrap_or(0);
-        }
-        if committed == total as i64 {
-            break;
-        }
-        anyhow::ensure!(
-            tokio::time::Instant::now() < deadline,
-            "{committed} of {total} input records committed"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    kafka
+        .wait_committed(
+            &format!("sluice-{name}"),
+            &input,
+            12,
+            total as i64,
+            Duration::from_secs(120),
+        )
+        .await?;
     for worker in &mut alive {
         assert!(worker.terminate(Duration::from_secs(60))?.success(), "{}", worker.log());
     }
@@ -241,23 +233,15 @@ async fn a_standby_takes_over_without_a_full_restore() -> anyhow::Result<()> {
     let settled = until_settled(&mut workers, 2).await?;
     let total = 20_000;
     kafka.produce(&input, &lines(0..total)).await?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
-    loop {
-        let mut committed = 0;
-        for p in 0..4 {
-            committed += kafka
-                .committed_offset(&format!("sluice-{name}"), &input, p)?
-                .unwrap_or(0);
-        }
-        if committed == total as i64 {
-            break;
-        }
-        anyhow::ensure!(
-            tokio::time::Instant::now() < deadline,
-            "{committed} of {total} committed"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    kafka
+        .wait_committed(
+            &format!("sluice-{name}"),
+            &input,
+            4,
+            total as i64,
+            Duration::from_secs(120),
+        )
+        .await?;
     // `sluice status` shows both workers, every task active once and once standby elsewhere.
     let json = status(&cluster, "json")?;
     let status_json: serde_json::Value = serde_json::from_str(&json)?;

@@ -88,23 +88,9 @@ impl WordCount {
 
     /// Waits until the worker has committed `total` input records over the four partitions.
     async fn wait_committed(&self, total: i64, timeout: Duration) -> anyhow::Result<()> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let mut committed = 0;
-            for p in 0..4 {
-                committed += kafka()
-                    .committed_offset(&format!("sluice-{}", self.name), &self.input, p)?
-                    .unwrap_or(0);
-            }
-            if committed >= total {
-                return Ok(());
-            }
-            anyhow::ensure!(
-                tokio::time::Instant::now() < deadline,
-                "only {committed} of {total} records committed within {timeout:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        kafka()
+            .wait_committed(&format!("sluice-{}", self.name), &self.input, 4, total, timeout)
+            .await
     }
 
     /// The counts in the store of one task (its worker stopped), decoded.

@@ -75,11 +75,11 @@ async fn ten_thousand_records_through_uppercase_all_arrive_upper_cased() -> anyh
     assert!(status.success(), "exit status {status}; log:\n{}", worker.log());
     // A clean stop commits everything it read.
     let group = format!("sluice-{name}");
-    let mut committed = 0;
-    for p in 0..4 {
-        committed += kafka.committed_offset(&group, &input, p)?.unwrap_or(0);
-    }
-    assert_eq!(committed, 10_000, "offsets committed at shutdown");
+    assert_eq!(
+        kafka.committed_total(&group, &input, 4)?,
+        10_000,
+        "offsets committed at shutdown"
+    );
     Ok(())
 }
 
@@ -128,13 +128,7 @@ async fn a_worker_killed_mid_stream_and_restarted_loses_nothing() -> anyhow::Res
     // Kill the worker once part of the input has made it through, while more is arriving.
     kafka.consume(&output, 5_000, Duration::from_secs(60)).await?;
     worker.kill()?;
-    let killed_with = (0..4)
-        .map(|p| {
-            kafka
-                .committed_offset(&format!("sluice-{name}"), &input, p)
-                .map(|o| o.unwrap_or(0))
-        })
-        .sum::<anyhow::Result<i64>>()?;
+    let killed_with = kafka.committed_total(&format!("sluice-{name}"), &input, 4)?;
     producing.await??;
     assert!(
         killed_with < total as i64,
