@@ -83,7 +83,6 @@ pub struct DeployedTopology {
     pub loaded: LoadedTopology,
     pub binding: Binding,
     pub partitions: i32,
-    pub consumer: Arc<BaseConsumer<ConsumerEvents>>,
     /// (store, changelog topic) for each declared store.
     pub changelogs: Vec<(String, String)>,
 }
@@ -352,23 +351,31 @@ fn base_config(bootstrap: &str) -> ClientConfig {
     config
 }
 
-/// Creates a topology's consumer and checks its topics against the cluster.
-fn deploy(
+/// A consumer of a topology's sources: offsets in the topology's group `sluice-<topology>`,
+/// committed by hand, from the beginning where nothing is committed.
+pub(crate) fn source_consumer(
     bootstrap: &str,
-    manifest: Manifest,
-    loaded: LoadedTopology,
-    binding: Binding,
-) -> anyhow::Result<DeployedTopology> {
-    let group = format!("sluice-{}", manifest.name);
-    let consumer: BaseConsumer<ConsumerEvents> = base_config(bootstrap)
-        .set("group.id", &group)
+    topology: &str,
+) -> rdkafka::error::KafkaResult<BaseConsumer<ConsumerEvents>> {
+    base_config(bootstrap)
+        .set("group.id", format!("sluice-{topology}"))
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
         .set("enable.partition.eof", "false")
         .set("fetch.wait.max.ms", "100")
         .create_with_context(ConsumerEvents)
-        .context("creating the consumer")?;
+}
+
+/// Checks a topology's topics against the cluster and creates its changelogs.
+fn deploy(
+    bootstrap: &str,
+    manifest: Manifest,
+    loaded: LoadedTopology,
+    binding: Binding,
+) -> anyhow::Result<DeployedTopology> {
+    // Used here for metadata only; each task creates its own (see task.rs).
+    let consumer = source_consumer(bootstrap, &manifest.name).context("creating the consumer")?;
 
     let mut partitions = None;
     for (kind, topics) in [("source", &binding.source_topics), ("sink", &binding.sink_topics)] {
@@ -401,7 +408,6 @@ fn deploy(
         loaded,
         binding,
         partitions,
-        consumer: Arc::new(consumer),
         changelogs,
     })
 }

@@ -152,7 +152,7 @@ impl Task {
         let (state, stores) = if topology.changelogs.is_empty() {
             (None, Vec::new())
         } else {
-            let (state, stores, _) = TaskState::open(
+            let (state, stores) = TaskState::open(
                 &ctx.state,
                 &ctx.bootstrap,
                 &topology.name,
@@ -548,17 +548,7 @@ fn task_consumer(
     sources: &[String],
     partition: i32,
 ) -> Result<BaseConsumer<ConsumerEvents>, String> {
-    let consumer: BaseConsumer<ConsumerEvents> = rdkafka::config::ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("client.id", "sluice-worker")
-        .set("group.id", format!("sluice-{topology}"))
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("auto.offset.reset", "earliest")
-        .set("enable.partition.eof", "false")
-        .set("fetch.wait.max.ms", "100")
-        .create_with_context(ConsumerEvents)
-        .map_err(|e| format!("creating the consumer: {e}"))?;
+    let consumer = super::source_consumer(bootstrap, topology).map_err(|e| format!("creating the consumer: {e}"))?;
     let mut tpl = TopicPartitionList::new();
     for topic in sources {
         tpl.add_partition_offset(topic, partition, Offset::Stored)

@@ -48,16 +48,9 @@ pub struct TaskState {
     changelogs: Vec<(String, String)>,
 }
 
-/// What restoring one store did.
-#[derive(Debug, Clone)]
-pub struct Restored {
-    pub store: String,
-    pub from_offset: i64,
-    pub records: u64,
-}
-
 impl TaskState {
-    /// Opens and restores every store of a task. Returns the stores for the instance.
+    /// Opens and restores every store of a task (each restoration is logged). Returns the
+    /// stores for the instance.
     #[allow(clippy::too_many_arguments)]
     pub fn open(
         env: &StateEnv,
@@ -67,7 +60,7 @@ impl TaskState {
         partition: i32,
         changelogs: Vec<(String, String)>,
         metrics: &Metrics,
-    ) -> Result<(TaskState, Vec<NamedStore>, Vec<Restored>), String> {
+    ) -> Result<(TaskState, Vec<NamedStore>), String> {
         let dir = task_dir(&env.dir, topology, partition);
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating state directory {}: {e}", dir.display()))?;
         let checkpoint_path = dir.join("checkpoint.json");
@@ -76,7 +69,6 @@ impl TaskState {
         // vouching for it; a crash in between must not trust it.
         checkpoint::remove(&checkpoint_path)?;
         let mut stores = Vec::new();
-        let mut restored = Vec::new();
         let mut fresh = Checkpoint::new();
         for (store, changelog) in &changelogs {
             let path = dir.join(store);
@@ -125,11 +117,6 @@ impl TaskState {
                 seconds = %format!("{:.2}", progress.elapsed.as_secs_f64()),
                 "restored {} records", progress.restored
             );
-            restored.push(Restored {
-                store: store.clone(),
-                from_offset: start,
-                records: progress.restored,
-            });
             fresh.insert(store.clone(), reader.position());
             stores.push(NamedStore {
                 name: store.clone(),
@@ -144,7 +131,6 @@ impl TaskState {
                 changelogs,
             },
             stores,
-            restored,
         ))
     }
 
