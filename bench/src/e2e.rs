@@ -103,7 +103,41 @@ pub async fn run(args: E2eArgs) -> anyhow::Result<()> {
         .arg(&manifest)
         .args(["--batch-size", &args.batch.to_string()])
         .env("SLUICE_LOG", "warn");
-    let sluice = measure("sluice worker", worker, &args, &output, &dir.join("worker.log"), &id)?;
+    let sluice = measure("at-least-once", worker, &args, &output, &dir.join("worker.log"), &id)?;
+
+    // The same job under exactly-once (transactions), into an output of its own.
+    let eos_output = format!("bench-out-eos-{id}");
+    let topic = [NewTopic::new(&eos_output, args.partitions, TopicReplication::Fixed(1))];
+    for r in admin.create_topics(&topic, &AdminOptions::new()).await? {
+        r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
+    }
+    let eos_manifest = dir.join("bench-eos.toml");
+    std::fs::write(
+        &eos_manifest,
+        format!(
+            "name = \"bench-eos-{id}\"\ncomponent = {:?}\n[sources]\ninput = {input:?}\n[sinks]\noutput = {eos_output:?}\n",
+            args.component.display().to_string()
+        ),
+    )?;
+    let mut worker = Command::new(crate::sluice_binary()?);
+    worker
+        .args(["worker", "--bootstrap", &args.bootstrap, "--topology"])
+        .arg(&eos_manifest)
+        .args(["--batch-size", &args.batch.to_string()])
+        .args(["--processing-guarantee", "exactly-once"])
+        .env("SLUICE_LOG", "warn");
+    let eos = measure(
+        "exactly-once",
+        worker,
+        &args,
+        &eos_output,
+        &dir.join("worker-eos.log"),
+        &id,
+    )?;
+    println!(
+        "  exactly-once / at-least-once: {:.2}x the time (first output to last)",
+        eos.1 / sluice.1
+    );
 
     if let Some(classpath) = &args.kafka_streams_classpath {
         let streams_output = format!("bench-out-streams-{id}");
@@ -161,6 +195,7 @@ fn measure(
         .set("group.id", format!("bench-reader-{id}-{output}"))
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
         .create()?;
     consumer.subscribe(&[output])?;
     let started = Instant::now();

@@ -5,6 +5,7 @@
 //! local broker (or finds the one already running) and prints its address. The broker is
 //! left running for the next run; `dev/kafka down` stops it.
 
+pub mod cluster;
 pub mod worker;
 
 use std::collections::HashMap;
@@ -107,6 +108,29 @@ impl Kafka {
         Ok(())
     }
 
+    /// Creates a topic with a replication factor and topic configs of its own.
+    pub async fn create_topic_with(
+        &self,
+        name: &str,
+        partitions: i32,
+        replication: i32,
+        configs: &[(&str, &str)],
+    ) -> Result<()> {
+        let admin: AdminClient<DefaultClientContext> = self.config().create()?;
+        let mut topic = NewTopic::new(name, partitions, TopicReplication::Fixed(replication));
+        for (k, v) in configs {
+            topic = topic.set(k, v);
+        }
+        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+        for result in admin.create_topics([&topic], &options).await? {
+            match result {
+                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((topic, code)) => bail!("creating topic {topic}: {code}"),
+            }
+        }
+        Ok(())
+    }
+
     /// An idempotent producer: records of one partition arrive in the order they were sent.
     pub fn producer(&self) -> Result<FutureProducer> {
         Ok(self
@@ -134,15 +158,19 @@ impl Kafka {
 
     /// Produces `records` (key, value) to one partition of `topic`, in order.
     pub async fn produce_to(&self, topic: &str, partition: i32, records: &[(&str, &str)]) -> Result<()> {
+        // The producer is idempotent: sent together, the records still land in order.
         let producer = self.producer()?;
-        for (k, v) in records {
-            producer
-                .send(
+        let sends: Vec<_> = records
+            .iter()
+            .map(|(k, v)| {
+                producer.send(
                     FutureRecord::to(topic).partition(partition).key(*k).payload(*v),
                     Duration::from_secs(30),
                 )
-                .await
-                .map_err(|(e, _)| anyhow::anyhow!("producing to {topic}/{partition}: {e}"))?;
+            })
+            .collect();
+        for send in futures::future::join_all(sends).await {
+            send.map_err(|(e, _)| anyhow::anyhow!("producing to {topic}/{partition}: {e}"))?;
         }
         Ok(())
     }
@@ -182,6 +210,25 @@ impl Kafka {
                 _ => 0,
             })
             .sum())
+    }
+
+    /// The offsets `group` has committed for partitions `0..partitions` of `topic`, in one
+    /// request (none where nothing is committed).
+    pub fn committed_offsets(&self, group: &str, topic: &str, partitions: i32) -> Result<Vec<Option<i64>>> {
+        use rdkafka::consumer::BaseConsumer;
+        use rdkafka::{Offset, TopicPartitionList};
+        let consumer: BaseConsumer = self.config().set("group.id", group).create()?;
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..partitions {
+            tpl.add_partition(topic, p);
+        }
+        let committed = consumer.committed_offsets(tpl, Duration::from_secs(30))?;
+        Ok((0..partitions)
+            .map(|p| match committed.find_partition(topic, p).map(|e| e.offset()) {
+                Some(Offset::Offset(o)) => Some(o),
+                _ => None,
+            })
+            .collect())
     }
 
     /// Waits until `group` has committed `total` records of `topic`. A query that fails (a
@@ -242,6 +289,135 @@ impl Kafka {
             });
         }
         Ok(received)
+    }
+}
+
+impl Kafka {
+    /// Deletes a topic and waits until the cluster no longer lists it.
+    pub async fn delete_topic(&self, name: &str) -> Result<()> {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let admin: AdminClient<DefaultClientContext> = self.config().create()?;
+        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+        for result in admin.delete_topics(&[name], &options).await? {
+            match result {
+                Ok(_) | Err((_, RDKafkaErrorCode::UnknownTopicOrPartition)) => {}
+                Err((topic, code)) => bail!("deleting topic {topic}: {code}"),
+            }
+        }
+        let client: BaseConsumer = self.config().create()?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let metadata = client.fetch_metadata(Some(name), Duration::from_secs(10))?;
+            let exists = metadata
+                .topics()
+                .iter()
+                .any(|t| t.name() == name && t.error().is_none() && !t.partitions().is_empty());
+            if !exists {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!("topic {name} still exists 60 s after it was deleted");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Deletes a consumer group's committed offsets (the group must have no members).
+    pub async fn delete_group(&self, group: &str) -> Result<()> {
+        let admin: AdminClient<DefaultClientContext> = self.config().create()?;
+        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+        for result in admin.delete_groups(&[group], &options).await? {
+            match result {
+                Ok(_) | Err((_, RDKafkaErrorCode::GroupIdNotFound)) => {}
+                Err((group, code)) => bail!("deleting group {group}: {code}"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Every committed record of `topic` (read-committed: aborted transactions are skipped),
+    /// from the beginning to the end of each partition as it is now.
+    pub fn read_all(&self, topic: &str, timeout: Duration) -> Result<Vec<Received>> {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        use rdkafka::{Offset, TopicPartitionList};
+        let consumer: BaseConsumer = self
+            .config()
+            .set("group.id", unique_name("test-read-all"))
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed")
+            .create()?;
+        let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+        let partitions = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic)
+            .map(|t| t.partitions().len() as i32)
+            .context("the topic is not in the metadata")?;
+        let mut tpl = TopicPartitionList::new();
+        let mut ends = HashMap::new();
+        for p in 0..partitions {
+            let (_, high) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10))?;
+            ends.insert(p, high);
+            tpl.add_partition_offset(topic, p, Offset::Beginning)?;
+        }
+        consumer.assign(&tpl)?;
+        let deadline = std::time::Instant::now() + timeout;
+        let mut out = Vec::new();
+        loop {
+            let position = consumer.position()?;
+            let done = (0..partitions).all(|p| {
+                let end = ends[&p];
+                end == 0
+                    || matches!(position.find_partition(topic, p).map(|e| e.offset()), Some(Offset::Offset(o)) if o >= end)
+            });
+            if done {
+                return Ok(out);
+            }
+            if std::time::Instant::now() > deadline {
+                bail!(
+                    "reading {topic} to its end took longer than {timeout:?} ({} records so far)",
+                    out.len()
+                );
+            }
+            if let Some(message) = consumer.poll(Duration::from_millis(100)) {
+                let message = message?;
+                if message.offset() < ends[&message.partition()] {
+                    out.push(Received {
+                        key: message.key().map(<[u8]>::to_vec),
+                        value: message.payload().map(<[u8]>::to_vec),
+                        partition: message.partition(),
+                        offset: message.offset(),
+                    });
+                }
+            }
+        }
+    }
+}
+
+impl Kafka {
+    /// Limits (or, with none, frees) how fast the broker serves fetches to clients with this
+    /// `client.id`: a real broker quota, for tests that need a slow restoration.
+    pub async fn set_consumer_byte_rate(&self, client_id: &str, rate: Option<f64>) -> Result<()> {
+        use kafka_protocol::messages::alter_client_quotas_request::{EntityData, EntryData, OpData};
+        use kafka_protocol::messages::AlterClientQuotasRequest;
+        use kafka_protocol::protocol::StrBytes;
+        let request = AlterClientQuotasRequest::default().with_entries(vec![EntryData::default()
+            .with_entity(vec![EntityData::default()
+                .with_entity_type(StrBytes::from_static_str("client-id"))
+                .with_entity_name(Some(StrBytes::from_string(client_id.to_string())))])
+            .with_ops(vec![OpData::default()
+                .with_key(StrBytes::from_static_str("consumer_byte_rate"))
+                .with_value(rate.unwrap_or(0.0))
+                .with_remove(rate.is_none())])]);
+        let addr = self.bootstrap.split(',').next().unwrap_or_default();
+        let mut connection = sluice::group::connection::Connection::connect(addr).await?;
+        let response = connection.send(&request, 1).await?;
+        for entry in response.entries {
+            if entry.error_code != 0 {
+                bail!("setting a quota for client {client_id}: error {}", entry.error_code);
+            }
+        }
+        Ok(())
     }
 }
 

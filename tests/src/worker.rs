@@ -190,6 +190,16 @@ impl WorkerProcess {
         }
     }
 
+    /// SIGSTOP: the whole process freezes (a stalled VM, a long GC pause, a debugger).
+    pub fn freeze(&self) -> Result<()> {
+        self.signal("STOP")
+    }
+
+    /// SIGCONT: a frozen worker wakes up, unaware of the time that passed.
+    pub fn thaw(&self) -> Result<()> {
+        self.signal("CONT")
+    }
+
     fn signal(&self, name: &str) -> Result<()> {
         if let Some(child) = &self.child {
             let status = Command::new("kill")

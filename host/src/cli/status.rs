@@ -39,6 +39,8 @@ struct Status {
     generation: Option<i32>,
     workers: Vec<Worker>,
     tasks: Vec<Task>,
+    /// Topologies the workers disagree on (different components, bindings or partitions).
+    problems: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -60,6 +62,9 @@ struct Task {
     owner: String,
     /// Changelog records the owner's local state is behind (stateful tasks).
     lag: Option<i64>,
+    /// Why the task failed (role `failed`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
 }
 
 pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
@@ -105,7 +110,9 @@ pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
         generation: None,
         workers: vec![],
         tasks: vec![],
+        problems: vec![],
     };
+    let mut metas = BTreeMap::new();
     for member in info.members() {
         let meta = member.metadata().map(MemberMetadata::decode).transpose().ok().flatten();
         let assignment = member.assignment().map(Assignment::decode).transpose().ok().flatten();
@@ -115,6 +122,7 @@ pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
         }
         let owner = member.id().to_string();
         let sums: BTreeMap<&TaskId, i64> = meta.offset_sums.iter().map(|(t, s)| (t, *s)).collect();
+        let failed: BTreeMap<&TaskId, &String> = meta.failed.iter().map(|(t, e)| (t, e)).collect();
         for (role, tasks) in [
             ("active", &assignment.active),
             ("standby", &assignment.standby),
@@ -122,11 +130,13 @@ pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
         ] {
             for t in tasks {
                 let lag = changelog_end(t).map(|end| (end - sums.get(t).copied().unwrap_or(0)).max(0));
+                let error = failed.get(t).map(|e| e.to_string());
                 status.tasks.push(Task {
                     task: t.to_string(),
-                    role,
+                    role: if error.is_some() { "failed" } else { role },
                     owner: owner.clone(),
                     lag,
+                    error,
                 });
             }
         }
@@ -140,7 +150,9 @@ pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
             active: assignment.active.len(),
             standby: assignment.standby.len(),
         });
+        metas.insert(member.id().to_string(), meta);
     }
+    status.problems = sluice::group::placement::plan(&metas, &[]).problems;
     status.tasks.sort_by(|a, b| (&a.task, a.role).cmp(&(&b.task, b.role)));
 
     match args.output {
@@ -176,5 +188,20 @@ fn print_text(s: &Status) {
     for t in &s.tasks {
         let lag = t.lag.map_or("-".to_string(), |l| l.to_string());
         println!("{:<48} {:<8} {:<48} {:>8}", t.task, t.role, t.owner, lag);
+    }
+    let failed: Vec<&Task> = s.tasks.iter().filter(|t| t.error.is_some()).collect();
+    if !failed.is_empty() {
+        println!();
+        println!("FAILED TASKS");
+        for t in failed {
+            println!("  {}: {}", t.task, t.error.as_deref().unwrap_or_default());
+        }
+    }
+    if !s.problems.is_empty() {
+        println!();
+        println!("PROBLEMS");
+        for p in &s.problems {
+            println!("  {p}");
+        }
     }
 }

@@ -8,8 +8,9 @@ use std::time::Duration;
 use clap::Args;
 use sluice::manifest::parse_size;
 use sluice::runtime::RuntimeConfig;
+use sluice::worker::changelog::ChangelogSettings;
 use sluice::worker::group_runner::ClusterConfig;
-use sluice::worker::{self, TaskSettings, WorkerConfig};
+use sluice::worker::{self, Guarantee, TaskSettings, WorkerConfig};
 
 #[derive(Debug, Args)]
 pub struct WorkerArgs {
@@ -28,6 +29,22 @@ pub struct WorkerArgs {
     /// How often each task commits its source offsets (after flushing what it produced).
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     commit_interval: Duration,
+    /// `at-least-once` (the default, faster: after a failure some records are processed
+    /// twice) or `exactly-once` (Kafka transactions: outputs, state and offsets commit
+    /// atomically, and a new owner fences the old one).
+    #[arg(long, default_value = "at-least-once", value_parser = parse_guarantee, env = "SLUICE_PROCESSING_GUARANTEE")]
+    processing_guarantee: Guarantee,
+    /// A task whose position did not move re-commits it this often, so Kafka never expires
+    /// the offsets of an idle partition (default: the commit interval).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    idle_commit_interval: Option<Duration>,
+    /// Replication factor of changelog topics this worker creates (default: min(3, brokers)).
+    #[arg(long, value_parser = clap::value_parser!(i32).range(1..=32))]
+    changelog_replication_factor: Option<i32>,
+    /// `min.insync.replicas` of changelog topics this worker creates (default: one less
+    /// than the replication factor, at least 1).
+    #[arg(long, value_parser = clap::value_parser!(i32).range(1..=32))]
+    changelog_min_insync_replicas: Option<i32>,
     /// How often each task's `punctuate` runs (stream time or wall clock, whichever is first).
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     punctuate_interval: Duration,
@@ -101,6 +118,12 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
             batch_size: args.batch_size as usize,
             commit_interval: args.commit_interval,
             punctuate_interval: args.punctuate_interval,
+            guarantee: args.processing_guarantee,
+            idle_commit_interval: args.idle_commit_interval.unwrap_or(args.commit_interval),
+        },
+        changelogs: ChangelogSettings {
+            replication_factor: args.changelog_replication_factor,
+            min_insync_replicas: args.changelog_min_insync_replicas,
         },
         runtime: RuntimeConfig {
             memory_limit: args.memory_limit,
@@ -123,9 +146,24 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         "worker stopped"
     );
     for (task, error) in &report.failed {
-        tracing::warn!(%task, "was stopped by a failure: {error}");
+        tracing::error!(%task, "was stopped by a failure: {error}");
     }
-    Ok(ExitCode::SUCCESS)
+    if report.failed.is_empty() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!(
+            "sluice: {} task(s) failed while this worker ran (see the log above); exiting with status {TASKS_FAILED}",
+            report.failed.len()
+        );
+        Ok(ExitCode::from(TASKS_FAILED))
+    }
+}
+
+/// The exit status of a worker that stopped cleanly but had tasks fail while it ran.
+pub const TASKS_FAILED: u8 = 3;
+
+fn parse_guarantee(s: &str) -> Result<Guarantee, String> {
+    s.parse()
 }
 
 async fn shutdown_signal() {

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use bytes::{Buf, BufMut, BytesMut};
 use kafka_protocol::messages::{
-    ApiKey, FindCoordinatorRequest, FindCoordinatorResponse, HeartbeatRequest, HeartbeatResponse, JoinGroupRequest,
-    JoinGroupResponse, LeaveGroupRequest, LeaveGroupResponse, RequestHeader, ResponseHeader, SyncGroupRequest,
-    SyncGroupResponse,
+    AlterClientQuotasRequest, AlterClientQuotasResponse, ApiKey, FindCoordinatorRequest, FindCoordinatorResponse,
+    HeartbeatRequest, HeartbeatResponse, JoinGroupRequest, JoinGroupResponse, LeaveGroupRequest, LeaveGroupResponse,
+    MetadataRequest, MetadataResponse, RequestHeader, ResponseHeader, SyncGroupRequest, SyncGroupResponse, TopicName,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, StrBytes};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -46,6 +46,8 @@ calls! {
     SyncGroupRequest => SyncGroupResponse, SyncGroup;
     HeartbeatRequest => HeartbeatResponse, Heartbeat;
     LeaveGroupRequest => LeaveGroupResponse, LeaveGroup;
+    MetadataRequest => MetadataResponse, Metadata;
+    AlterClientQuotasRequest => AlterClientQuotasResponse, AlterClientQuotas;
 }
 
 pub struct Connection {
@@ -83,6 +85,16 @@ impl Connection {
 
     /// Sends `request` in API `version` and waits for its response.
     pub async fn send<R: Call>(&mut self, request: &R, version: i16) -> Result<R::Response, ConnectionError> {
+        self.send_within(request, version, REQUEST_TIMEOUT).await
+    }
+
+    /// As [`send`](Self::send), with a deadline of its own (heartbeats must fail fast).
+    pub async fn send_within<R: Call>(
+        &mut self,
+        request: &R,
+        version: i16,
+        timeout: Duration,
+    ) -> Result<R::Response, ConnectionError> {
         self.correlation = self.correlation.wrapping_add(1);
         let protocol = |e: anyhow::Error| ConnectionError::Protocol {
             addr: self.addr.clone(),
@@ -117,11 +129,11 @@ impl Connection {
             self.stream.read_exact(&mut response).await.map_err(io)?;
             Ok(response)
         };
-        let response = tokio::time::timeout(REQUEST_TIMEOUT, exchange)
+        let response = tokio::time::timeout(timeout, exchange)
             .await
             .map_err(|_| ConnectionError::Io {
                 addr: self.addr.clone(),
-                detail: format!("no response within {}s", REQUEST_TIMEOUT.as_secs()),
+                detail: format!("no response within {timeout:?}"),
             })??;
         let mut buf = bytes::Bytes::from(response);
         let header = ResponseHeader::decode(&mut buf, R::Response::header_version(version)).map_err(protocol)?;
@@ -140,4 +152,44 @@ impl Connection {
         }
         Ok(decoded)
     }
+}
+
+/// The ids of `topics` (a topic deleted and created again gets a new id), from the first
+/// bootstrap broker that answers. Topics the cluster does not know are left out.
+pub async fn topic_ids(
+    bootstrap: &str,
+    topics: &[String],
+) -> Result<std::collections::HashMap<String, String>, ConnectionError> {
+    use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+    let request = MetadataRequest::default()
+        .with_topics(Some(
+            topics
+                .iter()
+                .map(|t| MetadataRequestTopic::default().with_name(Some(TopicName(StrBytes::from_string(t.clone())))))
+                .collect(),
+        ))
+        .with_allow_auto_topic_creation(false);
+    let mut last = None;
+    for addr in bootstrap.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+        let answer = async {
+            let mut c = Connection::connect(addr).await?;
+            c.send_within(&request, 12, Duration::from_secs(15)).await
+        }
+        .await;
+        match answer {
+            Ok(response) => {
+                return Ok(response
+                    .topics
+                    .into_iter()
+                    .filter(|t| t.error_code == 0)
+                    .filter_map(|t| Some((t.name?.0.to_string(), t.topic_id.to_string())))
+                    .collect())
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or(ConnectionError::Connect {
+        addr: bootstrap.to_string(),
+        detail: "no bootstrap address".into(),
+    }))
 }

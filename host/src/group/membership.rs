@@ -3,7 +3,7 @@
 //! LeaveGroup. The leader runs the assignor on every member's metadata.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use kafka_protocol::messages::find_coordinator_request::FindCoordinatorRequest;
@@ -15,7 +15,7 @@ use kafka_protocol::messages::GroupId;
 use kafka_protocol::protocol::StrBytes;
 
 use super::connection::{Connection, ConnectionError};
-use super::metadata::{Assignment, MemberMetadata, CURRENT_VERSION};
+use super::metadata::{Assignment, AssignmentError, MemberMetadata, CURRENT_VERSION};
 
 /// The protocol type of Sluice groups; the coordinator refuses members of other types.
 pub const PROTOCOL_TYPE: &str = "sluice";
@@ -62,6 +62,14 @@ pub enum MembershipError {
     Fenced { group: String, instance: String },
     #[error("group {group}: the leader's assignment does not decode: {detail}")]
     BadAssignment { group: String, detail: String },
+    /// The coordinator no longer knows this member (its session expired, or a newer
+    /// generation moved on without it): its tasks may belong to others already.
+    #[error("group {group}: the coordinator no longer knows this member ({call}: {reason})")]
+    Lost {
+        group: String,
+        call: &'static str,
+        reason: String,
+    },
 }
 
 /// Settings of one membership.
@@ -94,6 +102,9 @@ pub struct Joined {
     pub member_id: String,
     pub leader: bool,
     pub assignment: Assignment,
+    /// When the JoinGroup that completed was sent: the coordinator's session timer for this
+    /// member restarted no earlier than that.
+    pub alive_at: Instant,
 }
 
 /// One worker's membership in the group.
@@ -130,47 +141,65 @@ impl Membership {
         self.config.instance_id.clone().map(StrBytes::from_string)
     }
 
-    /// Finds the coordinator through any bootstrap broker and connects to it.
-    async fn coordinator(&mut self) -> Result<&mut Connection, MembershipError> {
-        if self.coordinator.is_none() {
+    /// Finds the coordinator through any bootstrap broker and connects to it. Brokers that
+    /// are away or a coordinator that moves are weather: this retries with backoff until it
+    /// succeeds (callers bound it with their own deadlines or shutdown).
+    async fn coordinator(&mut self) -> &mut Connection {
+        let mut backoff = Duration::from_millis(100);
+        let mut failures = 0u32;
+        while self.coordinator.is_none() {
             let mut last = None;
-            for _attempt in 0..30 {
-                for addr in self
-                    .config
-                    .bootstrap
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|a| !a.is_empty())
-                {
-                    let found = async {
-                        let mut c = Connection::connect(addr).await?;
-                        let request = FindCoordinatorRequest::default()
-                            .with_key(StrBytes::from_string(self.config.group.clone()))
-                            .with_key_type(0);
-                        c.send(&request, FIND_COORDINATOR_VERSION).await
-                    }
-                    .await;
-                    match found {
-                        Ok(r) if r.error_code == code::NONE => {
-                            let addr = format!("{}:{}", r.host, r.port);
-                            self.coordinator = Some(Connection::connect(&addr).await?);
-                            return Ok(self.coordinator.as_mut().expect("just set"));
-                        }
-                        Ok(r) => {
-                            last = Some(MembershipError::Refused {
-                                group: self.config.group.clone(),
-                                call: "FindCoordinator",
-                                reason: describe(r.error_code),
-                            })
-                        }
-                        Err(e) => last = Some(e.into()),
-                    }
+            for addr in self
+                .config
+                .bootstrap
+                .split(',')
+                .map(str::trim)
+                .filter(|a| !a.is_empty())
+            {
+                let found = async {
+                    let mut c = Connection::connect(addr).await?;
+                    let request = FindCoordinatorRequest::default()
+                        .with_key(StrBytes::from_string(self.config.group.clone()))
+                        .with_key_type(0);
+                    c.send_within(&request, FIND_COORDINATOR_VERSION, Duration::from_secs(10))
+                        .await
                 }
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                .await;
+                match found {
+                    Ok(r) if r.error_code == code::NONE => {
+                        let addr = format!("{}:{}", r.host, r.port);
+                        match Connection::connect(&addr).await {
+                            Ok(c) => {
+                                if failures > 0 {
+                                    tracing::info!(group = %self.config.group, coordinator = %addr, "found the group coordinator again");
+                                }
+                                self.coordinator = Some(c);
+                                break;
+                            }
+                            Err(e) => last = Some(e.to_string()),
+                        }
+                    }
+                    Ok(r) => last = Some(format!("FindCoordinator: {}", describe(r.error_code))),
+                    Err(e) => last = Some(e.to_string()),
+                }
             }
-            return Err(last.expect("at least one attempt"));
+            if self.coordinator.is_none() {
+                failures += 1;
+                tracing::warn!(
+                    group = %self.config.group,
+                    "cannot reach the group coordinator ({}); retrying in {backoff:?}",
+                    last.unwrap_or_else(|| "no bootstrap address".into())
+                );
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
         }
-        Ok(self.coordinator.as_mut().expect("checked"))
+        self.coordinator.as_mut().expect("connected")
+    }
+
+    /// Forgets the coordinator connection (it failed or the coordinator moved).
+    fn reconnect(&mut self) {
+        self.coordinator = None;
     }
 
     /// Joins (or rejoins) the group and returns this member's assignment. When this member
@@ -181,6 +210,7 @@ impl Membership {
         assign: impl Fn(&BTreeMap<String, MemberMetadata>) -> BTreeMap<String, Assignment>,
     ) -> Result<Joined, MembershipError> {
         let encoded = Bytes::from(metadata.encode(metadata.version.min(CURRENT_VERSION)));
+        let mut backoff = Duration::from_millis(50);
         loop {
             let request = JoinGroupRequest::default()
                 .with_group_id(self.group_id())
@@ -192,12 +222,14 @@ impl Membership {
                 .with_protocols(vec![JoinGroupRequestProtocol::default()
                     .with_name(StrBytes::from_static_str(PROTOCOL_NAME))
                     .with_metadata(encoded.clone())]);
-            let response = match self.coordinator().await?.send(&request, JOIN_GROUP_VERSION).await {
+            let join_sent = Instant::now();
+            let response = match self.coordinator().await.send(&request, JOIN_GROUP_VERSION).await {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::warn!(group = %self.config.group, "JoinGroup: {e}; finding the coordinator again");
-                    self.coordinator = None;
-                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    self.reconnect();
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
                     continue;
                 }
             };
@@ -208,15 +240,25 @@ impl Membership {
                     continue;
                 }
                 code::UNKNOWN_MEMBER_ID | code::ILLEGAL_GENERATION => {
+                    // Only a member that completed a join has something to lose; a new one
+                    // (its id just handed out) simply asks again.
+                    let was_member = self.generation >= 0;
                     self.member_id.clear();
+                    self.generation = -1;
+                    if was_member {
+                        return Err(self.lost("JoinGroup", response.error_code));
+                    }
                     continue;
                 }
                 code::REBALANCE_IN_PROGRESS | code::COORDINATOR_LOAD_IN_PROGRESS => {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
                     continue;
                 }
                 code::NOT_COORDINATOR | code::COORDINATOR_NOT_AVAILABLE => {
-                    self.coordinator = None;
+                    self.reconnect();
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
                     continue;
                 }
                 code::FENCED_INSTANCE_ID => return Err(self.fenced()),
@@ -227,13 +269,15 @@ impl Membership {
             let leader = response.leader == response.member_id;
             let assignments = if leader {
                 let mut members = BTreeMap::new();
+                let mut unreadable = Vec::new();
                 for m in &response.members {
                     match MemberMetadata::decode(&m.metadata) {
                         Ok(meta) => {
                             members.insert(m.member_id.to_string(), meta);
                         }
                         Err(e) => {
-                            tracing::warn!(member = %m.member_id, "ignoring a member whose metadata does not decode: {e}")
+                            tracing::warn!(member = %m.member_id, "a member's metadata does not decode, it gets no tasks: {e}");
+                            unreadable.push(m.member_id.to_string());
                         }
                     }
                 }
@@ -244,7 +288,17 @@ impl Membership {
                     .min()
                     .unwrap_or(CURRENT_VERSION);
                 let generation = self.generation;
-                assign(&members)
+                let mut assignments = assign(&members);
+                for id in unreadable {
+                    assignments.insert(
+                        id,
+                        Assignment {
+                            error: AssignmentError::BadMetadata as i16,
+                            ..Default::default()
+                        },
+                    );
+                }
+                assignments
                     .into_iter()
                     .map(|(id, mut a)| {
                         a.generation = generation;
@@ -264,11 +318,13 @@ impl Membership {
                 .with_protocol_type(Some(StrBytes::from_static_str(PROTOCOL_TYPE)))
                 .with_protocol_name(Some(StrBytes::from_static_str(PROTOCOL_NAME)))
                 .with_assignments(assignments);
-            let response = match self.coordinator().await?.send(&sync, SYNC_GROUP_VERSION).await {
+            let response = match self.coordinator().await.send(&sync, SYNC_GROUP_VERSION).await {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::warn!(group = %self.config.group, "SyncGroup: {e}; rejoining");
-                    self.coordinator = None;
+                    self.reconnect();
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
                     continue;
                 }
             };
@@ -277,10 +333,11 @@ impl Membership {
                 code::REBALANCE_IN_PROGRESS => continue,
                 code::UNKNOWN_MEMBER_ID | code::ILLEGAL_GENERATION => {
                     self.member_id.clear();
-                    continue;
+                    self.generation = -1;
+                    return Err(self.lost("SyncGroup", response.error_code));
                 }
                 code::NOT_COORDINATOR | code::COORDINATOR_NOT_AVAILABLE => {
-                    self.coordinator = None;
+                    self.reconnect();
                     continue;
                 }
                 code::FENCED_INSTANCE_ID => return Err(self.fenced()),
@@ -295,24 +352,34 @@ impl Membership {
                 member_id: self.member_id.clone(),
                 leader,
                 assignment,
+                alive_at: join_sent,
             });
         }
     }
 
-    /// One heartbeat; call it every few seconds (well inside the session timeout).
-    pub async fn heartbeat(&mut self) -> Result<Heartbeat, MembershipError> {
+    /// One heartbeat, answered within `timeout` or counted as unreachable; call it every
+    /// few seconds (well inside the session timeout).
+    pub async fn heartbeat(&mut self, timeout: Duration) -> Result<Heartbeat, MembershipError> {
         let request = HeartbeatRequest::default()
             .with_group_id(self.group_id())
             .with_generation_id(self.generation)
             .with_member_id(StrBytes::from_string(self.member_id.clone()))
             .with_group_instance_id(self.instance());
-        let response = match self.coordinator().await?.send(&request, HEARTBEAT_VERSION).await {
-            Ok(r) => r,
-            Err(e) => {
-                // The next heartbeat finds the coordinator again; the session timeout bounds
-                // how long this may go on before the member counts as lost.
+        let exchange = async {
+            let connection = self.coordinator().await;
+            connection.send_within(&request, HEARTBEAT_VERSION, timeout).await
+        };
+        let response = match tokio::time::timeout(timeout, exchange).await {
+            Ok(Ok(r)) => r,
+            failed => {
+                // The next heartbeat finds the coordinator again; the lease bounds how long
+                // this may go on before the member stops its tasks.
+                let e = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => format!("no coordinator answered within {timeout:?}"),
+                };
                 tracing::warn!(group = %self.config.group, "Heartbeat: {e}");
-                self.coordinator = None;
+                self.reconnect();
                 return Ok(Heartbeat::Unreachable);
             }
         };
@@ -324,7 +391,8 @@ impl Membership {
                 Ok(Heartbeat::Lost)
             }
             code::NOT_COORDINATOR | code::COORDINATOR_NOT_AVAILABLE | code::COORDINATOR_LOAD_IN_PROGRESS => {
-                self.coordinator = None;
+                // The coordinator moved (a broker restarts): not a lost membership.
+                self.reconnect();
                 Ok(Heartbeat::Unreachable)
             }
             code::FENCED_INSTANCE_ID => Err(self.fenced()),
@@ -342,7 +410,17 @@ impl Membership {
             .with_members(vec![MemberIdentity::default()
                 .with_member_id(StrBytes::from_string(self.member_id.clone()))
                 .with_group_instance_id(self.instance())]);
-        let response = self.coordinator().await?.send(&request, LEAVE_GROUP_VERSION).await?;
+        let group = self.config.group.clone();
+        let connection = tokio::time::timeout(Duration::from_secs(5), self.coordinator())
+            .await
+            .map_err(|_| MembershipError::Refused {
+                group,
+                call: "LeaveGroup",
+                reason: "no coordinator reachable within 5s".into(),
+            })?;
+        let response = connection
+            .send_within(&request, LEAVE_GROUP_VERSION, Duration::from_secs(5))
+            .await?;
         self.member_id.clear();
         self.generation = -1;
         match response.error_code {
@@ -353,6 +431,14 @@ impl Membership {
 
     fn refused(&self, call: &'static str, code: i16) -> MembershipError {
         MembershipError::Refused {
+            group: self.config.group.clone(),
+            call,
+            reason: describe(code),
+        }
+    }
+
+    fn lost(&self, call: &'static str, code: i16) -> MembershipError {
+        MembershipError::Lost {
             group: self.config.group.clone(),
             call,
             reason: describe(code),

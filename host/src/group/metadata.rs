@@ -9,12 +9,14 @@
 //!
 //! Versions: 1 — capacity, admin address, active and standby tasks, changelog offset sums.
 //! 2 — adds learner tasks and the *leaving* flag (members and assignments).
+//! 3 — adds the topologies a member runs (name, partitions, digest, stateful) and its failed
+//! tasks with their errors (members).
 
 use super::codec::{Decoder, Encoder};
 use super::{DecodeError, TaskId};
 
 /// The newest version this build writes and understands.
-pub const CURRENT_VERSION: u16 = 2;
+pub const CURRENT_VERSION: u16 = 3;
 /// The oldest version this build still reads.
 pub const OLDEST_VERSION: u16 = 1;
 
@@ -39,7 +41,26 @@ pub struct MemberMetadata {
     pub learner: Vec<TaskId>,
     /// Version 2: the worker is scaling down and wants its tasks moved away.
     pub leaving: bool,
+    /// Version 3: the topologies this worker can run. `None` when the member's version
+    /// predates the field (such a member is taken to run every topology, as before).
+    pub topologies: Option<Vec<TopologyInfo>>,
+    /// Version 3: tasks that failed on this worker and stay failed, with their errors.
+    pub failed: Vec<(TaskId, String)>,
 }
+
+/// What a member says about a topology it runs: tasks go only to members whose topology is
+/// the same (same partitions, same digest of component and bindings).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TopologyInfo {
+    pub name: String,
+    pub partitions: u32,
+    /// SHA-256 of the component and its bindings, first 16 bytes.
+    pub digest: [u8; 16],
+    pub stateful: bool,
+}
+
+/// Longest error text a member reports per failed task (the metadata must stay compact).
+pub const MAX_FAILURE_TEXT: usize = 300;
 
 /// The leader's assignment to one member, in SyncGroup.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -100,6 +121,26 @@ impl MemberMetadata {
             e.tasks(&self.learner);
             e.bool(self.leaving);
         }
+        if version >= 3 {
+            let topologies = self.topologies.as_deref().unwrap_or(&[]);
+            e.u64(topologies.len() as u64);
+            for t in topologies {
+                e.str(&t.name);
+                e.u64(t.partitions as u64);
+                e.bytes(&t.digest);
+                e.bool(t.stateful);
+            }
+            e.u64(self.failed.len() as u64);
+            for (task, error) in &self.failed {
+                e.str(&task.topology);
+                e.u64(task.partition as u64);
+                let mut cut = error.len().min(MAX_FAILURE_TEXT);
+                while !error.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                e.str(&error[..cut]);
+            }
+        }
         e.buf
     }
 
@@ -126,6 +167,33 @@ impl MemberMetadata {
         } else {
             (Vec::new(), false)
         };
+        let (mut topologies, mut failed) = (None, Vec::new());
+        if version >= 3 {
+            let n = d.u64()?;
+            let mut list = Vec::new();
+            for _ in 0..n {
+                let name = d.string()?;
+                let partitions = d.u32()?;
+                let digest: [u8; 16] = d.bytes()?.try_into().map_err(|_| DecodeError {
+                    position: d.pos,
+                    problem: "a topology digest that is not 16 bytes",
+                })?;
+                let stateful = d.bool()?;
+                list.push(TopologyInfo {
+                    name,
+                    partitions,
+                    digest,
+                    stateful,
+                });
+            }
+            topologies = Some(list);
+            let n = d.u64()?;
+            for _ in 0..n {
+                let topology = d.string()?;
+                let partition = d.u32()?;
+                failed.push((TaskId::new(&topology, partition), d.string()?));
+            }
+        }
         Ok(MemberMetadata {
             version,
             supported,
@@ -137,6 +205,8 @@ impl MemberMetadata {
             offset_sums,
             learner,
             leaving,
+            topologies,
+            failed,
         })
     }
 }
@@ -194,8 +264,8 @@ mod tests {
 
     fn member() -> MemberMetadata {
         MemberMetadata {
-            version: 2,
-            supported: 2,
+            version: 3,
+            supported: 3,
             worker_id: [7; 16],
             capacity: 4,
             admin: "127.0.0.1:9100".into(),
@@ -204,13 +274,37 @@ mod tests {
             offset_sums: vec![(TaskId::new("clicks", 1), 1234), (TaskId::new("orders", 0), -1)],
             learner: tasks("orders", &[5]),
             leaving: true,
+            topologies: Some(vec![TopologyInfo {
+                name: "orders".into(),
+                partitions: 12,
+                digest: [9; 16],
+                stateful: true,
+            }]),
+            failed: vec![(TaskId::new("orders", 4), "task orders/4 failed: boom".into())],
         }
     }
 
     #[test]
     fn metadata_round_trips_in_the_current_version() {
         let m = member();
-        assert_eq!(MemberMetadata::decode(&m.encode(2)).unwrap(), m);
+        assert_eq!(MemberMetadata::decode(&m.encode(3)).unwrap(), m);
+    }
+
+    #[test]
+    fn a_version_2_reader_and_writer_drop_only_the_version_3_fields() {
+        let m = member();
+        let old = MemberMetadata::decode(&m.encode(2)).unwrap();
+        assert_eq!((old.topologies, old.failed), (None, vec![]));
+        assert_eq!((old.active, old.learner, old.leaving), (m.active, m.learner, m.leaving));
+    }
+
+    #[test]
+    fn a_long_failure_is_cut_to_keep_the_metadata_compact() {
+        let mut m = member();
+        m.failed = vec![(TaskId::new("orders", 1), "é".repeat(400))];
+        let back = MemberMetadata::decode(&m.encode(3)).unwrap();
+        assert!(back.failed[0].1.len() <= MAX_FAILURE_TEXT);
+        assert!(back.failed[0].1.starts_with("éé"));
     }
 
     #[test]
@@ -241,7 +335,7 @@ mod tests {
 
     #[test]
     fn garbage_is_a_decode_error_not_a_panic() {
-        let bytes = member().encode(2);
+        let bytes = member().encode(3);
         for cut in 0..bytes.len() {
             let _ = MemberMetadata::decode(&bytes[..cut]);
         }

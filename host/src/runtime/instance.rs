@@ -113,7 +113,9 @@ impl TaskInstance {
             sink_topics: task.sink_topics.clone(),
         };
         let result = self.call(|p, s| p.call_init(s, &info))?;
-        result.map_err(|e| self.guest_error(e))
+        result.map_err(|e| self.guest_error(e))?;
+        self.end_call(true);
+        Ok(())
     }
 
     /// Processes one encoded batch (see `sluice_guest::wire`).
@@ -137,6 +139,14 @@ impl TaskInstance {
         &mut self.store.data_mut().stores
     }
 
+    /// Ends the state writes of the last call: keep them (the task produced its output) or
+    /// drop them. A faulted call drops its writes by itself.
+    pub fn end_call(&mut self, keep: bool) {
+        for named in self.stores_mut() {
+            named.store.end_call(keep);
+        }
+    }
+
     /// Whether a previous call faulted (the instance must not be used again).
     pub fn is_faulted(&self) -> bool {
         self.faulted
@@ -152,6 +162,7 @@ impl TaskInstance {
 
     fn guest_error(&mut self, e: wit::GuestError) -> GuestFault {
         self.faulted = true;
+        self.end_call(false);
         GuestFault::Error {
             message: e.message,
             record_index: e.record_index,
@@ -173,6 +184,7 @@ impl TaskInstance {
             Ok(r) => Ok(r),
             Err(e) => {
                 self.faulted = true;
+                self.end_call(false);
                 Err(self.classify(e))
             }
         }

@@ -31,7 +31,12 @@ pub trait StateStore: Send + 'static {
         after: Option<&[u8]>,
         max: usize,
     ) -> Result<Vec<Entry>, String>;
-    /// For the worker, which flushes its own engine's stores at commit.
+    /// Ends a guest call: keep its writes (it succeeded) or drop them (it faulted), so a
+    /// faulted call leaves no trace. Stores without layers write through and ignore this.
+    fn end_call(&mut self, keep: bool) {
+        let _ = keep;
+    }
+    /// For the worker, which commits its own engine's stores.
     fn as_any(&mut self) -> &mut dyn Any;
 }
 

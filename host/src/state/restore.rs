@@ -7,16 +7,23 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
-use rocksdb::{WriteBatch, WriteOptions, DB};
+use rocksdb::DB;
 
-/// Reads one changelog partition from an offset on.
+use super::rocks::{self, Marker};
+
+/// Reads one changelog partition from an offset on. Reads committed data only: under
+/// exactly-once, aborted changelog writes (a fenced zombie's) are never restored.
 pub struct ChangelogReader {
     consumer: BaseConsumer,
     topic: String,
     partition: i32,
     /// Next offset to read.
     position: i64,
+    /// The first offset the partition still holds.
+    start: i64,
     end: i64,
+    /// When a consumer error was last logged (they repeat while a broker is away).
+    last_warning: Option<Instant>,
 }
 
 /// How far a restoration has come.
@@ -43,14 +50,18 @@ impl Progress {
 }
 
 impl ChangelogReader {
-    /// Starts at `from` (none: the beginning of the partition).
-    pub fn new(bootstrap: &str, topic: &str, partition: i32, from: Option<i64>) -> Result<Self, String> {
+    /// Opens the changelog partition and looks up its bounds; [`seek`](Self::seek) picks
+    /// where to read from (until then: the beginning).
+    pub fn new(bootstrap: &str, topic: &str, partition: i32) -> Result<Self, String> {
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", bootstrap)
+            // Named after the changelog, so broker quotas and logs can tell restorations apart.
+            .set("client.id", format!("sluice-restore-{topic}"))
             .set("group.id", "sluice-restore")
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
+            .set("isolation.level", "read_committed")
             .set("fetch.max.bytes", "52428800")
             .set("max.partition.fetch.bytes", "10485760")
             .create()
@@ -58,25 +69,35 @@ impl ChangelogReader {
         let (low, high) = consumer
             .fetch_watermarks(topic, partition, Duration::from_secs(15))
             .map_err(|e| format!("reading the offsets of changelog {topic}/{partition}: {e}"))?;
-        // A checkpoint past the end (the changelog was recreated) or before the start
-        // (compacted away) means reading from the beginning.
-        let start = match from {
-            Some(offset) if offset >= low && offset <= high => offset,
-            _ => low,
-        };
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(topic, partition, Offset::Offset(start))
-            .map_err(|e| format!("changelog {topic}/{partition}: {e}"))?;
-        consumer
-            .assign(&tpl)
-            .map_err(|e| format!("assigning changelog {topic}/{partition}: {e}"))?;
-        Ok(ChangelogReader {
+        let mut reader = ChangelogReader {
             consumer,
             topic: topic.to_string(),
             partition,
-            position: start,
+            position: low,
+            start: low,
             end: high,
-        })
+            last_warning: None,
+        };
+        reader.seek(low)?;
+        Ok(reader)
+    }
+
+    /// Reads from `offset` on (it must lie within [`bounds`](Self::bounds)).
+    pub fn seek(&mut self, offset: i64) -> Result<(), String> {
+        let (topic, partition) = (&self.topic, self.partition);
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(topic, partition, Offset::Offset(offset))
+            .map_err(|e| format!("changelog {topic}/{partition}: {e}"))?;
+        self.consumer
+            .assign(&tpl)
+            .map_err(|e| format!("assigning changelog {topic}/{partition}: {e}"))?;
+        self.position = offset;
+        Ok(())
+    }
+
+    /// The first offset the partition holds and its end, when the reader was opened.
+    pub fn bounds(&self) -> (i64, i64) {
+        (self.start, self.end)
     }
 
     /// The offset reading started from, or has reached.
@@ -100,14 +121,21 @@ impl ChangelogReader {
     }
 
     /// Reads what is available within `timeout`, up to `max` records: (key, value; none for
-    /// a tombstone).
+    /// a tombstone). Consumer errors (a broker away, a leader moving) are weather: the
+    /// consumer recovers by itself, so they are logged (once in a while) and reading goes on.
     pub fn poll(&mut self, max: usize, timeout: Duration) -> Result<Vec<super::Change>, String> {
         let mut out = Vec::new();
         let mut wait = timeout;
         while out.len() < max {
             match self.consumer.poll(wait) {
                 None => break,
-                Some(Err(e)) => return Err(format!("reading changelog {}/{}: {e}", self.topic, self.partition)),
+                Some(Err(e)) => {
+                    if self.last_warning.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                        tracing::warn!(changelog = %self.topic, partition = self.partition, "reading the changelog: {e}; retrying");
+                        self.last_warning = Some(Instant::now());
+                    }
+                    break;
+                }
                 Some(Ok(m)) => {
                     self.position = m.offset() + 1;
                     if let Some(key) = m.key() {
@@ -117,13 +145,30 @@ impl ChangelogReader {
             }
             wait = Duration::ZERO;
         }
+        if out.is_empty() {
+            // Offsets can have gaps (compaction, transaction markers); the consumer's
+            // position says where it is.
+            if let Ok(tpl) = self.consumer.position() {
+                if let Some(Offset::Offset(p)) = tpl.find_partition(&self.topic, self.partition).map(|p| p.offset()) {
+                    self.position = self.position.max(p);
+                }
+            }
+        }
         Ok(out)
     }
 
     /// Applies the changelog up to its end (as it was when the reader started) to `db`, in
-    /// large write batches without the WAL, then flushes `db` so the result is durable.
-    /// `progress` is called about once a second and at the end.
-    pub fn restore_into(&mut self, db: &DB, mut progress: impl FnMut(Progress)) -> Result<Progress, String> {
+    /// large write batches without the WAL, each with the marker of how far it got; flushes
+    /// `db` at the end so the result is durable. Returns none if `stop` said to stop first
+    /// (what was applied is kept, vouched for by its marker). `progress` is called about once
+    /// a second and at the end.
+    pub fn restore_into(
+        &mut self,
+        db: &DB,
+        topic_id: &str,
+        stop: &dyn Fn() -> bool,
+        mut progress: impl FnMut(Progress),
+    ) -> Result<Option<Progress>, String> {
         let started = Instant::now();
         let total = (self.end - self.position).max(0) as u64;
         let mut state = Progress {
@@ -132,38 +177,33 @@ impl ChangelogReader {
             bytes: 0,
             elapsed: Duration::ZERO,
         };
-        let mut options = WriteOptions::default();
-        options.disable_wal(true);
         let mut last_report = Instant::now();
         let mut idle_since = Instant::now();
         while self.position < self.end {
+            if stop() {
+                rocks::flush(db)?;
+                return Ok(None);
+            }
             let records = self.poll(10_000, Duration::from_millis(200))?;
             if records.is_empty() {
-                // Offsets can have gaps (compaction); the consumer's position says where it is.
-                if let Ok(tpl) = self.consumer.position() {
-                    if let Some(Offset::Offset(p)) = tpl.find_partition(&self.topic, self.partition).map(|p| p.offset())
-                    {
-                        self.position = self.position.max(p);
-                    }
-                }
-                if idle_since.elapsed() > Duration::from_secs(120) {
+                if idle_since.elapsed() > RESTORE_STALL {
                     return Err(format!(
-                        "changelog {}/{} delivered nothing for 120 s at offset {} of {}",
-                        self.topic, self.partition, self.position, self.end
+                        "changelog {}/{} delivered nothing for {}s at offset {} of {}",
+                        self.topic,
+                        self.partition,
+                        RESTORE_STALL.as_secs(),
+                        self.position,
+                        self.end
                     ));
                 }
                 continue;
             }
             idle_since = Instant::now();
-            let mut batch = WriteBatch::default();
             for (key, value) in &records {
                 state.bytes += (key.len() + value.as_ref().map_or(0, Vec::len)) as u64;
-                match value {
-                    Some(v) => batch.put(key, v),
-                    None => batch.delete(key),
-                }
             }
-            db.write_opt(batch, &options)
+            let marker = self.marker(topic_id);
+            rocks::write_with_marker(db, rocks::as_slices(&records), &marker, false)
                 .map_err(|e| format!("writing restored records: {e}"))?;
             state.restored += records.len() as u64;
             state.total = state.total.max(state.restored);
@@ -173,10 +213,24 @@ impl ChangelogReader {
                 last_report = Instant::now();
             }
         }
-        // The WAL was off: make the restored state durable before anyone checkpoints it.
-        db.flush().map_err(|e| format!("flushing restored state: {e}"))?;
+        // Gaps at the end (a compacted tail, a transaction marker) leave no record to write.
+        rocks::write_with_marker(db, std::iter::empty(), &self.marker(topic_id), false)?;
+        // The WAL was off: make the restored state durable before anyone relies on it.
+        rocks::flush(db)?;
         state.elapsed = started.elapsed();
         progress(state);
-        Ok(state)
+        Ok(Some(state))
+    }
+
+    /// The marker of what has been read so far.
+    pub fn marker(&self, topic_id: &str) -> Marker {
+        Marker {
+            topic: self.topic.clone(),
+            topic_id: topic_id.to_string(),
+            next_offset: self.position,
+        }
     }
 }
+
+/// How long a restoration may see no data before it counts as stuck.
+const RESTORE_STALL: Duration = Duration::from_secs(120);

@@ -1,14 +1,33 @@
 //! The RocksDB engine: one database per (task, store), memory shared by every store of the
-//! worker, and a write cache that keeps RocksDB's write path off the per-record path.
+//! worker, and write layers that keep both RocksDB's write path and uncommitted state off
+//! the disk until a commit vouches for them.
+//!
+//! Writes live in two layers above RocksDB: the *call* layer (the writes of the guest call
+//! in progress, dropped if that call faults) and the *dirty* layer (the writes of every
+//! successful call since the last commit). Reads and scans see the layers merged over
+//! RocksDB; nothing reaches RocksDB before a commit, and then it goes in one write batch
+//! together with the store's [`Marker`] — the changelog offset the data now contains. The
+//! marker lives in its own column family, so "the data" and "what vouches for it" cannot
+//! disagree after a crash: local state never runs ahead of its checkpoint.
 
 use std::any::Any;
 use std::collections::BTreeMap;
+use std::iter::Peekable;
+use std::ops::Bound;
 use std::path::Path;
 use std::sync::Arc;
 
-use rocksdb::{BlockBasedOptions, Cache, DBCompressionType, Options, ReadOptions, WriteBatch, WriteBufferManager, DB};
+use rocksdb::{
+    BlockBasedOptions, Cache, ColumnFamilyDescriptor, DBCompressionType, FlushOptions, Options, ReadOptions,
+    WriteBatch, WriteBufferManager, WriteOptions, DB,
+};
+use serde::{Deserialize, Serialize};
 
-use super::{lower_bound, StateStore};
+use super::{lower_bound, Change, StateStore};
+
+/// The column family of Sluice's own bookkeeping (the marker); user data is in `default`.
+const META_CF: &str = "sluice-meta";
+const MARKER_KEY: &[u8] = b"changelog";
 
 /// Memory shared by every store of a worker: one block cache and one write-buffer budget,
 /// so hundreds of stores do not multiply the worker's memory.
@@ -28,6 +47,17 @@ impl SharedMemory {
     }
 }
 
+/// What a store's data contains: the changelog it came from and the next offset to read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Marker {
+    /// The changelog topic's name.
+    pub topic: String,
+    /// The changelog topic's id (a re-created topic has a new one), empty if unknown.
+    pub topic_id: String,
+    /// Every changelog record before this offset is in the data; none after it.
+    pub next_offset: i64,
+}
+
 /// Opens (creating if needed) the database of one store.
 pub fn open(path: &Path, memory: &SharedMemory) -> Result<DB, String> {
     let mut table = BlockBasedOptions::default();
@@ -35,12 +65,71 @@ pub fn open(path: &Path, memory: &SharedMemory) -> Result<DB, String> {
     table.set_bloom_filter(10.0, false);
     let mut options = Options::default();
     options.create_if_missing(true);
+    options.create_missing_column_families(true);
+    // Data and marker are flushed together, so a crash with the WAL off (restoration)
+    // cannot leave a marker that is newer than the data it describes.
+    options.set_atomic_flush(true);
     options.set_block_based_table_factory(&table);
     options.set_write_buffer_manager(&memory.write_buffers);
     options.set_compression_type(DBCompressionType::Lz4);
     options.set_max_open_files(256);
     options.set_keep_log_file_num(2);
-    DB::open(&options, path).map_err(|e| format!("opening RocksDB at {}: {e}", path.display()))
+    let cfs = [
+        ColumnFamilyDescriptor::new(rocksdb::DEFAULT_COLUMN_FAMILY_NAME, options.clone()),
+        ColumnFamilyDescriptor::new(META_CF, options.clone()),
+    ];
+    DB::open_cf_descriptors(&options, path, cfs).map_err(|e| format!("opening RocksDB at {}: {e}", path.display()))
+}
+
+/// The store's marker; none for a new (or pre-marker) database.
+pub fn read_marker(db: &DB) -> Result<Option<Marker>, String> {
+    let cf = db.cf_handle(META_CF).expect("opened with the meta column family");
+    match db
+        .get_cf(cf, MARKER_KEY)
+        .map_err(|e| format!("reading the store's marker: {e}"))?
+    {
+        None => Ok(None),
+        Some(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| format!("the store's marker is corrupt ({e})")),
+    }
+}
+
+/// Whether the database holds any user data.
+pub fn is_empty(db: &DB) -> bool {
+    db.iterator(rocksdb::IteratorMode::Start).next().is_none()
+}
+
+/// Writes `changes` and the marker that vouches for them in one atomic batch. `wal: false`
+/// is for replaying a changelog (the replay can be repeated; call [`flush`] to make it durable).
+pub fn write_with_marker<'a>(
+    db: &DB,
+    changes: impl IntoIterator<Item = (&'a [u8], Option<&'a [u8]>)>,
+    marker: &Marker,
+    wal: bool,
+) -> Result<(), String> {
+    let mut batch = WriteBatch::default();
+    for (k, v) in changes {
+        match v {
+            Some(v) => batch.put(k, v),
+            None => batch.delete(k),
+        }
+    }
+    let cf = db.cf_handle(META_CF).expect("opened with the meta column family");
+    batch.put_cf(cf, MARKER_KEY, serde_json::to_vec(marker).expect("a marker serialises"));
+    let mut options = WriteOptions::default();
+    options.disable_wal(!wal);
+    db.write_opt(batch, &options).map_err(|e| format!("writing state: {e}"))
+}
+
+/// Flushes data and marker together (after writes without the WAL).
+pub fn flush(db: &DB) -> Result<(), String> {
+    let default = db
+        .cf_handle(rocksdb::DEFAULT_COLUMN_FAMILY_NAME)
+        .expect("the default column family");
+    let meta = db.cf_handle(META_CF).expect("opened with the meta column family");
+    db.flush_cfs_opt(&[&default, &meta], &FlushOptions::default())
+        .map_err(|e| format!("flushing state: {e}"))
 }
 
 /// Every entry of a database, in key order (for tests and diagnostics).
@@ -53,14 +142,17 @@ pub fn dump(db: &DB) -> Result<Vec<super::Entry>, String> {
     Ok(out)
 }
 
+/// Written but not in RocksDB: a value, or none for a delete.
+type Layer = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
+
 /// A task's store: RocksDB plus the writes since the last commit.
 pub struct RocksStore {
     name: String,
     db: Arc<DB>,
-    /// Written by the guest, not yet in RocksDB (none: deleted).
-    dirty: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
-    /// In RocksDB (a scan flushed them early), not yet in the changelog.
-    unlogged: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    /// The current call's writes; dropped if the call faults.
+    call: Layer,
+    /// Writes of successful calls since the last commit.
+    dirty: Layer,
 }
 
 impl RocksStore {
@@ -68,8 +160,8 @@ impl RocksStore {
         RocksStore {
             name: name.to_string(),
             db,
-            dirty: BTreeMap::new(),
-            unlogged: BTreeMap::new(),
+            call: Layer::new(),
+            dirty: Layer::new(),
         }
     }
 
@@ -81,41 +173,38 @@ impl RocksStore {
         &self.db
     }
 
-    /// Whether anything was written since the last commit.
+    /// Whether successful calls wrote anything since the last commit.
     pub fn has_changes(&self) -> bool {
-        !self.dirty.is_empty() || !self.unlogged.is_empty()
+        !self.dirty.is_empty()
     }
 
-    /// Writes the cached writes to RocksDB (one batch) and returns every change since the
-    /// last commit, for the changelog.
-    pub fn take_changes(&mut self) -> Result<Vec<super::Change>, String> {
-        self.write_dirty()?;
-        Ok(std::mem::take(&mut self.unlogged).into_iter().collect())
+    /// The writes since the last commit, in key order (for the changelog).
+    pub fn changes(&self) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> {
+        self.dirty.iter().map(|(k, v)| (k.as_slice(), v.as_deref()))
     }
 
-    fn write_dirty(&mut self) -> Result<(), String> {
-        if self.dirty.is_empty() {
-            return Ok(());
-        }
-        let mut batch = WriteBatch::default();
-        for (k, v) in &self.dirty {
-            match v {
-                Some(v) => batch.put(k, v),
-                None => batch.delete(k),
-            }
-        }
-        self.db
-            .write(batch)
-            .map_err(|e| format!("writing store {}: {e}", self.name))?;
-        let dirty = std::mem::take(&mut self.dirty);
-        self.unlogged.extend(dirty);
+    /// Moves the writes since the last commit into RocksDB with the marker that now vouches
+    /// for them (one batch, WAL on).
+    pub fn commit(&mut self, marker: &Marker) -> Result<(), String> {
+        write_with_marker(&self.db, self.changes(), marker, true).map_err(|e| format!("store {}: {e}", self.name))?;
+        self.dirty.clear();
         Ok(())
+    }
+
+    /// Drops every write since the last commit (the task stops without committing).
+    pub fn discard(&mut self) {
+        self.call.clear();
+        self.dirty.clear();
+    }
+
+    fn layered(&self, key: &[u8]) -> Option<&Option<Vec<u8>>> {
+        self.call.get(key).or_else(|| self.dirty.get(key))
     }
 }
 
 impl StateStore for RocksStore {
     fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, String> {
-        if let Some(v) = self.dirty.get(key) {
+        if let Some(v) = self.layered(key) {
             return Ok(v.clone());
         }
         self.db
@@ -124,12 +213,12 @@ impl StateStore for RocksStore {
     }
 
     fn put(&mut self, key: Vec<u8>, value: Vec<u8>) -> Result<(), String> {
-        self.dirty.insert(key, Some(value));
+        self.call.insert(key, Some(value));
         Ok(())
     }
 
     fn delete(&mut self, key: Vec<u8>) -> Result<(), String> {
-        self.dirty.insert(key, None);
+        self.call.insert(key, None);
         Ok(())
     }
 
@@ -140,28 +229,49 @@ impl StateStore for RocksStore {
         after: Option<&[u8]>,
         max: usize,
     ) -> Result<Vec<super::Entry>, String> {
-        // A scan sees the cached writes: they go to RocksDB now (the changelog still gets
-        // them at the next commit).
-        self.write_dirty()?;
+        // Nothing is written to RocksDB here: the layers are merged over an iterator.
+        let lower = lower_bound(start, after);
+        let upper = end.map_or(Bound::Unbounded, Bound::Excluded);
+        let call = self.call.range::<[u8], _>((lower, upper));
+        let dirty = self.dirty.range::<[u8], _>((lower, upper));
         let mut options = ReadOptions::default();
         if let Some(end) = end {
             options.set_iterate_upper_bound(end.to_vec());
         }
         let mut it = self.db.raw_iterator_opt(options);
-        match lower_bound(start, after) {
-            std::ops::Bound::Included(k) | std::ops::Bound::Excluded(k) => it.seek(k),
-            std::ops::Bound::Unbounded => it.seek_to_first(),
+        match lower {
+            Bound::Included(k) | Bound::Excluded(k) => it.seek(k),
+            Bound::Unbounded => it.seek_to_first(),
         }
-        let mut out = Vec::new();
-        while it.valid() && out.len() < max {
-            let (k, v) = (it.key().unwrap_or_default(), it.value().unwrap_or_default());
-            if after != Some(k) {
-                out.push((k.to_vec(), v.to_vec()));
+        let rocks = std::iter::from_fn(|| {
+            // Skip the excluded lower bound.
+            while it.valid() && after.is_some() && it.key() == after {
+                it.next();
             }
+            if !it.valid() {
+                return None;
+            }
+            let entry = (
+                it.key().unwrap_or_default().to_vec(),
+                Some(it.value().unwrap_or_default().to_vec()),
+            );
             it.next();
-        }
-        it.status().map_err(|e| format!("scanning store {}: {e}", self.name))?;
+            Some(entry)
+        });
+        let merged = merge(
+            call.map(|(k, v)| (k.clone(), v.clone())),
+            merge(dirty.map(|(k, v)| (k.clone(), v.clone())), rocks),
+        );
+        let out: Vec<super::Entry> = merged.filter_map(|(k, v)| v.map(|v| (k, v))).take(max).collect();
         Ok(out)
+    }
+
+    fn end_call(&mut self, keep: bool) {
+        if keep {
+            self.dirty.append(&mut self.call);
+        } else {
+            self.call.clear();
+        }
     }
 
     fn as_any(&mut self) -> &mut dyn Any {
@@ -169,45 +279,148 @@ impl StateStore for RocksStore {
     }
 }
 
+/// Merges two key-ordered streams; on equal keys the first stream's entry wins.
+fn merge<A, B>(a: A, b: B) -> impl Iterator<Item = (Vec<u8>, Option<Vec<u8>>)>
+where
+    A: Iterator<Item = (Vec<u8>, Option<Vec<u8>>)>,
+    B: Iterator<Item = (Vec<u8>, Option<Vec<u8>>)>,
+{
+    struct Merge<A: Iterator, B: Iterator> {
+        a: Peekable<A>,
+        b: Peekable<B>,
+    }
+    impl<A, B> Iterator for Merge<A, B>
+    where
+        A: Iterator<Item = (Vec<u8>, Option<Vec<u8>>)>,
+        B: Iterator<Item = (Vec<u8>, Option<Vec<u8>>)>,
+    {
+        type Item = (Vec<u8>, Option<Vec<u8>>);
+        fn next(&mut self) -> Option<Self::Item> {
+            match (self.a.peek(), self.b.peek()) {
+                (Some((ka, _)), Some((kb, _))) => match ka.cmp(kb) {
+                    std::cmp::Ordering::Less => self.a.next(),
+                    std::cmp::Ordering::Greater => self.b.next(),
+                    std::cmp::Ordering::Equal => {
+                        self.b.next();
+                        self.a.next()
+                    }
+                },
+                (Some(_), None) => self.a.next(),
+                (None, _) => self.b.next(),
+            }
+        }
+    }
+    Merge {
+        a: a.peekable(),
+        b: b.peekable(),
+    }
+}
+
+/// Marks a change list as borrowed slices (for [`write_with_marker`]).
+pub fn as_slices(changes: &[Change]) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> {
+    changes.iter().map(|(k, v)| (k.as_slice(), v.as_deref()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn cached_writes_are_read_back_scanned_and_handed_to_the_changelog_once() {
+    fn temp_db() -> (std::path::PathBuf, Arc<DB>) {
         let dir = std::env::temp_dir().join(format!("sluice-rocks-{}", uuid::Uuid::new_v4().simple()));
         let memory = SharedMemory::new(8 << 20, 8 << 20);
-        let db = Arc::new(open(&dir, &memory).unwrap());
+        (dir.clone(), Arc::new(open(&dir, &memory).unwrap()))
+    }
+
+    fn marker(next_offset: i64) -> Marker {
+        Marker {
+            topic: "t".into(),
+            topic_id: "id".into(),
+            next_offset,
+        }
+    }
+
+    fn keys(page: &[super::super::Entry]) -> Vec<&[u8]> {
+        page.iter().map(|(k, _)| k.as_slice()).collect()
+    }
+
+    #[test]
+    fn writes_reach_rocksdb_only_at_commit_and_scans_merge_the_layers() {
+        let (dir, db) = temp_db();
         let mut store = RocksStore::new("s", db.clone());
         store.put(b"a".to_vec(), b"1".to_vec()).unwrap();
         store.put(b"b".to_vec(), b"2".to_vec()).unwrap();
-        assert_eq!(store.get(b"a").unwrap(), Some(b"1".to_vec()));
-        assert_eq!(
-            db.get(b"a").unwrap(),
-            None,
-            "writes stay in the cache until a commit or scan"
-        );
-        let page = store.scan(None, None, None, 10).unwrap();
-        assert_eq!(page.len(), 2);
-        store.delete(b"a".to_vec()).unwrap();
+        store.end_call(true);
         store.put(b"c".to_vec(), b"3".to_vec()).unwrap();
-        let changes = store.take_changes().unwrap();
+        assert_eq!(store.get(b"a").unwrap(), Some(b"1".to_vec()));
+        // A scan in the middle of a call sees every layer and writes nothing to RocksDB.
+        let page = store.scan(None, None, None, 10).unwrap();
+        assert_eq!(keys(&page), [b"a", b"b", b"c"]);
+        assert!(is_empty(&db), "a scan must not move uncommitted writes into RocksDB");
+        store.end_call(true);
+        store.commit(&marker(7)).unwrap();
+        assert_eq!(read_marker(&db).unwrap(), Some(marker(7)));
+        assert_eq!(dump(&db).unwrap().len(), 3);
+
+        // Deletes in a layer hide RocksDB entries; newer layers win; bounds and `after` hold.
+        store.delete(b"b".to_vec()).unwrap();
+        store.end_call(true);
+        store.put(b"a".to_vec(), b"new".to_vec()).unwrap();
+        store.put(b"d".to_vec(), b"4".to_vec()).unwrap();
+        let page = store.scan(None, None, None, 10).unwrap();
         assert_eq!(
-            changes,
+            page,
             vec![
-                (b"a".to_vec(), None),
-                (b"b".to_vec(), Some(b"2".to_vec())),
-                (b"c".to_vec(), Some(b"3".to_vec()))
+                (b"a".to_vec(), b"new".to_vec()),
+                (b"c".to_vec(), b"3".to_vec()),
+                (b"d".to_vec(), b"4".to_vec())
             ]
         );
-        assert!(!store.has_changes());
         assert_eq!(
-            dump(&db).unwrap(),
-            vec![(b"b".to_vec(), b"2".to_vec()), (b"c".to_vec(), b"3".to_vec())]
+            keys(&store.scan(Some(b"a"), Some(b"d"), Some(b"a"), 10).unwrap()),
+            [b"c"]
         );
-        let page = store.scan(Some(b"b"), Some(b"c"), None, 10).unwrap();
-        assert_eq!(page, vec![(b"b".to_vec(), b"2".to_vec())]);
+        assert_eq!(keys(&store.scan(None, None, None, 2).unwrap()), [b"a", b"c"]);
+        assert_eq!(keys(&store.scan(None, None, Some(b"c"), 2).unwrap()), [b"d"]);
         drop(store);
+        drop(db);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_faulted_call_leaves_no_trace_and_discard_drops_everything_uncommitted() {
+        let (dir, db) = temp_db();
+        let mut store = RocksStore::new("s", db.clone());
+        store.put(b"kept".to_vec(), b"1".to_vec()).unwrap();
+        store.end_call(true);
+        store.put(b"faulted".to_vec(), b"1".to_vec()).unwrap();
+        store.delete(b"kept".to_vec()).unwrap();
+        store.end_call(false);
+        assert_eq!(store.get(b"faulted").unwrap(), None);
+        assert_eq!(store.get(b"kept").unwrap(), Some(b"1".to_vec()));
+        assert_eq!(
+            store.changes().collect::<Vec<_>>(),
+            vec![(b"kept".as_slice(), Some(b"1".as_slice()))]
+        );
+        store.discard();
+        assert!(!store.has_changes());
+        assert_eq!(store.get(b"kept").unwrap(), None);
+        assert!(read_marker(&db).unwrap().is_none());
+        drop(store);
+        drop(db);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_marker_survives_a_reopen_with_its_data() {
+        let (dir, db) = temp_db();
+        let changes = vec![(b"k".to_vec(), Some(b"v".to_vec())), (b"gone".to_vec(), None)];
+        write_with_marker(&db, as_slices(&changes), &marker(42), false).unwrap();
+        flush(&db).unwrap();
+        drop(db);
+        let memory = SharedMemory::new(8 << 20, 8 << 20);
+        let db = open(&dir, &memory).unwrap();
+        assert_eq!(read_marker(&db).unwrap(), Some(marker(42)));
+        assert_eq!(dump(&db).unwrap(), vec![(b"k".to_vec(), b"v".to_vec())]);
         drop(db);
         let _ = std::fs::remove_dir_all(&dir);
     }

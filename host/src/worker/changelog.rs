@@ -10,18 +10,40 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::types::RDKafkaErrorCode;
 
+use super::task_state::Changelog;
+
 /// The changelog topic of a store: `<topology>-<store>-changelog`.
 pub fn changelog_topic(topology: &str, store: &str) -> String {
     format!("{topology}-{store}-changelog")
 }
 
-/// Makes sure every store has a well-formed changelog; returns (store, topic) pairs.
+/// How changelog topics are created. `None` picks a safe default from the cluster's size:
+/// a replication factor of min(3, brokers), and `min.insync.replicas` one less than that
+/// (at least 1), so an acknowledged changelog write survives the loss of a broker.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ChangelogSettings {
+    pub replication_factor: Option<i32>,
+    pub min_insync_replicas: Option<i32>,
+}
+
+impl ChangelogSettings {
+    /// (replication factor, min.insync.replicas) for a cluster of `brokers`.
+    pub fn resolve(&self, brokers: usize) -> (i32, i32) {
+        let rf = self.replication_factor.unwrap_or_else(|| (brokers as i32).clamp(1, 3));
+        let isr = self.min_insync_replicas.unwrap_or((rf - 1).max(1));
+        (rf, isr)
+    }
+}
+
+/// Makes sure every store has a well-formed changelog; returns each store's changelog (its
+/// topic id is filled in by the caller).
 pub fn ensure_changelogs(
     bootstrap: &str,
     topology: &str,
     stores: &[String],
     partitions: i32,
-) -> anyhow::Result<Vec<(String, String)>> {
+    settings: ChangelogSettings,
+) -> anyhow::Result<Vec<Changelog>> {
     if stores.is_empty() {
         return Ok(Vec::new());
     }
@@ -41,8 +63,11 @@ pub fn ensure_changelogs(
             .map(|t| t.partitions().len());
         match existing {
             Some(0) | None => {
-                let new =
-                    NewTopic::new(&topic, partitions, TopicReplication::Fixed(-1)).set("cleanup.policy", "compact");
+                let (rf, isr) = settings.resolve(metadata.brokers().len());
+                let isr = isr.to_string();
+                let new = NewTopic::new(&topic, partitions, TopicReplication::Fixed(rf))
+                    .set("cleanup.policy", "compact")
+                    .set("min.insync.replicas", &isr);
                 for result in futures::executor::block_on(admin.create_topics([&new], &options))? {
                     match result {
                         Ok(_) => tracing::info!(topology, store, topic, partitions, "created changelog topic"),
@@ -68,15 +93,20 @@ pub fn ensure_changelogs(
                     .find(|e| e.name == "cleanup.policy")
                     .and_then(|e| e.value)
                     .unwrap_or_default();
-                if !policy.split(',').any(|p| p.trim() == "compact") {
+                if policy.trim() != "compact" {
                     bail!(
                         "changelog topic {topic:?} of store {store:?} has cleanup.policy={policy}, but a changelog must \
-                         be compacted (cleanup.policy=compact), or old state is deleted with old segments"
+                         be exactly cleanup.policy=compact (with `delete`, old state is deleted with old segments); \
+                         set cleanup.policy=compact on the topic, or delete it to let the worker create it"
                     );
                 }
             }
         }
-        out.push((store.clone(), topic));
+        out.push(Changelog {
+            store: store.clone(),
+            topic,
+            topic_id: String::new(),
+        });
     }
     Ok(out)
 }

@@ -43,8 +43,8 @@ impl DeliveryTracker {
     }
 
     /// Waits until nothing is in flight; fails with the first delivery error, or when
-    /// `timeout` passes first.
-    pub fn wait_idle(&self, timeout: Duration) -> Result<(), String> {
+    /// `timeout` passes first. Returns false if `give_up` said to stop waiting.
+    pub fn wait_idle(&self, timeout: Duration, give_up: &dyn Fn() -> bool) -> Result<bool, String> {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(failure) = self.failure() {
@@ -52,7 +52,10 @@ impl DeliveryTracker {
             }
             let pending = self.pending();
             if pending == 0 {
-                return Ok(());
+                return Ok(true);
+            }
+            if give_up() {
+                return Ok(false);
             }
             if Instant::now() > deadline {
                 return Err(format!(

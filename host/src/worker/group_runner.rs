@@ -1,16 +1,21 @@
 //! A worker in a cluster: joins the group, applies each assignment (revoked tasks stop
-//! before anything else happens), heartbeats, and leaves on shutdown.
+//! before anything else happens), heartbeats on schedule — also while tasks stop — and
+//! leaves on shutdown. Losing the membership in any way (the coordinator says so during a
+//! heartbeat, join or sync, or the lease runs out) is one path: every task stops without
+//! committing, then the worker rejoins.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 
-use super::{TaskRunner, WorkerReport};
-use crate::group::assignor::{by_name, AssignorInput};
-use crate::group::membership::{Heartbeat, Membership, MembershipConfig};
-use crate::group::metadata::{MemberMetadata, CURRENT_VERSION, OLDEST_VERSION};
+use super::control::Lease;
+use super::{Stopping, TaskRunner, WorkerReport};
+use crate::group::assignor::by_name;
+use crate::group::membership::{Heartbeat, Membership, MembershipConfig, MembershipError};
+use crate::group::metadata::{AssignmentError, MemberMetadata, CURRENT_VERSION, OLDEST_VERSION};
+use crate::group::placement;
 use crate::group::TaskId;
 
 /// How a worker takes part in a cluster.
@@ -49,6 +54,78 @@ fn worker_id(state_dir: &Path) -> anyhow::Result<[u8; 16]> {
     Ok(*id.as_bytes())
 }
 
+/// What keeping the membership alive while waiting for something found.
+enum Kept {
+    /// Still a member; `rejoin`: the coordinator asked for a rebalance meanwhile.
+    Member { rejoin: bool },
+    /// Membership is lost (or its lease ran out): tasks must stop without committing.
+    Lost(String),
+}
+
+/// The heartbeat side of a cluster worker: sends heartbeats, renews the lease.
+struct Heartbeats<'a> {
+    cluster: &'a ClusterConfig,
+    lease: std::sync::Arc<Lease>,
+    /// How long a heartbeat keeps the lease: the session timeout less a safety margin.
+    lease_length: Duration,
+    /// A heartbeat not answered within this counts as unreachable.
+    timeout: Duration,
+}
+
+impl Heartbeats<'_> {
+    async fn beat(&self, membership: &mut Membership) -> anyhow::Result<Kept> {
+        let sent = Instant::now();
+        Ok(match membership.heartbeat(self.timeout).await? {
+            Heartbeat::Alive => {
+                self.lease.renew(sent, self.lease_length);
+                Kept::Member { rejoin: false }
+            }
+            Heartbeat::RejoinNeeded => {
+                self.lease.renew(sent, self.lease_length);
+                Kept::Member { rejoin: true }
+            }
+            Heartbeat::Lost => Kept::Lost("the group coordinator no longer knows this worker".into()),
+            Heartbeat::Unreachable if !self.lease.valid() => Kept::Lost(format!(
+                "no successful heartbeat for {:?} (the session timeout is {:?})",
+                self.lease_length, self.cluster.session_timeout
+            )),
+            Heartbeat::Unreachable => Kept::Member { rejoin: false },
+        })
+    }
+
+    /// Waits for stopping tasks to end while heartbeating on schedule, so a slow stop never
+    /// costs the membership. If the membership is lost meanwhile, the tasks are told to
+    /// abort instead (nothing more is committed).
+    async fn wait_for(
+        &self,
+        membership: &mut Membership,
+        runner: &mut TaskRunner,
+        stopping: Stopping,
+    ) -> anyhow::Result<Kept> {
+        let mut kept = Kept::Member { rejoin: false };
+        let mut next_beat = Instant::now() + self.cluster.heartbeat_interval;
+        while !stopping.is_done() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            if Instant::now() >= next_beat && matches!(kept, Kept::Member { .. }) {
+                match self.beat(membership).await? {
+                    Kept::Member { rejoin } => {
+                        if let Kept::Member { rejoin: r } = &mut kept {
+                            *r |= rejoin;
+                        }
+                    }
+                    lost @ Kept::Lost(_) => {
+                        stopping.abort();
+                        kept = lost;
+                    }
+                }
+                next_beat = Instant::now() + self.cluster.heartbeat_interval;
+            }
+        }
+        runner.finish(stopping);
+        Ok(kept)
+    }
+}
+
 pub async fn run(
     cluster: &ClusterConfig,
     mut runner: TaskRunner,
@@ -60,15 +137,15 @@ pub async fn run(
             cluster.assignor
         )
     })?;
+    let stop_the_world = cluster.assignor == "eager";
     let worker_id = worker_id(&cluster.state_dir)?;
     anyhow::ensure!(
         (OLDEST_VERSION..=CURRENT_VERSION).contains(&cluster.metadata_version),
         "metadata version {} is not one this worker speaks ({OLDEST_VERSION} to {CURRENT_VERSION})",
         cluster.metadata_version
     );
-    let all = runner.all_tasks();
-    let stateful = runner.stateful();
     let ends = HashMap::new();
+    let topologies = runner.topology_infos();
     let mut membership = Membership::new(MembershipConfig {
         bootstrap: cluster.bootstrap.clone(),
         group: group_id(&cluster.name),
@@ -76,32 +153,74 @@ pub async fn run(
         session_timeout: cluster.session_timeout,
         rebalance_timeout: Duration::from_secs(60),
     });
+    let heartbeats = Heartbeats {
+        cluster,
+        lease: runner.lease().clone(),
+        lease_length: cluster
+            .session_timeout
+            .saturating_sub(lease_margin(cluster.session_timeout)),
+        timeout: (cluster.session_timeout / 4).max(Duration::from_millis(200)),
+    };
     tokio::pin!(shutdown);
     'member: loop {
+        if stop_the_world && !runner.owned().is_empty() {
+            // Eager rebalancing is stop-the-world: every task stops (and commits) before this
+            // member rejoins, so no task is ever active on two workers.
+            let running = runner.owned();
+            tracing::info!(
+                tasks = running.len(),
+                "eager rebalance: stopping every task before rejoining"
+            );
+            let stopping = runner.begin_stop(&running, false);
+            if let Kept::Lost(why) = heartbeats.wait_for(&mut membership, &mut runner, stopping).await? {
+                tracing::warn!(cluster = %cluster.name, "{why}: the tasks stopped without committing");
+            }
+        }
         let metadata = MemberMetadata {
             version: cluster.metadata_version,
             supported: cluster.metadata_version,
             worker_id,
             capacity: cluster.capacity,
-            active: runner.running(),
+            active: runner.owned(),
             standby: runner.standbys(),
             offset_sums: runner.local_offset_sums(),
+            topologies: Some(topologies.clone()),
+            failed: runner.failed(),
             ..Default::default()
         };
-        let assign = |members: &_| {
-            assignor.assign(&AssignorInput {
-                members,
-                tasks: &all,
-                stateful: &stateful,
-                end_offsets: &ends,
-                standby_replicas: cluster.standby_replicas,
-            })
+        // The leader places what the members say they run, not what it runs itself.
+        let assign = |members: &BTreeMap<String, MemberMetadata>| {
+            let placement = placement::plan(members, &topologies);
+            for problem in &placement.problems {
+                tracing::warn!(cluster = %cluster.name, "{problem}");
+            }
+            placement::assign(&*assignor, members, &placement, &ends, cluster.standby_replicas)
         };
         let joined = tokio::select! {
-            joined = membership.join(&metadata, assign) => joined?,
+            joined = membership.join(&metadata, assign) => joined,
             _ = &mut shutdown => break 'member,
         };
+        let joined = match joined {
+            Ok(joined) => joined,
+            Err(MembershipError::Lost { reason, call, .. }) => {
+                lose_membership(&mut runner, &format!("{call}: {reason}")).await;
+                continue 'member;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        heartbeats.lease.renew(joined.alive_at, heartbeats.lease_length);
         let a = joined.assignment;
+        if a.error != AssignmentError::None as i16 {
+            tracing::error!(
+                cluster = %cluster.name, error = a.error,
+                "the leader could not read this worker's metadata (a version it does not know?); no tasks for now, rejoining in 5s"
+            );
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+                _ = &mut shutdown => break 'member,
+            }
+            continue 'member;
+        }
         tracing::info!(
             cluster = %cluster.name, generation = joined.generation, leader = joined.leader,
             active = a.active.len(), standby = a.standby.len(), revoked = a.revoked.len(), rejoin = a.rejoin,
@@ -111,51 +230,79 @@ pub async fn run(
         // Revoked (and anything no longer ours) stops first: commit, flush, close. Standbys
         // no longer wanted (or promoted) stop next and checkpoint what they applied, so a
         // promoted task replays only the rest.
-        let stop: Vec<TaskId> = runner.running().into_iter().filter(|t| !a.active.contains(t)).collect();
+        let stop: Vec<TaskId> = runner.owned().into_iter().filter(|t| !a.active.contains(t)).collect();
         let stop_standby: Vec<TaskId> = runner
             .standbys()
             .into_iter()
             .filter(|t| !a.standby.contains(t))
             .collect();
-        tokio::task::block_in_place(|| {
-            runner.stop(&stop);
-            runner.stop_standbys(&stop_standby);
-        });
+        let stopping = runner.begin_stop(&stop, false);
+        if let Kept::Lost(why) = heartbeats.wait_for(&mut membership, &mut runner, stopping).await? {
+            lose_membership(&mut runner, &why).await;
+            continue 'member;
+        }
+        tokio::task::block_in_place(|| runner.stop_standbys(&stop_standby));
         runner.start(&a.active)?;
         runner.start_standbys(&a.standby)?;
         if a.rejoin {
             continue 'member;
         }
-        let mut last_heard = Instant::now();
+        let mut next_beat = Instant::now() + cluster.heartbeat_interval;
         loop {
+            let wake = next_beat.min(Instant::now() + super::REAP_EVERY);
             tokio::select! {
-                _ = tokio::time::sleep(cluster.heartbeat_interval) => {}
+                _ = tokio::time::sleep_until(wake.into()) => {}
                 _ = &mut shutdown => break 'member,
             }
-            match membership.heartbeat().await? {
-                Heartbeat::Alive => last_heard = Instant::now(),
-                Heartbeat::RejoinNeeded => continue 'member,
-                Heartbeat::Lost => {
-                    tracing::warn!(cluster = %cluster.name, "the group no longer knows this worker: stopping its tasks, rejoining");
-                    let all = runner.running();
-                    tokio::task::block_in_place(|| runner.stop(&all));
+            if runner.reap()?.rejoin {
+                tracing::warn!(cluster = %cluster.name, "a task was fenced by another owner: rejoining");
+                continue 'member;
+            }
+            if Instant::now() < next_beat {
+                continue;
+            }
+            next_beat = Instant::now() + cluster.heartbeat_interval;
+            match heartbeats.beat(&mut membership).await? {
+                Kept::Member { rejoin: false } => {}
+                Kept::Member { rejoin: true } => continue 'member,
+                Kept::Lost(why) => {
+                    lose_membership(&mut runner, &why).await;
                     continue 'member;
                 }
-                Heartbeat::Unreachable if last_heard.elapsed() > cluster.session_timeout => {
-                    // Others may own these tasks by now: stop before they could run twice.
-                    tracing::warn!(cluster = %cluster.name, "no successful heartbeat for the session timeout: stopping all tasks");
-                    let all = runner.running();
-                    tokio::task::block_in_place(|| runner.stop(&all));
-                    continue 'member;
-                }
-                Heartbeat::Unreachable => {}
             }
         }
     }
     tracing::info!("stopping: finishing batches in flight, flushing, committing, leaving the group");
+    // Still a member while the tasks finish: keep heartbeating so their commits hold.
+    let owned = runner.owned();
+    let stopping = runner.begin_stop(&owned, false);
+    if let Kept::Lost(why) = heartbeats.wait_for(&mut membership, &mut runner, stopping).await? {
+        tracing::warn!(cluster = %cluster.name, "{why} while stopping: the tasks stopped without committing");
+    }
     let report = tokio::task::block_in_place(|| runner.stop_all());
     if let Err(e) = membership.leave().await {
         tracing::warn!("leaving the group: {e}");
     }
     Ok(report)
+}
+
+/// How much earlier than the coordinator a member gives up its tasks: a fifth of the session
+/// timeout, at least 500 ms (at most half the session).
+fn lease_margin(session_timeout: Duration) -> Duration {
+    (session_timeout / 5)
+        .max(Duration::from_millis(500))
+        .min(session_timeout / 2)
+}
+
+/// Membership is lost: others may own these tasks already. Every task stops without
+/// committing, then the worker rejoins.
+async fn lose_membership(runner: &mut TaskRunner, why: &str) {
+    runner.lease().revoke();
+    let running = runner.owned();
+    tracing::warn!(
+        tasks = running.len(),
+        "{why}: stopping every task without committing, then rejoining"
+    );
+    let stopping = runner.begin_stop(&running, true);
+    tokio::task::block_in_place(|| runner.finish(stopping));
 }

@@ -5,17 +5,18 @@
 //! offsets are committed under a consumer group per topology (`sluice-<name>`), so a
 //! restarted worker resumes where the last one committed.
 
-mod changelog;
+pub mod changelog;
+pub mod control;
 pub mod delivery;
 pub mod group_runner;
+mod runner;
 pub mod standby;
 pub mod task;
 pub mod task_state;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,12 +27,14 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 
-use crate::group::TaskId;
 use crate::manifest::{Binding, Manifest};
 use crate::metrics::Metrics;
 use crate::runtime::{LoadedTopology, Runtime, RuntimeConfig};
+use control::Lease;
 use delivery::{DeliveryRouter, WorkerProducer};
-pub use task::{TaskError, TaskSettings, TaskSummary};
+pub use runner::{Stopping, TaskRunner, REAP_EVERY};
+pub use task::{Ended, Guarantee, TaskError, TaskSettings, TaskSummary};
+use task_state::Changelog;
 
 /// Everything a worker is started with.
 #[derive(Debug, Clone)]
@@ -49,6 +52,8 @@ pub struct WorkerConfig {
     pub state_block_cache: usize,
     /// Memtable budget shared by every store of the worker, in bytes.
     pub state_write_buffers: usize,
+    /// How changelog topics are created.
+    pub changelogs: changelog::ChangelogSettings,
 }
 
 impl WorkerConfig {
@@ -57,16 +62,13 @@ impl WorkerConfig {
             bootstrap: bootstrap.into(),
             manifests,
             metrics_addr: None,
-            tasks: TaskSettings {
-                batch_size: 500,
-                commit_interval: Duration::from_secs(1),
-                punctuate_interval: Duration::from_secs(1),
-            },
+            tasks: TaskSettings::default(),
             runtime: RuntimeConfig::default(),
             cluster: None,
             state_dir: PathBuf::from("sluice-state"),
             state_block_cache: 64 << 20,
             state_write_buffers: 64 << 20,
+            changelogs: changelog::ChangelogSettings::default(),
         }
     }
 }
@@ -83,8 +85,11 @@ pub struct DeployedTopology {
     pub loaded: LoadedTopology,
     pub binding: Binding,
     pub partitions: i32,
-    /// (store, changelog topic) for each declared store.
-    pub changelogs: Vec<(String, String)>,
+    /// The changelog of each declared store.
+    pub changelogs: Vec<Changelog>,
+    /// SHA-256 (first 16 bytes) of the component and its bindings: members compare it to
+    /// know they run the same topology.
+    pub digest: [u8; 16],
 }
 
 /// Loads and checks every manifest and component; the first problem is returned.
@@ -132,13 +137,28 @@ pub async fn run(
     }
 
     let bootstrap = config.bootstrap.clone();
-    let deployed = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<DeployedTopology>> {
+    let changelog_settings = config.changelogs;
+    let mut deployed = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<DeployedTopology>> {
         topologies
             .into_iter()
-            .map(|(m, loaded, binding)| deploy(&bootstrap, m, loaded, binding))
+            .map(|(m, loaded, binding)| deploy(&bootstrap, m, loaded, binding, changelog_settings))
             .collect()
     })
     .await??;
+    // Topic ids tell a changelog that was deleted and created again from the one a store
+    // was restored from.
+    let topics: Vec<String> = deployed
+        .iter()
+        .flat_map(|t| t.changelogs.iter().map(|c| c.topic.clone()))
+        .collect();
+    if !topics.is_empty() {
+        let ids = crate::group::connection::topic_ids(&config.bootstrap, &topics)
+            .await
+            .context("looking up the ids of the changelog topics")?;
+        for changelog in deployed.iter_mut().flat_map(|t| t.changelogs.iter_mut()) {
+            changelog.topic_id = ids.get(&changelog.topic).cloned().unwrap_or_default();
+        }
+    }
 
     let producer: Arc<WorkerProducer> = Arc::new(
         base_config(&config.bootstrap)
@@ -153,27 +173,36 @@ pub async fn run(
         dir: config.state_dir.clone(),
         memory: crate::state::rocks::SharedMemory::new(config.state_block_cache, config.state_write_buffers),
     });
-    let mut runner = TaskRunner {
-        producer: producer.clone(),
-        settings: config.tasks.clone(),
-        metrics: metrics.clone(),
-        bootstrap: config.bootstrap.clone(),
-        state: state.clone(),
-        topologies: deployed.into_iter().map(|t| (t.name.clone(), Arc::new(t))).collect(),
-        running: BTreeMap::new(),
-        standbys: BTreeMap::new(),
-        finished: WorkerReport::default(),
-    };
-    for (name, t) in runner.topologies.clone() {
-        tracing::info!(topology = %name, partitions = t.partitions, sources = ?t.binding.source_topics, sinks = ?t.binding.sink_topics, "deployed");
+    let lease = Arc::new(if config.cluster.is_some() {
+        Lease::expired()
+    } else {
+        Lease::forever()
+    });
+    for t in &deployed {
+        tracing::info!(topology = %t.name, partitions = t.partitions, sources = ?t.binding.source_topics, sinks = ?t.binding.sink_topics, "deployed");
     }
+    let mut runner = TaskRunner::new(
+        lease,
+        producer.clone(),
+        config.tasks.clone(),
+        metrics.clone(),
+        config.bootstrap.clone(),
+        state,
+        deployed,
+    );
 
     let report = match &config.cluster {
         None => {
             // Alone: this worker owns every task.
             let all = runner.all_tasks();
             runner.start(&all)?;
-            shutdown.await;
+            tokio::pin!(shutdown);
+            loop {
+                tokio::select! {
+                    _ = &mut shutdown => break,
+                    _ = tokio::time::sleep(REAP_EVERY) => { runner.reap()?; }
+                }
+            }
             tracing::info!("stopping: finishing batches in flight, flushing, committing");
             tokio::task::spawn_blocking(move || runner.stop_all()).await?
         }
@@ -191,151 +220,6 @@ pub async fn run(
     Ok(report)
 }
 
-/// A task thread and the flag that asks it to stop.
-type RunningTask = (Arc<AtomicBool>, std::thread::JoinHandle<Result<TaskSummary, TaskError>>);
-
-/// Starts and stops task threads; knows every deployed topology.
-pub struct TaskRunner {
-    producer: Arc<WorkerProducer>,
-    settings: TaskSettings,
-    metrics: Metrics,
-    bootstrap: String,
-    state: Arc<task_state::StateEnv>,
-    topologies: BTreeMap<String, Arc<DeployedTopology>>,
-    running: BTreeMap<TaskId, RunningTask>,
-    standbys: BTreeMap<TaskId, RunningStandby>,
-    finished: WorkerReport,
-}
-
-/// A standby thread and the flag that asks it to stop.
-type RunningStandby = (Arc<AtomicBool>, std::thread::JoinHandle<Result<u64, String>>);
-
-impl TaskRunner {
-    /// Every task of every deployed topology.
-    pub fn all_tasks(&self) -> Vec<TaskId> {
-        self.topologies
-            .values()
-            .flat_map(|t| (0..t.partitions as u32).map(|p| TaskId::new(&t.name, p)))
-            .collect()
-    }
-
-    /// Topologies whose tasks keep state.
-    pub fn stateful(&self) -> std::collections::HashSet<Arc<str>> {
-        self.topologies
-            .values()
-            .filter(|t| !t.changelogs.is_empty())
-            .map(|t| Arc::from(t.name.as_str()))
-            .collect()
-    }
-
-    /// The tasks running now.
-    pub fn running(&self) -> Vec<TaskId> {
-        self.running.keys().cloned().collect()
-    }
-
-    pub fn start(&mut self, tasks: &[TaskId]) -> anyhow::Result<()> {
-        for task in tasks {
-            if self.running.contains_key(task) {
-                continue;
-            }
-            let Some(topology) = self.topologies.get(&*task.topology).cloned() else {
-                tracing::warn!(%task, "assigned a task of a topology this worker does not run");
-                continue;
-            };
-            let stop = Arc::new(AtomicBool::new(false));
-            let ctx = task::TaskContext {
-                topology,
-                partition: task.partition as i32,
-                producer: self.producer.clone(),
-                settings: self.settings.clone(),
-                stop: stop.clone(),
-                metrics: self.metrics.clone(),
-                bootstrap: self.bootstrap.clone(),
-                state: self.state.clone(),
-            };
-            let name = format!("task-{}-{}", task.topology, task.partition);
-            let handle = std::thread::Builder::new().name(name).spawn(move || task::run(ctx))?;
-            self.running.insert(task.clone(), (stop, handle));
-        }
-        Ok(())
-    }
-
-    /// Stops tasks cleanly (finish the batch, flush, commit, close) and waits for them.
-    pub fn stop(&mut self, tasks: &[TaskId]) {
-        let mut stopping = Vec::new();
-        for task in tasks {
-            if let Some((stop, handle)) = self.running.remove(task) {
-                stop.store(true, Ordering::Relaxed);
-                stopping.push((task.clone(), handle));
-            }
-        }
-        for (task, handle) in stopping {
-            let id = task.to_string();
-            match handle.join() {
-                Ok(Ok(summary)) => self.finished.stopped.push((id, summary)),
-                Ok(Err(e)) => self.finished.failed.push((id, e.to_string())),
-                Err(_) => self.finished.failed.push((id, "the task thread panicked".to_string())),
-            }
-        }
-    }
-
-    pub fn stop_all(mut self) -> WorkerReport {
-        let all = self.running();
-        self.stop(&all);
-        let standbys = self.standbys();
-        self.stop_standbys(&standbys);
-        self.finished
-    }
-
-    /// The standby tasks running now.
-    pub fn standbys(&self) -> Vec<TaskId> {
-        self.standbys.keys().cloned().collect()
-    }
-
-    /// Offset sums of the local state of every task this worker has state for.
-    pub fn local_offset_sums(&self) -> Vec<(TaskId, i64)> {
-        let topologies: Vec<Arc<DeployedTopology>> = self.topologies.values().cloned().collect();
-        standby::local_offset_sums(&self.state.dir, &topologies)
-    }
-
-    pub fn start_standbys(&mut self, tasks: &[TaskId]) -> anyhow::Result<()> {
-        for task in tasks {
-            if self.standbys.contains_key(task) || self.running.contains_key(task) {
-                continue;
-            }
-            let Some(topology) = self.topologies.get(&*task.topology).cloned() else {
-                continue;
-            };
-            let stop = Arc::new(AtomicBool::new(false));
-            let (flag, bootstrap, state, partition) =
-                (stop.clone(), self.bootstrap.clone(), self.state.clone(), task.partition);
-            let name = format!("standby-{}-{}", task.topology, task.partition);
-            let handle = std::thread::Builder::new()
-                .name(name)
-                .spawn(move || standby::run(topology, partition as i32, &bootstrap, &state, &flag))?;
-            self.standbys.insert(task.clone(), (stop, handle));
-        }
-        Ok(())
-    }
-
-    pub fn stop_standbys(&mut self, tasks: &[TaskId]) {
-        let mut stopping = Vec::new();
-        for task in tasks {
-            if let Some((stop, handle)) = self.standbys.remove(task) {
-                stop.store(true, Ordering::Relaxed);
-                stopping.push((task.clone(), handle));
-            }
-        }
-        for (task, handle) in stopping {
-            match handle.join() {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => tracing::warn!(%task, "standby failed: {e}"),
-                Err(_) => tracing::warn!(%task, "standby thread panicked"),
-            }
-        }
-    }
-}
-
 /// How the worker's tasks ended.
 #[derive(Debug, Default)]
 pub struct WorkerReport {
@@ -343,7 +227,7 @@ pub struct WorkerReport {
     pub failed: Vec<(String, String)>,
 }
 
-fn base_config(bootstrap: &str) -> ClientConfig {
+pub(crate) fn base_config(bootstrap: &str) -> ClientConfig {
     let mut config = ClientConfig::new();
     config
         .set("bootstrap.servers", bootstrap)
@@ -363,6 +247,7 @@ pub(crate) fn source_consumer(
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
         .set("enable.partition.eof", "false")
+        .set("isolation.level", "read_committed")
         .set("fetch.wait.max.ms", "100")
         .create_with_context(ConsumerEvents)
 }
@@ -373,6 +258,7 @@ fn deploy(
     manifest: Manifest,
     loaded: LoadedTopology,
     binding: Binding,
+    changelog_settings: changelog::ChangelogSettings,
 ) -> anyhow::Result<DeployedTopology> {
     // Used here for metadata only; each task creates its own (see task.rs).
     let consumer = source_consumer(bootstrap, &manifest.name).context("creating the consumer")?;
@@ -401,15 +287,44 @@ fn deploy(
         }
     }
     let (_, partitions) = partitions.expect("a topology has at least one source");
-    let changelogs = changelog::ensure_changelogs(bootstrap, &manifest.name, &loaded.description().stores, partitions)
-        .map_err(|e| anyhow::anyhow!("topology {} (manifest {}): {e:#}", manifest.name, manifest.path))?;
+    let digest = topology_digest(&manifest, &binding, &loaded.description().stores)?;
+    let changelogs = changelog::ensure_changelogs(
+        bootstrap,
+        &manifest.name,
+        &loaded.description().stores,
+        partitions,
+        changelog_settings,
+    )
+    .map_err(|e| anyhow::anyhow!("topology {} (manifest {}): {e:#}", manifest.name, manifest.path))?;
     Ok(DeployedTopology {
         name: manifest.name,
         loaded,
         binding,
         partitions,
         changelogs,
+        digest,
     })
+}
+
+/// What makes two deployments of a topology the same: the component's bytes and the topics
+/// and stores it is bound to.
+fn topology_digest(manifest: &Manifest, binding: &Binding, stores: &[String]) -> anyhow::Result<[u8; 16]> {
+    use sha2::{Digest, Sha256};
+    let bytes = std::fs::read(&manifest.component)
+        .with_context(|| format!("reading component {}", manifest.component.display()))?;
+    let mut hash = Sha256::new();
+    hash.update(&bytes);
+    for list in [&binding.source_topics, &binding.sink_topics, &stores.to_vec()] {
+        hash.update((list.len() as u64).to_le_bytes());
+        for item in list.iter() {
+            hash.update((item.len() as u64).to_le_bytes());
+            hash.update(item.as_bytes());
+        }
+    }
+    let full = hash.finalize();
+    let mut digest = [0u8; 16];
+    digest.copy_from_slice(&full[..16]);
+    Ok(digest)
 }
 
 fn partition_count(consumer: &BaseConsumer<ConsumerEvents>, topic: &str) -> Result<i32, String> {

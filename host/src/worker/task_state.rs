@@ -1,33 +1,39 @@
-//! A task's state stores on the worker: restored from their changelogs before the task
-//! processes, flushed to RocksDB and the changelog at every commit, and vouched for by a
-//! checkpoint of changelog offsets.
+//! A task's state stores on the worker: validated against their changelogs, restored before
+//! the task processes, and committed together with the marker that vouches for them.
 //!
-//! The commit protocol (at-least-once), and where a crash can fall:
+//! Each store's RocksDB holds a marker beside its data (see `state::rocks`): the changelog
+//! topic and its id, and the next changelog offset. Data and marker are written in one
+//! atomic batch, so local state never runs ahead of what vouches for it.
 //!
-//! 1. The write cache goes to RocksDB (one batch, WAL on) and to the changelog.
-//!    *Crash here:* RocksDB may hold writes the changelog lacks, and the checkpoint is the
-//!    previous one. On restart the changelog is replayed from that checkpoint over RocksDB;
-//!    the source records behind the extra writes were not committed, so they are processed
-//!    again: counts may run ahead of the truth (at-least-once), never behind.
-//! 2. The producer is flushed: outputs and changelog records are acknowledged.
-//!    *Crash here:* as above; the changelog now holds the writes, so the replay restores them.
-//! 3. Source offsets are committed.
-//!    *Crash here:* the checkpoint is stale, so restart replays more of the changelog than
-//!    needed; replaying puts and deletes in order is idempotent.
-//! 4. The checkpoint (changelog offsets) is written atomically.
+//! The commit protocol, and where a crash can fall:
 //!
-//! A task that finds no checkpoint cannot trust its local state and rebuilds it from the
-//! beginning of the changelog.
+//! 1. Outputs and the store's writes since the last commit go to Kafka (under exactly-once,
+//!    in the task's transaction). Nothing has reached RocksDB yet.
+//!    *Crash here:* RocksDB and its marker are as of the last commit; the records produced
+//!    are either replayed from the changelog (at-least-once: their source records are
+//!    processed again, so counts may run ahead of the truth, never behind) or aborted
+//!    (exactly-once: the restart sees none of it).
+//! 2. Everything produced is acknowledged, and source offsets are committed (exactly-once:
+//!    the transaction commits, offsets included).
+//!    *Crash here:* RocksDB is behind the changelog; the restart replays the changelog from
+//!    the marker and the state is exact.
+//! 3. The writes and the new marker go to RocksDB in one batch (WAL on).
+//!
+//! A store whose marker cannot be trusted — none, another topic id (the changelog was
+//! re-created), an offset outside the changelog — is wiped and rebuilt from the changelog.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+
+use rocksdb::DB;
 
 use crate::metrics::{Metrics, StoreLabels};
 use crate::runtime::NamedStore;
 use crate::state::checkpoint::{self, Checkpoint};
 use crate::state::restore::ChangelogReader;
-use crate::state::rocks::{self, RocksStore, SharedMemory};
+use crate::state::rocks::{self, Marker, RocksStore, SharedMemory};
 
 /// Where a worker keeps state, and the memory its stores share.
 pub struct StateEnv {
@@ -40,17 +46,109 @@ pub fn task_dir(state_dir: &Path, topology: &str, partition: i32) -> PathBuf {
     state_dir.join(topology).join(partition.to_string())
 }
 
-/// A task's checkpoint and the changelog topic of each store (in declaration order).
+/// A store's changelog topic and its id (empty when the cluster did not say).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Changelog {
+    pub store: String,
+    pub topic: String,
+    pub topic_id: String,
+}
+
+/// A store opened and checked against its changelog, positioned where its data ends.
+pub struct OpenedStore {
+    pub db: Arc<DB>,
+    pub reader: ChangelogReader,
+}
+
+/// Opens one store of a task and checks its marker against the changelog. A store that
+/// cannot be trusted is wiped (with a log line saying why) and read from the beginning.
+pub fn open_store(
+    env: &StateEnv,
+    bootstrap: &str,
+    task: &str,
+    dir: &Path,
+    changelog: &Changelog,
+    partition: i32,
+) -> Result<OpenedStore, String> {
+    let path = dir.join(&changelog.store);
+    let mut db = rocks::open(&path, &env.memory)?;
+    let mut reader = ChangelogReader::new(bootstrap, &changelog.topic, partition)?;
+    let (low, high) = reader.bounds();
+    let marker = rocks::read_marker(&db)?;
+    let distrust = distrust(
+        marker.as_ref(),
+        !rocks::is_empty(&db),
+        changelog,
+        partition,
+        (low, high),
+    );
+    let from = match (&marker, &distrust) {
+        (Some(m), None) => m.next_offset,
+        _ => low,
+    };
+    if let Some(why) = distrust {
+        tracing::warn!(task, store = %changelog.store, "wiping the local store and rebuilding it from the changelog: {why}");
+        drop(db);
+        std::fs::remove_dir_all(&path).map_err(|e| format!("removing {}: {e}", path.display()))?;
+        db = rocks::open(&path, &env.memory)?;
+    }
+    reader.seek(from)?;
+    Ok(OpenedStore {
+        db: Arc::new(db),
+        reader,
+    })
+}
+
+/// Why a store's local data cannot be trusted, if it cannot: `marker` is what the store says
+/// it holds, `bounds` the changelog partition's first offset and end.
+pub fn distrust(
+    marker: Option<&Marker>,
+    has_data: bool,
+    changelog: &Changelog,
+    partition: i32,
+    (low, high): (i64, i64),
+) -> Option<String> {
+    match marker {
+        None if !has_data => None,
+        None => Some("it has data but no marker of the changelog offset it holds".to_string()),
+        Some(m) if m.topic != changelog.topic => Some(format!(
+            "it was restored from changelog {:?}, not {:?}",
+            m.topic, changelog.topic
+        )),
+        Some(m) if !m.topic_id.is_empty() && !changelog.topic_id.is_empty() && m.topic_id != changelog.topic_id => {
+            Some(format!(
+                "changelog {} was deleted and created again (topic id {} in the store, {} in the cluster)",
+                changelog.topic, m.topic_id, changelog.topic_id
+            ))
+        }
+        Some(m) if m.next_offset > high => Some(format!(
+            "it holds changelog offsets up to {} but changelog {}/{partition} ends at {high}",
+            m.next_offset, changelog.topic
+        )),
+        Some(m) if m.next_offset < low => Some(format!(
+            "it holds changelog offsets up to {} but changelog {}/{partition} now starts at {low}",
+            m.next_offset, changelog.topic
+        )),
+        Some(_) => None,
+    }
+}
+
+/// A task's stores and the changelog of each (in declaration order).
 pub struct TaskState {
-    checkpoint_path: PathBuf,
-    checkpoint: Checkpoint,
-    /// (store name, changelog topic)
-    changelogs: Vec<(String, String)>,
+    dir: PathBuf,
+    changelogs: Vec<Changelog>,
+}
+
+/// How opening a task's state ended.
+pub enum Opened {
+    Ready(TaskState, Vec<NamedStore>),
+    /// `stop` was set while restoring.
+    Stopped,
 }
 
 impl TaskState {
-    /// Opens and restores every store of a task (each restoration is logged). Returns the
-    /// stores for the instance.
+    /// Opens and restores every store of a task (each restoration is logged and measured),
+    /// checking `stop` between batches. Returns the stores for the instance.
     #[allow(clippy::too_many_arguments)]
     pub fn open(
         env: &StateEnv,
@@ -58,27 +156,16 @@ impl TaskState {
         topology: &str,
         task: &str,
         partition: i32,
-        changelogs: Vec<(String, String)>,
+        changelogs: Vec<Changelog>,
         metrics: &Metrics,
-    ) -> Result<(TaskState, Vec<NamedStore>), String> {
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Opened, String> {
         let dir = task_dir(&env.dir, topology, partition);
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating state directory {}: {e}", dir.display()))?;
-        let checkpoint_path = dir.join("checkpoint.json");
-        let old = checkpoint::read(&checkpoint_path)?;
-        // From here until the next commit the local state may change without a checkpoint
-        // vouching for it; a crash in between must not trust it.
-        checkpoint::remove(&checkpoint_path)?;
         let mut stores = Vec::new();
-        let mut fresh = Checkpoint::new();
-        for (store, changelog) in &changelogs {
-            let path = dir.join(store);
-            let from = old.as_ref().and_then(|c| c.get(store).copied());
-            if from.is_none() && path.exists() {
-                tracing::info!(task = %task, store = %store, "no checkpoint vouches for the local state; rebuilding it from the changelog");
-                std::fs::remove_dir_all(&path).map_err(|e| format!("removing {}: {e}", path.display()))?;
-            }
-            let db = Arc::new(rocks::open(&path, &env.memory)?);
-            let mut reader = ChangelogReader::new(bootstrap, changelog, partition, from)?;
+        for changelog in &changelogs {
+            let store = &changelog.store;
+            let OpenedStore { db, mut reader } = open_store(env, bootstrap, task, &dir, changelog, partition)?;
             let start = reader.position();
             let labels = StoreLabels {
                 topology: topology.into(),
@@ -88,9 +175,9 @@ impl TaskState {
             let counter = metrics.restored_records.get_or_create(&labels).clone();
             let mut reported = 0;
             if reader.end() > start {
-                tracing::info!(task = %task, store = %store, changelog = %changelog, from = start, to = reader.end(), "restoring");
+                tracing::info!(task = %task, store = %store, changelog = %changelog.topic, from = start, to = reader.end(), "restoring");
             }
-            let progress = reader.restore_into(&db, |p| {
+            let progress = reader.restore_into(&db, &changelog.topic_id, stop, |p| {
                 counter.inc_by(p.restored - reported);
                 reported = p.restored;
                 metrics
@@ -111,52 +198,132 @@ impl TaskState {
                     );
                 }
             })?;
+            let Some(progress) = progress else {
+                tracing::info!(task = %task, store = %store, at = reader.position(), "stopped while restoring; what was restored is kept");
+                return Ok(Opened::Stopped);
+            };
             tracing::info!(
                 task = %task, store = %store, from_offset = start, records = progress.restored,
                 mb = %format!("{:.1}", progress.bytes as f64 / 1e6),
                 seconds = %format!("{:.2}", progress.elapsed.as_secs_f64()),
                 "restored {} records", progress.restored
             );
-            fresh.insert(store.clone(), reader.position());
             stores.push(NamedStore {
                 name: store.clone(),
                 store: Box::new(RocksStore::new(store, db)),
             });
         }
-        checkpoint::write(&checkpoint_path, &fresh)?;
-        Ok((
-            TaskState {
-                checkpoint_path,
-                checkpoint: fresh,
-                changelogs,
-            },
-            stores,
-        ))
+        let state = TaskState { dir, changelogs };
+        state.write_offsets_hint(&mut stores)?;
+        Ok(Opened::Ready(state, stores))
     }
 
-    /// The changelog topic of each store, by store name.
-    pub fn changelog(&self, store: &str) -> Option<&str> {
-        self.changelogs
-            .iter()
-            .find(|(s, _)| s == store)
-            .map(|(_, t)| t.as_str())
+    /// The changelog of a store.
+    pub fn changelog(&self, store: &str) -> Option<&Changelog> {
+        self.changelogs.iter().find(|c| c.store == store)
     }
 
-    /// Step 4: records the changelog offsets the local state now contains.
-    pub fn write_checkpoint(&mut self, acknowledged: impl Fn(&str) -> Option<i64>) -> Result<(), String> {
-        let mut changed = false;
-        for (store, changelog) in &self.changelogs {
-            if let Some(offset) = acknowledged(changelog) {
-                let next = offset + 1;
-                if self.checkpoint.get(store) != Some(&next) {
-                    self.checkpoint.insert(store.clone(), next);
-                    changed = true;
+    /// Step 3: moves each store's writes into RocksDB with its new marker. `acknowledged`
+    /// gives the highest acknowledged offset of a changelog topic (none: nothing new).
+    pub fn commit(&self, stores: &mut [NamedStore], acknowledged: impl Fn(&str) -> Option<i64>) -> Result<(), String> {
+        let mut committed = false;
+        for named in stores.iter_mut() {
+            let Some(store) = named.store.as_any().downcast_mut::<RocksStore>() else {
+                continue;
+            };
+            let changelog = self
+                .changelog(&named.name)
+                .ok_or_else(|| format!("store {} has no changelog", named.name))?;
+            let Some(offset) = acknowledged(&changelog.topic) else {
+                continue;
+            };
+            let marker = Marker {
+                topic: changelog.topic.clone(),
+                topic_id: changelog.topic_id.clone(),
+                next_offset: offset + 1,
+            };
+            store.commit(&marker)?;
+            committed = true;
+        }
+        if committed {
+            self.write_offsets_hint(stores)?;
+        }
+        Ok(())
+    }
+
+    /// Drops every store's writes since the last commit (stopping without a commit).
+    pub fn discard(&self, stores: &mut [NamedStore]) {
+        for named in stores.iter_mut() {
+            if let Some(store) = named.store.as_any().downcast_mut::<RocksStore>() {
+                store.discard();
+            }
+        }
+    }
+
+    /// Writes `checkpoint.json`: each store's changelog position, read by the worker (without
+    /// opening RocksDB) to tell the group how warm its local state is. A hint only: what
+    /// state is trusted is decided by the markers inside the stores.
+    fn write_offsets_hint(&self, stores: &mut [NamedStore]) -> Result<(), String> {
+        let mut hint = Checkpoint::new();
+        for named in stores.iter_mut() {
+            if let Some(store) = named.store.as_any().downcast_mut::<RocksStore>() {
+                if let Some(marker) = rocks::read_marker(store.db())? {
+                    hint.insert(named.name.clone(), marker.next_offset);
                 }
             }
         }
-        if changed || !self.checkpoint_path.exists() {
-            checkpoint::write(&self.checkpoint_path, &self.checkpoint)?;
+        checkpoint::write(&self.dir.join("checkpoint.json"), &hint)
+    }
+}
+
+/// Changelog positions of every store, by store name, read from the hint file.
+pub fn offsets_hint(dir: &Path) -> Option<BTreeMap<String, i64>> {
+    checkpoint::read(&dir.join("checkpoint.json")).ok().flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn changelog(id: &str) -> Changelog {
+        Changelog {
+            store: "counts".into(),
+            topic: "t-counts-changelog".into(),
+            topic_id: id.into(),
         }
-        Ok(())
+    }
+
+    fn marker(id: &str, next_offset: i64) -> Marker {
+        Marker {
+            topic: "t-counts-changelog".into(),
+            topic_id: id.into(),
+            next_offset,
+        }
+    }
+
+    #[test]
+    fn a_store_is_trusted_only_when_its_marker_matches_the_changelog() {
+        let c = changelog("A");
+        let trusted = |m: Option<Marker>, data: bool, bounds| distrust(m.as_ref(), data, &c, 0, bounds);
+        assert_eq!(
+            trusted(None, false, (0, 100)),
+            None,
+            "an empty store restores from the start"
+        );
+        assert_eq!(trusted(Some(marker("A", 50)), true, (0, 100)), None);
+        assert_eq!(trusted(Some(marker("A", 100)), true, (0, 100)), None, "caught up");
+        assert_eq!(
+            trusted(Some(marker("", 50)), true, (0, 100)),
+            None,
+            "an id unknown then"
+        );
+        let why = |m: Option<Marker>, data: bool, bounds| trusted(m, data, bounds).expect("distrusted");
+        assert!(why(None, true, (0, 100)).contains("no marker"));
+        assert!(why(Some(marker("B", 50)), true, (0, 100)).contains("deleted and created again"));
+        assert!(why(Some(marker("A", 101)), true, (0, 100)).contains("ends at 100"));
+        assert!(why(Some(marker("A", 10)), true, (20, 100)).contains("now starts at 20"));
+        let mut other = marker("A", 5);
+        other.topic = "elsewhere".into();
+        assert!(why(Some(other), true, (0, 100)).contains("not \"t-counts-changelog\""));
     }
 }

@@ -33,7 +33,7 @@ fn metadata(version: u16, active: &[TaskId]) -> MemberMetadata {
 async fn until_rejoin_needed(member: &mut Membership) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        match member.heartbeat().await? {
+        match member.heartbeat(Duration::from_secs(5)).await? {
             Heartbeat::RejoinNeeded => return Ok(()),
             Heartbeat::Alive | Heartbeat::Unreachable => {
                 anyhow::ensure!(tokio::time::Instant::now() < deadline, "no rebalance within 30s")
@@ -90,7 +90,18 @@ async fn a_new_and_an_old_worker_share_a_group_and_only_moved_tasks_are_revoked(
     // Both rejoin: the revoked six go to B, nothing else moves.
     let kept = second_a.assignment.active.clone();
     let a_meta = metadata(2, &kept);
-    let (third_a, third_b) = tokio::join!(a.join(&a_meta, assign), b.join(&b_meta, assign));
+    let (third_a, third_b) = tokio::join!(a.join(&a_meta, assign), async {
+        // A follower whose JoinGroup reaches a stable group with unchanged metadata is handed
+        // the current generation back; like a worker, it then learns of the leader's
+        // rebalance by heartbeat and joins again.
+        loop {
+            let joined = b.join(&b_meta, assign).await?;
+            if joined.generation > second_b.generation {
+                return anyhow::Ok(joined);
+            }
+            until_rejoin_needed(&mut b).await?;
+        }
+    });
     let (third_a, third_b) = (third_a?, third_b?);
     assert_eq!(third_a.assignment.active, kept, "A's remaining tasks did not move");
     let mut handed: Vec<TaskId> = second_a.assignment.revoked.clone();

@@ -1,8 +1,12 @@
 //! All integration tests, one module per area (one binary keeps linking time down).
 
+mod brokers;
 mod cluster;
+mod consistency;
 mod group;
 mod kafka_roundtrip;
+mod kills;
+mod ownership;
 mod runtime;
 mod state;
 mod worker;

@@ -1,8 +1,13 @@
 //! One task — a topology on one input partition — on its own thread: poll a batch, call the
-//! guest, produce what it emits, and commit source offsets once those records are
-//! acknowledged (at-least-once).
+//! guest, produce what it emits, and commit (see `task_state` for the commit protocol and
+//! `output` for the producer layout under each guarantee).
+//!
+//! A task processes and commits only while the worker's membership lease is valid (see
+//! `control`); asked to abort, it stops without committing anything more.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+mod output;
+mod source;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,12 +17,13 @@ use rdkafka::{Offset, TopicPartitionList};
 use sluice_guest::wire::{self, Header, Writer, INHERIT_TIMESTAMP};
 use sluice_guest::TaskInfo;
 
-use super::delivery::{self, DeliveryTracker, Outgoing, WorkerProducer};
-use super::task_state::{StateEnv, TaskState};
+use super::control::{Lease, Request, TaskControl};
+use super::delivery::{DeliveryTracker, Outgoing, WorkerProducer};
+use super::task_state::{Opened, StateEnv, TaskState};
 use super::{ConsumerEvents, DeployedTopology};
 use crate::metrics::{ErrorLabels, Metrics, TaskLabels};
 use crate::runtime::{CallOutput, GuestFault, TaskInstance};
-use crate::state::rocks::RocksStore;
+pub use output::{Guarantee, TaskOutput, TransactionError};
 
 /// How long a commit waits for the task's produced records to be acknowledged.
 const DELIVERY_TIMEOUT: Duration = Duration::from_secs(120);
@@ -28,6 +34,22 @@ pub struct TaskSettings {
     pub batch_size: usize,
     pub commit_interval: Duration,
     pub punctuate_interval: Duration,
+    pub guarantee: Guarantee,
+    /// A task whose position did not move re-commits it this often, so the broker never
+    /// expires the offsets of an idle partition.
+    pub idle_commit_interval: Duration,
+}
+
+impl Default for TaskSettings {
+    fn default() -> Self {
+        TaskSettings {
+            batch_size: 500,
+            commit_interval: Duration::from_secs(1),
+            punctuate_interval: Duration::from_secs(1),
+            guarantee: Guarantee::AtLeastOnce,
+            idle_commit_interval: Duration::from_secs(1),
+        }
+    }
 }
 
 /// Why a task stopped. Each message names the task, where it was, and the cause.
@@ -43,6 +65,8 @@ pub enum TaskError {
     Produce { task: String, detail: String },
     #[error("task {task} failed: state: {detail}")]
     State { task: String, detail: String },
+    #[error("task {task} failed: {detail}")]
+    Transaction { task: String, detail: String },
 }
 
 impl TaskError {
@@ -51,6 +75,7 @@ impl TaskError {
             TaskError::Guest { fault, .. } => fault.kind(),
             TaskError::Produce { .. } => "produce",
             TaskError::State { .. } => "state",
+            TaskError::Transaction { .. } => "transaction",
         }
     }
 }
@@ -59,20 +84,35 @@ impl TaskError {
 pub struct TaskContext {
     pub topology: Arc<DeployedTopology>,
     pub partition: i32,
+    /// The worker's shared producer (used under at-least-once).
     pub producer: Arc<WorkerProducer>,
     pub settings: TaskSettings,
-    pub stop: Arc<AtomicBool>,
+    pub control: Arc<TaskControl>,
+    pub lease: Arc<Lease>,
     pub metrics: Metrics,
     pub bootstrap: String,
     /// Where stateful topologies keep their stores.
     pub state: Arc<StateEnv>,
 }
 
-/// What a task did before it stopped cleanly.
+/// What a task did before it stopped.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct TaskSummary {
     pub records_in: u64,
     pub records_out: u64,
+    pub ended: Ended,
+}
+
+/// How a task that did not fail ended.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// Asked to stop: it finished its batch, committed and closed the guest.
+    #[default]
+    Stopped,
+    /// Stopped without committing (asked to abort, its lease ran out, or it was fenced).
+    Aborted,
+    /// Asked to stop before it had started processing (while restoring, for example).
+    BeforeStart,
 }
 
 struct Task {
@@ -83,8 +123,9 @@ struct Task {
     info: TaskInfo,
     instance: TaskInstance,
     tracker: Arc<DeliveryTracker>,
-    /// Changelog records in flight; remembers acknowledged offsets for the checkpoint.
+    /// Changelog records in flight; remembers acknowledged offsets for the store markers.
     changelog_tracker: Arc<DeliveryTracker>,
+    output: TaskOutput,
     state: Option<TaskState>,
     writer: Writer,
     /// (source index, offset) of each record in the current batch.
@@ -94,10 +135,22 @@ struct Task {
     committed: Vec<Option<i64>>,
     stream_time: i64,
     last_commit: Instant,
+    /// When source offsets were last committed (idle partitions re-commit theirs).
+    last_offsets_commit: Instant,
     last_punctuate: Instant,
     last_punctuate_stream: i64,
     summary: TaskSummary,
     counters: Counters,
+}
+
+/// How a commit went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Commit {
+    Done,
+    /// The lease was not valid: nothing was committed.
+    Skipped,
+    /// Another producer took the task's transactional id: nothing was committed, ever will be.
+    Fenced,
 }
 
 /// This task's metric handles, looked up once.
@@ -118,10 +171,27 @@ pub fn run(ctx: TaskContext) -> Result<TaskSummary, TaskError> {
     };
     ctx.metrics.task_failed.get_or_create(&labels).set(0);
     let metrics = ctx.metrics.clone();
+    // The first thing a task does; tests check ownership intervals from here to "stopped".
+    tracing::info!(task = %id, "starting");
 
     metrics.tasks_running.inc();
-    let result = Task::start(ctx, id.clone(), &labels).and_then(Task::run_until_stopped);
+    let result = Task::start(ctx, id.clone(), &labels).and_then(|task| match task {
+        Some(task) => task.run_until_stopped(),
+        None => {
+            tracing::info!(task = %id, "stopped before it started processing");
+            Ok(TaskSummary {
+                ended: Ended::BeforeStart,
+                ..Default::default()
+            })
+        }
+    });
     metrics.tasks_running.dec();
+    let outcome = match &result {
+        Ok(summary) => format!("{:?}", summary.ended),
+        Err(e) => format!("failed ({})", e.kind()),
+    };
+    // The last thing a task does: from "starting" to here it may touch the task's state.
+    tracing::info!(task = %id, outcome = %outcome, "ended");
 
     if let Err(e) = &result {
         tracing::error!(task = %id, "{e}");
@@ -140,8 +210,12 @@ pub fn run(ctx: TaskContext) -> Result<TaskSummary, TaskError> {
 }
 
 impl Task {
-    fn start(ctx: TaskContext, id: String, labels: &TaskLabels) -> Result<Task, TaskError> {
+    /// Prepares a task: its producer (under exactly-once, fencing the previous owner first),
+    /// its restored state, its guest instance and its consumer. None: asked to stop first.
+    fn start(ctx: TaskContext, id: String, labels: &TaskLabels) -> Result<Option<Task>, TaskError> {
         let topology = &ctx.topology;
+        let control = ctx.control.clone();
+        let stopping = move || control.stopping();
         let info = TaskInfo {
             topology: topology.name.clone(),
             task_id: id.clone(),
@@ -149,10 +223,23 @@ impl Task {
             source_topics: topology.binding.source_topics.clone(),
             sink_topics: topology.binding.sink_topics.clone(),
         };
+        // The new owner's producer goes first: it aborts what a previous owner left open, so
+        // the changelogs read below hold only committed data.
+        let output = match ctx.settings.guarantee {
+            Guarantee::AtLeastOnce => TaskOutput::shared(ctx.producer.clone()),
+            Guarantee::ExactlyOnce => {
+                let transactional_id = format!("sluice-{}-{}", topology.name, ctx.partition);
+                match TaskOutput::transactional(&ctx.bootstrap, &transactional_id, &stopping) {
+                    Ok(Some(output)) => output,
+                    Ok(None) => return Ok(None),
+                    Err(detail) => return Err(TaskError::Transaction { task: id, detail }),
+                }
+            }
+        };
         let (state, stores) = if topology.changelogs.is_empty() {
             (None, Vec::new())
         } else {
-            let (state, stores) = TaskState::open(
+            let opened = TaskState::open(
                 &ctx.state,
                 &ctx.bootstrap,
                 &topology.name,
@@ -160,12 +247,16 @@ impl Task {
                 ctx.partition,
                 topology.changelogs.clone(),
                 &ctx.metrics,
+                &stopping,
             )
             .map_err(|detail| TaskError::State {
                 task: id.clone(),
                 detail,
             })?;
-            (Some(state), stores)
+            match opened {
+                Opened::Ready(state, stores) => (Some(state), stores),
+                Opened::Stopped => return Ok(None),
+            }
         };
         let at = "start-up (instantiate and init)".to_string();
         let fail = |fault| TaskError::Guest {
@@ -178,66 +269,101 @@ impl Task {
             .instantiate(&id, topology.loaded.description().sinks.clone(), stores)
             .map_err(fail)?;
         instance.init(&info).map_err(fail)?;
-        let sources = topology.binding.source_topics.len();
-        let consumer = task_consumer(
+        let Some(source) = source::open(
             &ctx.bootstrap,
             &topology.name,
             &topology.binding.source_topics,
             ctx.partition,
+            &id,
+            &stopping,
         )
         .map_err(|detail| TaskError::Produce {
             task: id.clone(),
             detail,
-        })?;
+        })?
+        else {
+            return Ok(None);
+        };
         let counters = Counters {
             records_in: ctx.metrics.records_in.get_or_create(labels).clone(),
             records_out: ctx.metrics.records_out.get_or_create(labels).clone(),
             calls: ctx.metrics.guest_calls.get_or_create(labels).clone(),
             call_seconds: ctx.metrics.guest_call_seconds.get_or_create(labels).clone(),
         };
-        tracing::info!(task = %id, "started");
-        Ok(Task {
-            consumer: Some(consumer),
+        tracing::info!(committed = ?source.committed, guarantee = ?ctx.settings.guarantee, task = %id, "started");
+        Ok(Some(Task {
+            consumer: Some(source.consumer),
             id,
             info,
             instance,
             tracker: Arc::new(DeliveryTracker::default()),
             changelog_tracker: Arc::new(DeliveryTracker::with_offsets()),
+            output,
             state,
             writer: Writer::new(),
             batch: Vec::with_capacity(ctx.settings.batch_size),
-            positions: vec![None; sources],
-            committed: vec![None; sources],
+            positions: source.committed.clone(),
+            committed: source.committed,
             stream_time: i64::MIN,
             last_commit: Instant::now(),
+            last_offsets_commit: Instant::now(),
             last_punctuate: Instant::now(),
             last_punctuate_stream: i64::MIN,
             summary: TaskSummary::default(),
             counters,
             ctx,
-        })
+        }))
     }
 
     fn run_until_stopped(mut self) -> Result<TaskSummary, TaskError> {
-        while !self.ctx.stop.load(Ordering::Relaxed) {
+        loop {
+            match self.ctx.control.request() {
+                Request::Run => {}
+                Request::Stop => break,
+                Request::Abort => return Ok(self.abort("asked to abort")),
+            }
+            if !self.ctx.lease.valid() {
+                // Membership is uncertain: others may own this task by now. Do nothing until
+                // the worker renews the lease or aborts the task.
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
             self.fill_batch();
             if !self.batch.is_empty() {
                 self.process_batch()?;
             }
             self.maybe_punctuate()?;
             if self.last_commit.elapsed() >= self.ctx.settings.commit_interval {
-                self.commit()?;
+                match self.commit()? {
+                    // Skipped: the lease ran out meanwhile; the loop waits for it (above).
+                    Commit::Done | Commit::Skipped => {}
+                    Commit::Fenced => return Ok(self.abort("another owner fenced it")),
+                }
             }
         }
-        // Shutdown: the batch in flight is done; flush and commit, then let the guest close
-        // and commit again.
-        self.commit()?;
+        // Shutdown: the batch in flight is done; commit, then let the guest close and commit
+        // what closing emitted or wrote.
+        if self.commit()? != Commit::Done {
+            return Ok(self.abort("it could not make its final commit (lease expired or fenced)"));
+        }
         let output = self.call("close", |i| i.close())?;
         self.produce(&output, now_ms(), "close")?;
-        // What closing emitted or wrote to state goes through the same commit.
-        self.commit()?;
+        if self.commit()? != Commit::Done {
+            return Ok(self.abort("it could not make its final commit (lease expired or fenced)"));
+        }
         tracing::info!(task = %self.id, records_in = self.summary.records_in, records_out = self.summary.records_out, "stopped");
         Ok(self.summary)
+    }
+
+    /// Stops without committing: uncommitted state is dropped, an open transaction aborted.
+    fn abort(mut self, why: &str) -> TaskSummary {
+        self.output.abort();
+        if let Some(state) = &self.state {
+            state.discard(self.instance.stores_mut());
+        }
+        tracing::warn!(task = %self.id, records_in = self.summary.records_in, "stopped without committing: {why}");
+        self.summary.ended = Ended::Aborted;
+        self.summary
     }
 
     /// Takes what the consumer holds, up to a batch; waits briefly only when it has nothing.
@@ -315,15 +441,22 @@ impl Task {
         Ok(())
     }
 
-    /// Produces what a call (`at` says which) emitted. Records without a timestamp of their
-    /// own get `default_ts`.
+    /// Produces what a call (`at` says which) emitted, then keeps the call's state writes;
+    /// output that breaks the contract drops them. Records without a timestamp of their own
+    /// get `default_ts`.
     fn produce(&mut self, output: &CallOutput, default_ts: i64, at: &str) -> Result<(), TaskError> {
         let sink_topics = &self.ctx.topology.binding.sink_topics;
-        let records = output.records(sink_topics.len()).map_err(|fault| TaskError::Guest {
-            task: self.id.clone(),
-            at: at.to_string(),
-            fault,
-        })?;
+        let records = match output.records(sink_topics.len()) {
+            Ok(records) => records,
+            Err(fault) => {
+                self.instance.end_call(false);
+                return Err(TaskError::Guest {
+                    task: self.id.clone(),
+                    at: at.to_string(),
+                    fault,
+                });
+            }
+        };
         for r in &records {
             let timestamp = if r.timestamp == INHERIT_TIMESTAMP {
                 default_ts
@@ -338,11 +471,14 @@ impl Task {
                 timestamp: timestamp.max(-1),
                 headers: r.headers,
             };
-            delivery::send(&self.ctx.producer, &self.tracker, out).map_err(|detail| TaskError::Produce {
-                task: self.id.clone(),
-                detail,
-            })?;
+            self.output
+                .send(&self.tracker, out)
+                .map_err(|detail| TaskError::Produce {
+                    task: self.id.clone(),
+                    detail,
+                })?;
         }
+        self.instance.end_call(true);
         let n = records.len() as u64;
         self.summary.records_out += n;
         self.counters.records_out.inc_by(n);
@@ -380,11 +516,16 @@ impl Task {
         })
     }
 
-    /// Commits what earlier batches read, then names where this batch failed.
+    /// Commits what earlier batches read (the failed call left no state behind), then names
+    /// where this batch failed.
     fn fail_batch(&mut self, fault: GuestFault) -> TaskError {
         let at = self.locate(&fault);
-        if let Err(e) = self.commit() {
-            tracing::warn!(task = %self.id, "committing the records before the failure: {e}");
+        match self.commit() {
+            Ok(Commit::Done) => {}
+            Ok(_) => {
+                tracing::warn!(task = %self.id, "not committing the records before the failure: no lease, or fenced")
+            }
+            Err(e) => tracing::warn!(task = %self.id, "committing the records before the failure: {e}"),
         }
         TaskError::Guest {
             task: self.id.clone(),
@@ -450,114 +591,151 @@ impl Task {
         None
     }
 
-    /// The commit protocol (see `task_state` for where a crash can fall): state changes to
-    /// RocksDB and the changelog → wait until everything produced is acknowledged → commit
-    /// source offsets → write the checkpoint.
-    fn commit(&mut self) -> Result<(), TaskError> {
+    /// The commit protocol (see `task_state` for where a crash can fall). Commits nothing
+    /// when the lease is not valid (skipped: the task waits for it) or another producer
+    /// fenced the task (exactly-once: it is not ours any more).
+    fn commit(&mut self) -> Result<Commit, TaskError> {
         self.last_commit = Instant::now();
-        let logged = self.flush_state()?;
-        if self.positions == self.committed && !logged {
-            return Ok(());
+        if !self.ctx.lease.valid() {
+            return Ok(Commit::Skipped);
         }
-        let produce_error = |detail| TaskError::Produce {
-            task: self.id.clone(),
-            detail,
-        };
-        self.tracker.wait_idle(DELIVERY_TIMEOUT).map_err(produce_error)?;
-        self.changelog_tracker
-            .wait_idle(DELIVERY_TIMEOUT)
-            .map_err(produce_error)?;
-        if self.positions != self.committed {
-            let mut tpl = TopicPartitionList::new();
-            for (source, position) in self.positions.iter().enumerate() {
-                if let Some(offset) = position {
-                    let topic = &self.ctx.topology.binding.source_topics[source];
-                    tpl.add_partition_offset(topic, self.ctx.partition, Offset::Offset(*offset))
-                        .expect("a valid offset");
-                }
-            }
-            match self
+        // 1. The stores' writes since the last commit go to their changelogs.
+        let logged = self.log_state()?;
+        let idle_due = self.last_offsets_commit.elapsed() >= self.ctx.settings.idle_commit_interval;
+        if self.positions == self.committed && !logged && !self.output.in_transaction() && !idle_due {
+            return Ok(Commit::Done);
+        }
+        let offsets = self.offsets();
+        // 2. Everything produced is acknowledged; source offsets are committed.
+        if self.output.is_transactional() {
+            let group = self
                 .consumer
                 .as_ref()
                 .expect("the task's consumer")
-                .commit(&tpl, CommitMode::Sync)
+                .group_metadata()
+                .ok_or_else(|| TaskError::Transaction {
+                    task: self.id.clone(),
+                    detail: "the consumer has no group metadata".into(),
+                })?;
+            match self.output.commit(&offsets, &group) {
+                Ok(()) => {}
+                Err(TransactionError::Fenced(detail)) => {
+                    tracing::warn!(task = %self.id, "fenced by a newer owner of the task: {detail}");
+                    return Ok(Commit::Fenced);
+                }
+                Err(TransactionError::Aborted(detail)) => {
+                    return Err(TaskError::Transaction {
+                        task: self.id.clone(),
+                        detail,
+                    })
+                }
+            }
+        } else {
+            let produce_error = |detail| TaskError::Produce {
+                task: self.id.clone(),
+                detail,
+            };
+            let (control, lease) = (&self.ctx.control, &self.ctx.lease);
+            let give_up = || control.request() == Request::Abort || !lease.valid();
+            if !self
+                .tracker
+                .wait_idle(DELIVERY_TIMEOUT, &give_up)
+                .map_err(produce_error)?
+                || !self
+                    .changelog_tracker
+                    .wait_idle(DELIVERY_TIMEOUT, &give_up)
+                    .map_err(produce_error)?
             {
-                Ok(()) => self.committed = self.positions.clone(),
-                // Not fatal: the offsets are committed with the next commit, and until then a
-                // restart only reprocesses (at-least-once).
-                Err(e) => tracing::warn!(task = %self.id, "committing offsets failed, will retry: {e}"),
+                return Ok(Commit::Skipped);
+            }
+            // Waiting took time: a worker that lost its membership meanwhile must not move
+            // the group's offsets (its successor may have committed newer ones).
+            if !self.ctx.lease.valid() {
+                return Ok(Commit::Skipped);
+            }
+            if offsets.count() > 0 {
+                match self
+                    .consumer
+                    .as_ref()
+                    .expect("the task's consumer")
+                    .commit(&offsets, CommitMode::Sync)
+                {
+                    Ok(()) => {}
+                    // Not fatal: the offsets are committed with the next commit, and until then
+                    // a restart only reprocesses (at-least-once).
+                    Err(e) => {
+                        tracing::warn!(task = %self.id, "committing offsets failed, will retry: {e}");
+                        self.commit_state()?;
+                        return Ok(Commit::Done);
+                    }
+                }
             }
         }
-        if let Some(state) = &mut self.state {
-            let tracker = &self.changelog_tracker;
-            state
-                .write_checkpoint(|topic| tracker.offset(topic))
-                .map_err(|detail| TaskError::State {
-                    task: self.id.clone(),
-                    detail,
-                })?;
-        }
-        Ok(())
+        self.committed = self.positions.clone();
+        self.last_offsets_commit = Instant::now();
+        // 3. The writes and their markers go to RocksDB.
+        self.commit_state()?;
+        Ok(Commit::Done)
     }
 
-    /// Step 1: writes each store's cached changes to RocksDB and the changelog. Returns
-    /// whether anything was written.
-    fn flush_state(&mut self) -> Result<bool, TaskError> {
+    /// The positions to commit (sources that have one).
+    fn offsets(&self) -> TopicPartitionList {
+        let mut tpl = TopicPartitionList::new();
+        for (source, position) in self.positions.iter().enumerate() {
+            if let Some(offset) = position {
+                let topic = &self.ctx.topology.binding.source_topics[source];
+                tpl.add_partition_offset(topic, self.ctx.partition, Offset::Offset(*offset))
+                    .expect("a valid offset");
+            }
+        }
+        tpl
+    }
+
+    fn commit_state(&mut self) -> Result<(), TaskError> {
+        let Some(state) = &self.state else { return Ok(()) };
+        let tracker = &self.changelog_tracker;
+        state
+            .commit(self.instance.stores_mut(), |topic| tracker.offset(topic))
+            .map_err(|detail| TaskError::State {
+                task: self.id.clone(),
+                detail,
+            })
+    }
+
+    /// Step 1: sends each store's writes since the last commit to its changelog. Returns
+    /// whether anything was sent.
+    fn log_state(&mut self) -> Result<bool, TaskError> {
         let Some(state) = &self.state else { return Ok(false) };
         let mut written = false;
         let partition = self.ctx.partition;
         for named in self.instance.stores_mut() {
-            let Some(store) = named.store.as_any().downcast_mut::<RocksStore>() else {
+            let Some(store) = named.store.as_any().downcast_mut::<crate::state::rocks::RocksStore>() else {
                 continue;
             };
             if !store.has_changes() {
                 continue;
             }
-            let changelog = state.changelog(&named.name).expect("every store has a changelog");
-            let changes = store.take_changes().map_err(|detail| TaskError::State {
-                task: self.id.clone(),
-                detail,
-            })?;
-            for (key, value) in &changes {
+            let changelog = &state.changelog(&named.name).expect("every store has a changelog").topic;
+            for (key, value) in store.changes() {
                 let out = Outgoing {
                     topic: changelog,
                     partition: Some(partition),
                     key: Some(key),
-                    value: value.as_deref(),
+                    value,
                     timestamp: -1,
                     headers: wire::Headers::EMPTY,
                 };
-                delivery::send(&self.ctx.producer, &self.changelog_tracker, out).map_err(|detail| {
-                    TaskError::Produce {
+                self.output
+                    .send(&self.changelog_tracker, out)
+                    .map_err(|detail| TaskError::Produce {
                         task: self.id.clone(),
                         detail,
-                    }
-                })?;
+                    })?;
+                written = true;
             }
-            written |= !changes.is_empty();
         }
         Ok(written)
     }
-}
-
-/// The task's own consumer: its partition of every source, from the committed offsets of
-/// the topology's consumer group (`sluice-<topology>`), or the beginning.
-fn task_consumer(
-    bootstrap: &str,
-    topology: &str,
-    sources: &[String],
-    partition: i32,
-) -> Result<BaseConsumer<ConsumerEvents>, String> {
-    let consumer = super::source_consumer(bootstrap, topology).map_err(|e| format!("creating the consumer: {e}"))?;
-    let mut tpl = TopicPartitionList::new();
-    for topic in sources {
-        tpl.add_partition_offset(topic, partition, Offset::Stored)
-            .map_err(|e| e.to_string())?;
-    }
-    consumer
-        .assign(&tpl)
-        .map_err(|e| format!("assigning {sources:?} partition {partition}: {e}"))?;
-    Ok(consumer)
 }
 
 fn now_ms() -> i64 {

@@ -1,0 +1,377 @@
+//! Starts, stops and watches task and standby threads. A task that ends on its own is
+//! reaped: a guest fault keeps it failed (reported, its slot kept so the group does not hand
+//! the poison to another worker unless told to release it); anything else — Kafka or state
+//! trouble — restarts it after a backoff.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::control::{Lease, TaskControl};
+use super::delivery::WorkerProducer;
+use super::task::{self, Ended, TaskError, TaskSettings, TaskSummary};
+use super::task_state::StateEnv;
+use super::{standby, DeployedTopology, WorkerReport};
+use crate::group::TaskId;
+use crate::metrics::Metrics;
+
+/// How often the worker looks for tasks that ended on their own.
+pub const REAP_EVERY: Duration = Duration::from_millis(500);
+
+/// Longest wait before a task that failed for a transient reason starts again.
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+/// A task thread and how to ask it to stop.
+type RunningTask = (
+    Arc<TaskControl>,
+    std::thread::JoinHandle<Result<TaskSummary, TaskError>>,
+);
+
+/// Tasks asked to stop, not yet joined.
+#[must_use = "stopping tasks must be finished with TaskRunner::finish"]
+pub struct Stopping {
+    tasks: Vec<(TaskId, RunningTask)>,
+    /// Ownership is (or may be) lost: how a task ended no longer matters, nothing of it
+    /// was committed after the abort.
+    aborted: std::sync::atomic::AtomicBool,
+}
+
+impl Stopping {
+    /// Turns the stop into an abort: nothing more is committed.
+    pub fn abort(&self) {
+        self.aborted.store(true, std::sync::atomic::Ordering::Relaxed);
+        for (_, (control, _)) in &self.tasks {
+            control.abort();
+        }
+    }
+
+    /// Whether every task has ended (joining them will not block).
+    pub fn is_done(&self) -> bool {
+        self.tasks.iter().all(|(_, (_, h))| h.is_finished())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
+    }
+}
+
+/// Starts and stops task threads; knows every deployed topology.
+pub struct TaskRunner {
+    /// Whether tasks may process and commit (renewed by the group membership).
+    lease: Arc<Lease>,
+    producer: Arc<WorkerProducer>,
+    settings: TaskSettings,
+    metrics: Metrics,
+    bootstrap: String,
+    state: Arc<StateEnv>,
+    topologies: BTreeMap<String, Arc<DeployedTopology>>,
+    running: BTreeMap<TaskId, RunningTask>,
+    /// Tasks a guest fault stopped: still ours, not running, with their errors.
+    failed: BTreeMap<TaskId, String>,
+    /// Tasks that failed for a transient reason: when they start again, and how often
+    /// they failed in a row.
+    retrying: BTreeMap<TaskId, (Instant, u32)>,
+    /// Failures in a row of tasks started again (forgotten when a task ends cleanly).
+    retry_counts: BTreeMap<TaskId, u32>,
+    standbys: BTreeMap<TaskId, RunningStandby>,
+    finished: WorkerReport,
+}
+
+/// What reaping found.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Reaped {
+    /// A task stopped itself without committing while the worker still held its lease (it
+    /// was fenced by another owner): the worker should rejoin the group.
+    pub rejoin: bool,
+}
+
+/// A standby thread and the flag that asks it to stop.
+type RunningStandby = (
+    Arc<std::sync::atomic::AtomicBool>,
+    std::thread::JoinHandle<Result<u64, String>>,
+);
+
+impl TaskRunner {
+    pub fn new(
+        lease: Arc<Lease>,
+        producer: Arc<WorkerProducer>,
+        settings: TaskSettings,
+        metrics: Metrics,
+        bootstrap: String,
+        state: Arc<StateEnv>,
+        deployed: Vec<DeployedTopology>,
+    ) -> TaskRunner {
+        TaskRunner {
+            lease,
+            producer,
+            settings,
+            metrics,
+            bootstrap,
+            state,
+            topologies: deployed.into_iter().map(|t| (t.name.clone(), Arc::new(t))).collect(),
+            running: BTreeMap::new(),
+            failed: BTreeMap::new(),
+            retrying: BTreeMap::new(),
+            retry_counts: BTreeMap::new(),
+            standbys: BTreeMap::new(),
+            finished: WorkerReport::default(),
+        }
+    }
+
+    /// Every task of every deployed topology.
+    pub fn all_tasks(&self) -> Vec<TaskId> {
+        self.topologies
+            .values()
+            .flat_map(|t| (0..t.partitions as u32).map(|p| TaskId::new(&t.name, p)))
+            .collect()
+    }
+
+    /// What this worker tells the group it runs.
+    pub fn topology_infos(&self) -> Vec<crate::group::metadata::TopologyInfo> {
+        self.topologies
+            .values()
+            .map(|t| crate::group::metadata::TopologyInfo {
+                name: t.name.clone(),
+                partitions: t.partitions as u32,
+                digest: t.digest,
+                stateful: !t.changelogs.is_empty(),
+            })
+            .collect()
+    }
+
+    /// The tasks this worker owns: running, failed, or waiting to start again.
+    pub fn owned(&self) -> Vec<TaskId> {
+        let mut all: Vec<TaskId> = self
+            .running
+            .keys()
+            .chain(self.failed.keys())
+            .chain(self.retrying.keys())
+            .cloned()
+            .collect();
+        all.sort();
+        all.dedup();
+        all
+    }
+
+    /// The tasks running now.
+    pub fn running(&self) -> Vec<TaskId> {
+        self.running.keys().cloned().collect()
+    }
+
+    /// Tasks a guest fault stopped, with their errors.
+    pub fn failed(&self) -> Vec<(TaskId, String)> {
+        self.failed.iter().map(|(t, e)| (t.clone(), e.clone())).collect()
+    }
+
+    /// Joins task threads that ended on their own and restarts transient failures whose
+    /// backoff has passed (only while the lease holds).
+    pub fn reap(&mut self) -> anyhow::Result<Reaped> {
+        let mut reaped = Reaped::default();
+        let ended: Vec<TaskId> = self
+            .running
+            .iter()
+            .filter(|(_, (_, handle))| handle.is_finished())
+            .map(|(t, _)| t.clone())
+            .collect();
+        for id in ended {
+            let (_, handle) = self.running.remove(&id).expect("listed above");
+            match handle.join() {
+                Ok(Ok(summary)) => {
+                    self.retry_counts.remove(&id);
+                    // Ended without being asked: it could not commit.
+                    if summary.ended == Ended::Aborted && self.lease.valid() {
+                        reaped.rejoin = true;
+                    }
+                    self.finished.stopped.push((id.to_string(), summary));
+                }
+                Ok(Err(e @ TaskError::Guest { .. })) => {
+                    tracing::error!(task = %id, "failed and stays failed until the topology is fixed: {e}");
+                    self.failed.insert(id.clone(), e.to_string());
+                    self.finished.failed.push((id.to_string(), e.to_string()));
+                }
+                Ok(Err(e)) => self.schedule_retry(&id, &e.to_string()),
+                Err(_) => self.schedule_retry(&id, "the task thread panicked"),
+            }
+        }
+        if self.lease.valid() {
+            let due: Vec<TaskId> = self
+                .retrying
+                .iter()
+                .filter(|(_, (at, _))| *at <= Instant::now())
+                .map(|(t, _)| t.clone())
+                .collect();
+            for id in due {
+                tracing::info!(task = %id, "starting again after a transient failure");
+                self.start_one(&id)?;
+            }
+        }
+        Ok(reaped)
+    }
+
+    fn schedule_retry(&mut self, id: &TaskId, error: &str) {
+        let attempts = self.retry_counts.get(id).copied().unwrap_or(0) + 1;
+        self.retry_counts.insert(id.clone(), attempts);
+        let backoff = Duration::from_secs(1)
+            .saturating_mul(1 << (attempts - 1).min(6))
+            .min(MAX_BACKOFF);
+        tracing::warn!(task = %id, attempts, "failed ({error}); starting it again in {backoff:?}");
+        self.retrying.insert(id.clone(), (Instant::now() + backoff, attempts));
+    }
+
+    /// Starts tasks not running yet (a failed one stays failed; a retrying one starts now).
+    pub fn start(&mut self, tasks: &[TaskId]) -> anyhow::Result<()> {
+        for task in tasks {
+            if self.running.contains_key(task) || self.failed.contains_key(task) {
+                continue;
+            }
+            self.start_one(task)?;
+        }
+        Ok(())
+    }
+
+    fn start_one(&mut self, task: &TaskId) -> anyhow::Result<()> {
+        {
+            let Some(topology) = self.topologies.get(&*task.topology).cloned() else {
+                tracing::warn!(%task, "assigned a task of a topology this worker does not run");
+                return Ok(());
+            };
+            let control = Arc::new(TaskControl::default());
+            let ctx = task::TaskContext {
+                topology,
+                partition: task.partition as i32,
+                producer: self.producer.clone(),
+                settings: self.settings.clone(),
+                control: control.clone(),
+                lease: self.lease.clone(),
+                metrics: self.metrics.clone(),
+                bootstrap: self.bootstrap.clone(),
+                state: self.state.clone(),
+            };
+            let name = format!("task-{}-{}", task.topology, task.partition);
+            let handle = std::thread::Builder::new().name(name).spawn(move || task::run(ctx))?;
+            self.running.insert(task.clone(), (control, handle));
+            self.retrying.remove(task);
+        }
+        Ok(())
+    }
+
+    /// The membership lease the tasks obey.
+    pub fn lease(&self) -> &Arc<Lease> {
+        &self.lease
+    }
+
+    /// Asks tasks to stop — cleanly (finish the batch, commit, close) or, with `abort`,
+    /// without committing anything more — and returns them for [`finish`](Self::finish).
+    pub fn begin_stop(&mut self, tasks: &[TaskId], abort: bool) -> Stopping {
+        let mut stopping = Vec::new();
+        for task in tasks {
+            // Failed or waiting tasks have no thread: giving them up is forgetting them.
+            self.failed.remove(task);
+            self.retrying.remove(task);
+            self.retry_counts.remove(task);
+            if let Some((control, handle)) = self.running.remove(task) {
+                if abort {
+                    control.abort();
+                } else {
+                    control.stop();
+                }
+                stopping.push((task.clone(), (control, handle)));
+            }
+        }
+        Stopping {
+            tasks: stopping,
+            aborted: abort.into(),
+        }
+    }
+
+    /// Waits for stopping tasks to end and records how they ended. Errors of aborted tasks
+    /// (a fenced producer, a delivery that failed after the membership was lost) are not
+    /// failures of the task: its new owner carries on.
+    pub fn finish(&mut self, stopping: Stopping) {
+        let aborted = stopping.aborted.load(std::sync::atomic::Ordering::Relaxed);
+        for (task, (_, handle)) in stopping.tasks {
+            let id = task.to_string();
+            match handle.join() {
+                Ok(Ok(summary)) => self.finished.stopped.push((id, summary)),
+                Ok(Err(e)) if aborted => {
+                    tracing::warn!(task = %id, "aborted; it had also failed: {e}");
+                    let summary = TaskSummary {
+                        ended: Ended::Aborted,
+                        ..Default::default()
+                    };
+                    self.finished.stopped.push((id, summary));
+                }
+                Ok(Err(e)) => self.finished.failed.push((id, e.to_string())),
+                Err(_) => self.finished.failed.push((id, "the task thread panicked".to_string())),
+            }
+        }
+    }
+
+    /// Stops tasks cleanly and waits for them.
+    pub fn stop(&mut self, tasks: &[TaskId]) {
+        let stopping = self.begin_stop(tasks, false);
+        self.finish(stopping);
+    }
+
+    pub fn stop_all(mut self) -> WorkerReport {
+        let all = self.running();
+        self.stop(&all);
+        for (task, (_, attempts)) in std::mem::take(&mut self.retrying) {
+            self.finished.failed.push((
+                task.to_string(),
+                format!("still failing after {attempts} attempt(s) at shutdown"),
+            ));
+        }
+        let standbys = self.standbys();
+        self.stop_standbys(&standbys);
+        self.finished
+    }
+
+    /// The standby tasks running now.
+    pub fn standbys(&self) -> Vec<TaskId> {
+        self.standbys.keys().cloned().collect()
+    }
+
+    /// Offset sums of the local state of every task this worker has state for.
+    pub fn local_offset_sums(&self) -> Vec<(TaskId, i64)> {
+        let topologies: Vec<Arc<DeployedTopology>> = self.topologies.values().cloned().collect();
+        standby::local_offset_sums(&self.state.dir, &topologies)
+    }
+
+    pub fn start_standbys(&mut self, tasks: &[TaskId]) -> anyhow::Result<()> {
+        for task in tasks {
+            if self.standbys.contains_key(task) || self.running.contains_key(task) {
+                continue;
+            }
+            let Some(topology) = self.topologies.get(&*task.topology).cloned() else {
+                continue;
+            };
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let (flag, bootstrap, state, partition) =
+                (stop.clone(), self.bootstrap.clone(), self.state.clone(), task.partition);
+            let name = format!("standby-{}-{}", task.topology, task.partition);
+            let handle = std::thread::Builder::new()
+                .name(name)
+                .spawn(move || standby::run(topology, partition as i32, &bootstrap, &state, &flag))?;
+            self.standbys.insert(task.clone(), (stop, handle));
+        }
+        Ok(())
+    }
+
+    pub fn stop_standbys(&mut self, tasks: &[TaskId]) {
+        let mut stopping = Vec::new();
+        for task in tasks {
+            if let Some((stop, handle)) = self.standbys.remove(task) {
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                stopping.push((task.clone(), handle));
+            }
+        }
+        for (task, handle) in stopping {
+            match handle.join() {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::warn!(%task, "standby failed: {e}"),
+                Err(_) => tracing::warn!(%task, "standby thread panicked"),
+            }
+        }
+    }
+}

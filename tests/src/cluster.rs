@@ -1,0 +1,70 @@
+//! A Kafka cluster of a test's own, for tests that restart brokers or need a broker that
+//! was started a moment ago: `dev/kafka` run with a private state directory.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+use crate::{repo_root, Kafka};
+
+/// A private cluster; stopped and deleted on drop.
+pub struct PrivateCluster {
+    dir: PathBuf,
+    pub kafka: Kafka,
+}
+
+impl PrivateCluster {
+    /// Starts `brokers` fresh nodes and waits until every one answers.
+    pub fn start(brokers: u32) -> Result<PrivateCluster> {
+        let dir = std::env::temp_dir().join(crate::unique_name("sluice-kafka"));
+        std::fs::create_dir_all(&dir)?;
+        let out = dev_kafka(&dir, &["up", "--brokers", &brokers.to_string()])?;
+        let bootstrap = out
+            .lines()
+            .last()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .context("dev/kafka up printed no address")?
+            .to_string();
+        Ok(PrivateCluster {
+            dir,
+            kafka: Kafka { bootstrap },
+        })
+    }
+
+    /// Stops one node cleanly (SIGTERM), keeps it down for `down_secs`, starts it again
+    /// with its data and waits until it is back.
+    pub fn restart(&self, node: u32, down_secs: f64) -> Result<()> {
+        dev_kafka(
+            &self.dir,
+            &["restart", "--node", &node.to_string(), "--down", &down_secs.to_string()],
+        )
+        .map(drop)
+    }
+}
+
+impl Drop for PrivateCluster {
+    fn drop(&mut self) {
+        let _ = dev_kafka(&self.dir, &["down"]);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn dev_kafka(dir: &PathBuf, args: &[&str]) -> Result<String> {
+    let script = repo_root().join("dev").join("kafka");
+    let out = Command::new(&script)
+        .args(args)
+        .env("SLUICE_KAFKA_DIR", dir)
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !out.status.success() {
+        bail!(
+            "`dev/kafka {}` failed ({}):\n{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}

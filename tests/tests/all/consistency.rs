@@ -1,0 +1,254 @@
+//! Local state against crashes and faults: uncommitted writes never reach RocksDB, a failed
+//! batch leaves no trace, and a store that cannot be trusted is rebuilt from its changelog.
+//! The `ledger` guest keeps two stores in step and scans one of them on every record.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use sluice_tests::worker::{guest, manifest, sluice_binary, TempDir, WorkerProcess};
+use sluice_tests::{kafka, unique_name};
+
+struct Ledger {
+    name: String,
+    input: String,
+    output: String,
+    manifest: PathBuf,
+    dir: TempDir,
+}
+
+/// What the two stores of one task should hold: counts per key, and `key/<n>` log entries.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Stores {
+    counts: BTreeMap<String, u64>,
+    log: BTreeMap<String, String>,
+}
+
+impl Stores {
+    fn truth<'a>(events: impl IntoIterator<Item = &'a (String, String)>) -> Stores {
+        let mut s = Stores::default();
+        for (key, value) in events {
+            let n = s.counts.entry(key.clone()).or_insert(0);
+            *n += 1;
+            s.log.insert(format!("{key}/{n:010}"), value.clone());
+        }
+        s
+    }
+}
+
+impl Ledger {
+    async fn new(partitions: i32) -> anyhow::Result<Ledger> {
+        let (input, output) = (unique_name("ledger-in"), unique_name("ledger-out"));
+        kafka().create_topic(&input, partitions).await?;
+        kafka().create_topic(&output, partitions).await?;
+        let dir = TempDir::new("ledger");
+        let name = unique_name("ledger");
+        let manifest = dir.write(
+            "ledger.toml",
+            &manifest(
+                &name,
+                &guest("ledger"),
+                &[("events", &input)],
+                &[("totals", &output)],
+                "",
+            ),
+        );
+        Ok(Ledger {
+            name,
+            input,
+            output,
+            manifest,
+            dir,
+        })
+    }
+
+    fn state(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    fn start(&self, extra: &[&str]) -> anyhow::Result<WorkerProcess> {
+        let state = self.state();
+        let mut args = vec![
+            "--topology",
+            self.manifest.to_str().unwrap(),
+            "--state-dir",
+            state.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        WorkerProcess::start(kafka().bootstrap(), self.dir.path(), &args)
+    }
+
+    fn group(&self) -> String {
+        format!("sluice-{}", self.name)
+    }
+
+    async fn produce(&self, partition: i32, events: &[(String, String)]) -> anyhow::Result<()> {
+        let records: Vec<(&str, &str)> = events.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        kafka().produce_to(&self.input, partition, &records).await
+    }
+
+    /// Both stores of one task, read with `sluice state dump` (the worker must be stopped),
+    /// and whether they agree with each other.
+    fn stores(&self, partition: i32) -> anyhow::Result<Stores> {
+        let mut stores = Stores::default();
+        for line in self.dump(partition, "counts")?.lines() {
+            let (k, v) = line.split_once(' ').unwrap();
+            let count = u64::from_be_bytes(unhex(v).try_into().map_err(|_| anyhow::anyhow!("a count of 8 bytes"))?);
+            stores.counts.insert(String::from_utf8(unhex(k))?, count);
+        }
+        for line in self.dump(partition, "log")?.lines() {
+            let (k, v) = line.split_once(' ').unwrap();
+            stores
+                .log
+                .insert(String::from_utf8(unhex(k))?, String::from_utf8(unhex(v))?);
+        }
+        for (key, n) in &stores.counts {
+            let logged = stores.log.keys().filter(|k| k.starts_with(&format!("{key}/"))).count() as u64;
+            anyhow::ensure!(
+                logged == *n,
+                "the stores disagree on {key}: counts says {n}, log has {logged} entries"
+            );
+        }
+        Ok(stores)
+    }
+
+    fn dump(&self, partition: i32, store: &str) -> anyhow::Result<String> {
+        let state = self.state();
+        let out = Command::new(sluice_binary())
+            .args(["state", "dump", "--state-dir", state.to_str().unwrap()])
+            .args(["--topology", &self.name, "--partition", &partition.to_string()])
+            .args(["--store", store])
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "sluice state dump failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8(out.stdout)?)
+    }
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+fn events(range: std::ops::Range<usize>) -> Vec<(String, String)> {
+    range.map(|i| (format!("k{}", i % 7), format!("event-{i}"))).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn writes_a_scan_saw_are_not_applied_twice_after_a_kill_before_the_first_commit() -> anyhow::Result<()> {
+    let ledger = Ledger::new(1).await?;
+    let input = events(0..100);
+    let mut worker = ledger.start(&["--commit-interval", "1h", "--batch-size", "10"])?;
+    ledger.produce(0, &input).await?;
+    // Every event was processed (and scanned its store), none committed.
+    kafka().consume(&ledger.output, 100, Duration::from_secs(60)).await?;
+    worker.kill()?;
+
+    let mut worker = ledger.start(&[])?;
+    kafka()
+        .wait_committed(&ledger.group(), &ledger.input, 1, 100, Duration::from_secs(60))
+        .await?;
+    assert!(worker.terminate(Duration::from_secs(60))?.success());
+    assert_eq!(
+        ledger.stores(0)?,
+        Stores::truth(&input),
+        "after the restart every event is counted exactly once"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_that_fails_part_way_leaves_no_state_behind() -> anyhow::Result<()> {
+    let ledger = Ledger::new(1).await?;
+    let good = events(0..40);
+    // One call gets all of these: 25 good events, then one the guest refuses.
+    let mut poisoned = events(40..65);
+    poisoned.push(("k1".into(), "fail".into()));
+    ledger.produce(0, &good).await?;
+    let mut worker = ledger.start(&["--batch-size", "500"])?;
+    kafka()
+        .wait_committed(&ledger.group(), &ledger.input, 1, 40, Duration::from_secs(60))
+        .await?;
+    assert!(worker.terminate(Duration::from_secs(60))?.success());
+    let before = ledger.stores(0)?;
+    assert_eq!(before, Stores::truth(&good));
+
+    ledger.produce(0, &poisoned).await?;
+    let mut worker = ledger.start(&["--batch-size", "500"])?;
+    let line = worker.wait_for_line(&["refusing the record at offset 65"], Duration::from_secs(60))?;
+    assert!(line.contains("failed at offset 65"), "{line}");
+    worker.terminate(Duration::from_secs(60))?;
+    let committed = kafka().committed_offset(&ledger.group(), &ledger.input, 0)?;
+    assert_eq!(
+        committed,
+        Some(40),
+        "the failed batch's offsets are not committed (so this checks a batch of good records before the failure)"
+    );
+    assert_eq!(
+        ledger.stores(0)?,
+        before,
+        "the failed batch's 25 good records left state behind"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_store_directory_deleted_under_its_checkpoint_is_rebuilt() -> anyhow::Result<()> {
+    let ledger = Ledger::new(1).await?;
+    let input = events(0..300);
+    ledger.produce(0, &input).await?;
+    let mut worker = ledger.start(&[])?;
+    kafka()
+        .wait_committed(&ledger.group(), &ledger.input, 1, 300, Duration::from_secs(60))
+        .await?;
+    assert!(worker.terminate(Duration::from_secs(60))?.success());
+    // One store's data is gone; the task's other files (its checkpoint among them) stay.
+    let task = ledger.state().join(&ledger.name).join("0");
+    std::fs::remove_dir_all(task.join("counts"))?;
+    assert!(task.join("checkpoint.json").exists());
+
+    let mut worker = ledger.start(&[])?;
+    worker.wait_for_line(&["restored", "store=counts"], Duration::from_secs(60))?;
+    assert!(worker.terminate(Duration::from_secs(60))?.success());
+    assert_eq!(ledger.stores(0)?, Stores::truth(&input));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_store_whose_changelog_was_recreated_is_wiped_and_rebuilt() -> anyhow::Result<()> {
+    let ledger = Ledger::new(1).await?;
+    let input = events(0..300);
+    ledger.produce(0, &input).await?;
+    let mut worker = ledger.start(&[])?;
+    kafka()
+        .wait_committed(&ledger.group(), &ledger.input, 1, 300, Duration::from_secs(60))
+        .await?;
+    assert!(worker.terminate(Duration::from_secs(60))?.success());
+
+    // Start over: the changelogs and the committed offsets go; the local stores stay.
+    for store in ["counts", "log"] {
+        kafka()
+            .delete_topic(&format!("{}-{store}-changelog", ledger.name))
+            .await?;
+    }
+    kafka().delete_group(&ledger.group()).await?;
+    let mut worker = ledger.start(&[])?;
+    let line = worker.wait_for_line(&["wiping the local store", "store=counts"], Duration::from_secs(60))?;
+    assert!(line.contains("deleted and created again"), "{line}");
+    kafka()
+        .wait_committed(&ledger.group(), &ledger.input, 1, 300, Duration::from_secs(60))
+        .await?;
+    assert!(worker.terminate(Duration::from_secs(60))?.success());
+    assert_eq!(
+        ledger.stores(0)?,
+        Stores::truth(&input),
+        "reprocessing from the start counts every event once, not on top of the old store"
+    );
+    Ok(())
+}
