@@ -17,9 +17,17 @@ pub struct PrivateCluster {
 impl PrivateCluster {
     /// Starts `brokers` fresh nodes and waits until every one answers.
     pub fn start(brokers: u32) -> Result<PrivateCluster> {
+        Self::start_with(brokers, &[])
+    }
+
+    /// As [`start`](Self::start), with more arguments for `dev/kafka up`.
+    pub fn start_with(brokers: u32, extra: &[&str]) -> Result<PrivateCluster> {
         let dir = std::env::temp_dir().join(crate::unique_name("sluice-kafka"));
         std::fs::create_dir_all(&dir)?;
-        let out = dev_kafka(&dir, &["up", "--brokers", &brokers.to_string()])?;
+        let brokers = brokers.to_string();
+        let mut args = vec!["up", "--brokers", &brokers];
+        args.extend_from_slice(extra);
+        let out = dev_kafka(&dir, &args)?;
         let bootstrap = out
             .lines()
             .last()

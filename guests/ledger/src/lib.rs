@@ -2,9 +2,9 @@
 //! so a test can tell whether state was applied twice, partly, or out of step.
 //!
 //! For each record with key `k`: `counts[k] += 1`, then `log["k/<n>"] = value` where `n`
-//! is the new count, then a prefix scan of `log` for `k/` counts its entries. It emits
-//! `k → "<count> <logged>"` to `totals`; the two numbers are equal unless the stores
-//! disagree. A record whose value is `fail` makes the call fail (after this batch's earlier
+//! is the new count, then a prefix scan of `log` for `k/` counts its entries and a scan of
+//! all of `counts` sums them. It emits `k → "<count> <logged> <total>"` to `totals`; the
+//! first two are equal unless the stores disagree. A record whose value is `fail` makes the call fail (after this batch's earlier
 //! records wrote their state): the host must leave no trace of the failed batch.
 
 use sluice_guest::{export, Context, Description, Error, Processor, Record, Store, TaskInfo};
@@ -44,7 +44,11 @@ impl Processor for Ledger {
             entry?;
             logged += 1;
         }
-        ctx.emit("totals", Some(key), &format!("{count} {logged}"))?;
+        let mut total = 0u64;
+        for entry in self.counts.range(None, None)? {
+            total += entry?.1;
+        }
+        ctx.emit("totals", Some(key), &format!("{count} {logged} {total}"))?;
         Ok(())
     }
 }

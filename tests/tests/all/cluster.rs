@@ -396,3 +396,95 @@ async fn workers_of_an_older_and_a_newer_metadata_version_share_a_cluster() -> a
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_topology_runs_only_on_workers_that_have_it_through_a_rolling_deploy() -> anyhow::Result<()> {
+    let kafka = kafka();
+    let dir = TempDir::new("deploy");
+    let mut topics = Vec::new();
+    let mut manifests = Vec::new();
+    for t in ["old", "new"] {
+        let (input, output) = (unique_name(&format!("{t}-in")), unique_name(&format!("{t}-out")));
+        kafka.create_topic(&input, 4).await?;
+        kafka.create_topic(&output, 4).await?;
+        let name = unique_name(t);
+        let m = dir.write(
+            &format!("{t}.toml"),
+            &manifest(
+                &name,
+                &guest("uppercase"),
+                &[("input", &input)],
+                &[("output", &output)],
+                "",
+            ),
+        );
+        topics.push((name, input, output));
+        manifests.push(m);
+    }
+    let cluster = unique_name("c");
+    let start = |n: &str, with_new: bool| {
+        let state = dir.path().join(format!("state-{n}"));
+        let mut args = vec!["--topology", manifests[0].to_str().unwrap()];
+        if with_new {
+            args.extend(["--topology", manifests[1].to_str().unwrap()]);
+        }
+        args.extend([
+            "--cluster",
+            &cluster,
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--heartbeat-interval",
+            "200ms",
+        ]);
+        WorkerProcess::start(kafka.bootstrap(), dir.path(), &args)
+    };
+    // Mid-deploy: a has the new topology, b does not yet.
+    let mut workers = vec![start("a", true)?, start("b", false)?];
+    let new_name = &topics[1].0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    let (a_tasks, b_tasks) = loop {
+        let (a, b) = (settled_tasks(&workers[0].log()), settled_tasks(&workers[1].log()));
+        if let (Some(a), Some(b)) = (a, b) {
+            if a.len() + b.len() == 8 {
+                break (a, b);
+            }
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the cluster did not settle on 8 tasks"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        b_tasks.iter().all(|t| !t.starts_with(&format!("{new_name}/"))),
+        "b runs a task of a topology it does not have: {b_tasks:?}"
+    );
+    assert_eq!(
+        a_tasks
+            .iter()
+            .filter(|t| t.starts_with(&format!("{new_name}/")))
+            .count(),
+        4,
+        "every task of the new topology is on a: {a_tasks:?}"
+    );
+    let sent: Vec<(Vec<u8>, Vec<u8>)> = (0..200)
+        .map(|i| (format!("k{i}").into_bytes(), format!("v{i}").into_bytes()))
+        .collect();
+    kafka.produce(&topics[1].1, &sent).await?;
+    kafka.produce(&topics[0].1, &sent).await?;
+    // b gets the new topology too (restarted with it): records keep flowing, none dropped.
+    assert!(workers[1].terminate(Duration::from_secs(60))?.success());
+    workers[1] = start("b", true)?;
+    kafka.produce(&topics[1].1, &sent).await?;
+    for (_, _, output) in &topics {
+        let expected_count = if output == &topics[1].2 { 400 } else { 200 };
+        let received = kafka.consume(output, expected_count, Duration::from_secs(90)).await?;
+        let values: BTreeSet<Vec<u8>> = received.into_iter().map(|r| r.value.unwrap()).collect();
+        assert_eq!(values, sent.iter().map(|(_, v)| v.to_ascii_uppercase()).collect());
+    }
+    until_settled(&mut workers, 4).await?;
+    for w in &mut workers {
+        assert!(w.terminate(Duration::from_secs(60))?.success(), "{}", w.log());
+    }
+    Ok(())
+}
