@@ -79,6 +79,10 @@ pub struct WorkerArgs {
     /// How tasks are placed: `sticky` (cooperative) or `eager` (stop-the-world baseline).
     #[arg(long, default_value = "sticky")]
     assignor: String,
+    /// Give a task that a guest fault stopped back to the cluster (it may be placed on
+    /// another worker, or here again) instead of keeping it failed on this worker.
+    #[arg(long)]
+    release_failed_tasks: bool,
     /// Standby replicas per stateful task, on other workers.
     #[arg(long, default_value_t = 0)]
     standby_replicas: u32,
@@ -108,6 +112,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         bootstrap: args.bootstrap.clone(),
         state_dir: args.state_dir.clone(),
         metadata_version: args.metadata_version,
+        release_failed_tasks: args.release_failed_tasks,
     });
     let config = WorkerConfig {
         cluster,

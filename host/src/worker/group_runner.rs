@@ -33,6 +33,9 @@ pub struct ClusterConfig {
     /// The member metadata version this worker speaks (testing rolling upgrades: a newer
     /// build can pretend to be an older one).
     pub metadata_version: u16,
+    /// Give a task that a guest fault stopped back to the group (which may place it on
+    /// another worker) instead of keeping it failed on this one.
+    pub release_failed_tasks: bool,
 }
 
 /// The Kafka group of a cluster.
@@ -138,6 +141,7 @@ pub async fn run(
         )
     })?;
     let stop_the_world = cluster.assignor == "eager";
+    runner.release_failed_tasks(cluster.release_failed_tasks);
     let worker_id = worker_id(&cluster.state_dir)?;
     anyhow::ensure!(
         (OLDEST_VERSION..=CURRENT_VERSION).contains(&cluster.metadata_version),
@@ -255,7 +259,7 @@ pub async fn run(
                 _ = &mut shutdown => break 'member,
             }
             if runner.reap()?.rejoin {
-                tracing::warn!(cluster = %cluster.name, "a task was fenced by another owner: rejoining");
+                tracing::warn!(cluster = %cluster.name, "a task was fenced by another owner, or released: rejoining");
                 continue 'member;
             }
             if Instant::now() < next_beat {

@@ -73,6 +73,8 @@ pub struct TaskRunner {
     retrying: BTreeMap<TaskId, (Instant, u32)>,
     /// Failures in a row of tasks started again (forgotten when a task ends cleanly).
     retry_counts: BTreeMap<TaskId, u32>,
+    /// Give a task a guest fault stopped back to the group instead of keeping it failed.
+    release_failed: bool,
     standbys: BTreeMap<TaskId, RunningStandby>,
     finished: WorkerReport,
 }
@@ -113,9 +115,16 @@ impl TaskRunner {
             failed: BTreeMap::new(),
             retrying: BTreeMap::new(),
             retry_counts: BTreeMap::new(),
+            release_failed: false,
             standbys: BTreeMap::new(),
             finished: WorkerReport::default(),
         }
+    }
+
+    /// Releases tasks that a guest fault stopped to the group (cluster mode) instead of
+    /// keeping them failed here.
+    pub fn release_failed_tasks(&mut self, release: bool) {
+        self.release_failed = release;
     }
 
     /// Every task of every deployed topology.
@@ -185,8 +194,14 @@ impl TaskRunner {
                     self.finished.stopped.push((id.to_string(), summary));
                 }
                 Ok(Err(e @ TaskError::Guest { .. })) => {
-                    tracing::error!(task = %id, "failed and stays failed until the topology is fixed: {e}");
-                    self.failed.insert(id.clone(), e.to_string());
+                    if self.release_failed {
+                        // Given back to the group, which may place it elsewhere (or here again).
+                        tracing::error!(task = %id, "failed; releasing it to the group: {e}");
+                        reaped.rejoin = true;
+                    } else {
+                        tracing::error!(task = %id, "failed and stays failed until the topology is fixed: {e}");
+                        self.failed.insert(id.clone(), e.to_string());
+                    }
                     self.finished.failed.push((id.to_string(), e.to_string()));
                 }
                 Ok(Err(e)) => self.schedule_retry(&id, &e.to_string()),

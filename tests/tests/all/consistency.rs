@@ -252,3 +252,40 @@ async fn a_store_whose_changelog_was_recreated_is_wiped_and_rebuilt() -> anyhow:
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_store_that_claims_more_than_its_changelog_holds_is_wiped_and_rebuilt() -> anyhow::Result<()> {
+    let ledger = Ledger::new(1).await?;
+    let input = events(0..200);
+    ledger.produce(0, &input).await?;
+    let mut worker = ledger.start(&[])?;
+    kafka()
+        .wait_committed(&ledger.group(), &ledger.input, 1, 200, Duration::from_secs(60))
+        .await?;
+    assert!(worker.terminate(Duration::from_secs(60))?.success());
+    // The store says it holds changelog offsets far past the changelog's end (as after a
+    // broker lost the tail of the changelog), with data the changelog never had: restoring
+    // on top of it would keep that data.
+    let path = ledger.state().join(&ledger.name).join("0").join("counts");
+    {
+        use sluice::state::rocks;
+        let memory = rocks::SharedMemory::new(8 << 20, 8 << 20);
+        let db = rocks::open(&path, &memory).map_err(anyhow::Error::msg)?;
+        let mut marker = rocks::read_marker(&db).map_err(anyhow::Error::msg)?.expect("a marker");
+        marker.next_offset += 10_000;
+        marker.topic_id.clear();
+        let bogus = (b"ghost".to_vec(), Some(999u64.to_be_bytes().to_vec()));
+        rocks::write_with_marker(&db, rocks::as_slices(&[bogus]), &marker, true).map_err(anyhow::Error::msg)?;
+    }
+    let mut worker = ledger.start(&[])?;
+    let line = worker.wait_for_line(&["wiping the local store", "store=counts"], Duration::from_secs(60))?;
+    assert!(line.contains("but changelog"), "{line}");
+    worker.wait_for_line(&["restored", "store=counts"], Duration::from_secs(60))?;
+    assert!(worker.terminate(Duration::from_secs(60))?.success());
+    assert_eq!(
+        ledger.stores(0)?,
+        Stores::truth(&input),
+        "the rebuilt store equals the truth"
+    );
+    Ok(())
+}
