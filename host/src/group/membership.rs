@@ -133,6 +133,24 @@ impl Membership {
         self.generation
     }
 
+    /// A second line to the coordinator that heartbeats for this member while a JoinGroup
+    /// of it waits (a rebalance can wait for a slow or dead member up to the rebalance
+    /// timeout). None before the member's first join.
+    pub fn probe(&self) -> Option<HeartbeatProbe> {
+        if self.member_id.is_empty() || self.generation < 0 {
+            return None;
+        }
+        Some(HeartbeatProbe {
+            addr: self.coordinator.as_ref()?.addr().to_string(),
+            connection: None,
+            request: HeartbeatRequest::default()
+                .with_group_id(self.group_id())
+                .with_generation_id(self.generation)
+                .with_member_id(StrBytes::from_string(self.member_id.clone()))
+                .with_group_instance_id(self.instance()),
+        })
+    }
+
     fn group_id(&self) -> GroupId {
         GroupId(StrBytes::from_string(self.config.group.clone()))
     }
@@ -449,6 +467,36 @@ impl Membership {
         MembershipError::Fenced {
             group: self.config.group.clone(),
             instance: self.config.instance_id.clone().unwrap_or_default(),
+        }
+    }
+}
+
+/// Heartbeats for a member whose JoinGroup is in flight, on a connection of its own.
+pub struct HeartbeatProbe {
+    addr: String,
+    connection: Option<Connection>,
+    request: HeartbeatRequest,
+}
+
+impl HeartbeatProbe {
+    /// True when the coordinator answered that it still knows this member in its current
+    /// generation (alive, or a rebalance in progress): the session was renewed. Anything
+    /// else — no answer, another generation, an unknown member — says nothing here; the
+    /// join in flight reports it.
+    pub async fn still_member(&mut self, timeout: Duration) -> bool {
+        let exchange = async {
+            if self.connection.is_none() {
+                self.connection = Some(Connection::connect(&self.addr).await?);
+            }
+            let connection = self.connection.as_mut().expect("connected");
+            connection.send_within(&self.request, HEARTBEAT_VERSION, timeout).await
+        };
+        match tokio::time::timeout(timeout, exchange).await {
+            Ok(Ok(r)) => matches!(r.error_code, code::NONE | code::REBALANCE_IN_PROGRESS),
+            _ => {
+                self.connection = None;
+                false
+            }
         }
     }
 }

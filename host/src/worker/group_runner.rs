@@ -200,8 +200,25 @@ pub async fn run(
             }
             placement::assign(&*assignor, members, &placement, &ends, cluster.standby_replicas)
         };
+        // While the join waits (for a slow member, up to the rebalance timeout), a probe
+        // keeps the session — and so the lease — alive, so tasks keep processing through a
+        // long rebalance as the cooperative protocol intends.
+        let probe = membership.probe();
+        let keep_alive = async {
+            let Some(mut probe) = probe else {
+                return std::future::pending().await;
+            };
+            loop {
+                tokio::time::sleep(cluster.heartbeat_interval).await;
+                let sent = Instant::now();
+                if probe.still_member(heartbeats.timeout).await {
+                    heartbeats.lease.renew(sent, heartbeats.lease_length);
+                }
+            }
+        };
         let joined = tokio::select! {
             joined = membership.join(&metadata, assign) => joined,
+            _ = keep_alive => unreachable!("the probe loop never ends"),
             _ = &mut shutdown => break 'member,
         };
         let joined = match joined {

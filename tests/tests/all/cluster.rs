@@ -478,7 +478,14 @@ async fn a_topology_runs_only_on_workers_that_have_it_through_a_rolling_deploy()
     kafka.produce(&topics[1].1, &sent).await?;
     for (_, _, output) in &topics {
         let expected_count = if output == &topics[1].2 { 400 } else { 200 };
-        let received = kafka.consume(output, expected_count, Duration::from_secs(90)).await?;
+        let received = match kafka.consume(output, expected_count, Duration::from_secs(90)).await {
+            Ok(received) => received,
+            Err(e) => panic!(
+                "{e:#}\n--- worker a:\n{}\n--- worker b:\n{}",
+                workers[0].log(),
+                workers[1].log()
+            ),
+        };
         let values: BTreeSet<Vec<u8>> = received.into_iter().map(|r| r.value.unwrap()).collect();
         assert_eq!(values, sent.iter().map(|(_, v)| v.to_ascii_uppercase()).collect());
     }
