@@ -222,3 +222,51 @@ impl Drop for WorkerProcess {
         }
     }
 }
+
+/// Every entry of one store of a stopped worker, read with `sluice state dump`, in key order.
+pub fn dump_store(state_dir: &Path, topology: &str, partition: i32, store: &str) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let out = Command::new(sluice_binary())
+        .args(["state", "dump", "--state-dir"])
+        .arg(state_dir)
+        .args([
+            "--topology",
+            topology,
+            "--partition",
+            &partition.to_string(),
+            "--store",
+            store,
+        ])
+        .output()?;
+    if !out.status.success() {
+        bail!("sluice state dump failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let unhex = |s: &str| -> Result<Vec<u8>> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(s.get(i..i + 2).unwrap_or("?"), 16).map_err(Into::into))
+            .collect()
+    };
+    String::from_utf8(out.stdout)?
+        .lines()
+        .map(|line| {
+            let (k, v) = line.split_once(' ').context("a dump line is `key value`")?;
+            Ok((unhex(k)?, unhex(v)?))
+        })
+        .collect()
+}
+
+/// A store of counts (UTF-8 keys, 8-byte big-endian values, as word-count keeps them).
+pub fn dump_counts(
+    state_dir: &Path,
+    topology: &str,
+    partition: i32,
+    store: &str,
+) -> Result<std::collections::BTreeMap<String, u64>> {
+    dump_store(state_dir, topology, partition, store)?
+        .into_iter()
+        .map(|(k, v)| {
+            let count: [u8; 8] = v.try_into().map_err(|_| anyhow::anyhow!("a count of 8 bytes"))?;
+            Ok((String::from_utf8(k)?, u64::from_be_bytes(count)))
+        })
+        .collect()
+}

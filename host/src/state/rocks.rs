@@ -268,7 +268,9 @@ impl StateStore for RocksStore {
 
     fn end_call(&mut self, keep: bool) {
         if keep {
-            self.dirty.append(&mut self.call);
+            // Insert one by one: `BTreeMap::append` rebuilds the whole dirty layer, which on
+            // every call would cost the size of everything written since the last commit.
+            self.dirty.extend(std::mem::take(&mut self.call));
         } else {
             self.call.clear();
         }

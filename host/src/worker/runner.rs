@@ -49,10 +49,6 @@ impl Stopping {
     pub fn is_done(&self) -> bool {
         self.tasks.iter().all(|(_, (_, h))| h.is_finished())
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.tasks.is_empty()
-    }
 }
 
 /// Starts and stops task threads; knows every deployed topology.

@@ -203,7 +203,7 @@ async fn workers_survive_a_rolling_restart_of_three_brokers_under_load_and_lose_
         rebuild.log()
     );
     for p in 0..6 {
-        let counts = crate::ownership::dump_counts(&fresh, &name, p)?;
+        let counts = sluice_tests::worker::dump_counts(&fresh, &name, p, "counts")?;
         for (word, n) in &truth[&p] {
             let got = counts.get(word).copied().unwrap_or(0);
             assert!(

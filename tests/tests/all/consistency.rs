@@ -4,10 +4,9 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
-use sluice_tests::worker::{guest, manifest, sluice_binary, TempDir, WorkerProcess};
+use sluice_tests::worker::{dump_counts, dump_store, guest, manifest, TempDir, WorkerProcess};
 use sluice_tests::{kafka, unique_name};
 
 struct Ledger {
@@ -91,49 +90,21 @@ impl Ledger {
     /// Both stores of one task, read with `sluice state dump` (the worker must be stopped),
     /// and whether they agree with each other.
     fn stores(&self, partition: i32) -> anyhow::Result<Stores> {
-        let mut stores = Stores::default();
-        for line in self.dump(partition, "counts")?.lines() {
-            let (k, v) = line.split_once(' ').unwrap();
-            let count = u64::from_be_bytes(unhex(v).try_into().map_err(|_| anyhow::anyhow!("a count of 8 bytes"))?);
-            stores.counts.insert(String::from_utf8(unhex(k))?, count);
+        let state = self.state();
+        let counts = dump_counts(&state, &self.name, partition, "counts")?;
+        let mut log = BTreeMap::new();
+        for (k, v) in dump_store(&state, &self.name, partition, "log")? {
+            log.insert(String::from_utf8(k)?, String::from_utf8(v)?);
         }
-        for line in self.dump(partition, "log")?.lines() {
-            let (k, v) = line.split_once(' ').unwrap();
-            stores
-                .log
-                .insert(String::from_utf8(unhex(k))?, String::from_utf8(unhex(v))?);
-        }
-        for (key, n) in &stores.counts {
-            let logged = stores.log.keys().filter(|k| k.starts_with(&format!("{key}/"))).count() as u64;
+        for (key, n) in &counts {
+            let logged = log.keys().filter(|k| k.starts_with(&format!("{key}/"))).count() as u64;
             anyhow::ensure!(
                 logged == *n,
                 "the stores disagree on {key}: counts says {n}, log has {logged} entries"
             );
         }
-        Ok(stores)
+        Ok(Stores { counts, log })
     }
-
-    fn dump(&self, partition: i32, store: &str) -> anyhow::Result<String> {
-        let state = self.state();
-        let out = Command::new(sluice_binary())
-            .args(["state", "dump", "--state-dir", state.to_str().unwrap()])
-            .args(["--topology", &self.name, "--partition", &partition.to_string()])
-            .args(["--store", store])
-            .output()?;
-        anyhow::ensure!(
-            out.status.success(),
-            "sluice state dump failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(String::from_utf8(out.stdout)?)
-    }
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
 }
 
 fn events(range: std::ops::Range<usize>) -> Vec<(String, String)> {

@@ -115,7 +115,7 @@ async fn kill_trial(guarantee: &str) -> anyhow::Result<()> {
     }
     let mut over: BTreeMap<u64, usize> = BTreeMap::new();
     for p in 0..PARTITIONS {
-        let counts = crate::ownership::dump_counts(&state, &name, p)?;
+        let counts = sluice_tests::worker::dump_counts(&state, &name, p, "counts")?;
         for (word, n) in &truth[&p] {
             let got = counts.get(word).copied().unwrap_or(0);
             if guarantee == "exactly-once" {

@@ -3,13 +3,12 @@
 //! committed offsets, intervals of ownership — not on log wording.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sluice_tests::worker::{guest, manifest, sluice_binary, TempDir, WorkerProcess};
+use sluice_tests::worker::{dump_counts, guest, manifest, TempDir, WorkerProcess};
 use sluice_tests::{kafka, unique_name};
 
 use crate::cluster::until_settled;
@@ -124,31 +123,9 @@ impl WordCount {
         }
         assert!(worker.terminate(Duration::from_secs(60))?.success(), "{}", worker.log());
         (0..PARTITIONS)
-            .map(|p| Ok((p, dump_counts(&state, &self.name, p)?)))
+            .map(|p| Ok((p, dump_counts(&state, &self.name, p, "counts")?)))
             .collect()
     }
-}
-
-pub(crate) fn dump_counts(state: &Path, topology: &str, partition: i32) -> anyhow::Result<Counts> {
-    let out = Command::new(sluice_binary())
-        .args(["state", "dump", "--state-dir", state.to_str().unwrap()])
-        .args(["--topology", topology, "--partition", &partition.to_string()])
-        .args(["--store", "counts"])
-        .output()?;
-    anyhow::ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let mut counts = Counts::new();
-    for line in String::from_utf8(out.stdout)?.lines() {
-        let (k, v) = line.split_once(' ').unwrap();
-        let unhex = |s: &str| -> Vec<u8> {
-            (0..s.len())
-                .step_by(2)
-                .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-                .collect()
-        };
-        let n = u64::from_be_bytes(unhex(v).try_into().map_err(|_| anyhow::anyhow!("a count of 8 bytes"))?);
-        counts.insert(String::from_utf8(unhex(k))?, n);
-    }
-    Ok(counts)
 }
 
 /// Samples the group's committed offsets until stopped, and remembers every time an offset
