@@ -245,3 +245,25 @@ async fn a_changelog_with_the_wrong_partition_count_is_refused() -> anyhow::Resu
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_changelog_that_also_deletes_old_segments_is_refused() -> anyhow::Result<()> {
+    let wc = WordCount::new().await?;
+    let changelog = format!("{}-counts-changelog", wc.name);
+    kafka()
+        .create_topic_with(&changelog, 4, 1, &[("cleanup.policy", "compact,delete")])
+        .await?;
+    let mut worker = wc.start(&[])?;
+    assert!(!worker.wait(Duration::from_secs(60))?.success());
+    let expected = format!(
+        "changelog topic {changelog:?} of store \"counts\" has cleanup.policy=compact,delete, but a changelog must \
+         be exactly cleanup.policy=compact (with `delete`, old state is deleted with old segments); \
+         set cleanup.policy=compact on the topic, or delete it to let the worker create it"
+    );
+    assert!(
+        worker.log().contains(&expected),
+        "expected {expected:?} in:\n{}",
+        worker.log()
+    );
+    Ok(())
+}

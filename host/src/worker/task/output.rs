@@ -190,3 +190,18 @@ fn is_fenced(e: &KafkaError) -> bool {
 fn is_fatal(e: &KafkaError) -> bool {
     matches!(e, KafkaError::Transaction(t) if t.is_fatal())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Guarantee;
+
+    #[test]
+    fn guarantees_parse_and_an_unknown_one_is_named() {
+        assert_eq!("exactly-once".parse(), Ok(Guarantee::ExactlyOnce));
+        assert_eq!("at-least-once".parse(), Ok(Guarantee::AtLeastOnce));
+        assert_eq!(
+            "at-most-once".parse::<Guarantee>(),
+            Err("unknown processing guarantee \"at-most-once\": use \"at-least-once\" or \"exactly-once\"".to_string())
+        );
+    }
+}
