@@ -181,6 +181,12 @@ impl<'a> Reader<'a> {
 
     fn headers(&mut self) -> Result<Headers<'a>, WireError> {
         let count = self.u32()?;
+        check_count(
+            self,
+            count,
+            MIN_HEADER_BYTES,
+            "a header count that the bytes after it can hold",
+        )?;
         let start = self.pos;
         for _ in 0..count {
             self.bytes()?;
@@ -236,18 +242,45 @@ impl<T> Iterator for Records<'_, T> {
     }
 }
 
+/// The fewest bytes an input record takes (both fields none, no headers).
+pub const MIN_INPUT_BYTES: usize = 4 + 4 + 8 + 4 + 4 + 8 + 4;
+/// The fewest bytes an emitted record takes.
+pub const MIN_EMITTED_BYTES: usize = 4 + 4 + 4 + 8 + 4;
+/// The fewest bytes a header takes (empty name, no value).
+const MIN_HEADER_BYTES: usize = 4 + 4;
+
+/// A count read from a buffer, checked against the bytes left: `count` items of at least
+/// `each` bytes must fit, or the buffer lies about its size.
+fn check_count(reader: &Reader<'_>, count: u32, each: usize, expected: &'static str) -> Result<(), WireError> {
+    let left = reader.buf.len() - reader.pos;
+    if (count as usize).saturating_mul(each) > left {
+        return Err(WireError {
+            position: reader.pos - 4,
+            expected,
+        });
+    }
+    Ok(())
+}
+
 fn records<'a, T>(
     buf: &'a [u8],
+    min_bytes: usize,
     decode: fn(&mut Reader<'a>) -> Result<T, WireError>,
 ) -> Result<Records<'a, T>, WireError> {
     let mut reader = Reader::new(buf);
     let left = reader.u32()?;
+    check_count(
+        &reader,
+        left,
+        min_bytes,
+        "a record count that the bytes after it can hold",
+    )?;
     Ok(Records { reader, left, decode })
 }
 
 /// Decodes a batch of inputs (host → guest).
 pub fn inputs(buf: &[u8]) -> Result<Records<'_, Input<'_>>, WireError> {
-    records(buf, |r| {
+    records(buf, MIN_INPUT_BYTES, |r| {
         Ok(Input {
             key: r.opt_bytes()?,
             value: r.opt_bytes()?,
@@ -262,7 +295,7 @@ pub fn inputs(buf: &[u8]) -> Result<Records<'_, Input<'_>>, WireError> {
 
 /// Decodes emitted records (guest → host).
 pub fn emitted(buf: &[u8]) -> Result<Records<'_, Emitted<'_>>, WireError> {
-    records(buf, |r| {
+    records(buf, MIN_EMITTED_BYTES, |r| {
         Ok(Emitted {
             sink: r.u32()?,
             key: r.opt_bytes()?,

@@ -38,8 +38,11 @@ impl CallOutput {
             if buffer.is_empty() {
                 continue;
             }
-            let records = wire::emitted(buffer).map_err(|e| GuestFault::BadOutput { detail: e.to_string() })?;
-            out.reserve(records.remaining() as usize);
+            // The count is checked against the buffer's size by the decoder; records are
+            // still collected as they decode, never reserved by what the guest claims.
+            let records = wire::emitted(buffer).map_err(|e| GuestFault::BadOutput {
+                detail: claimed(buffer, e),
+            })?;
             for record in records {
                 let record = record.map_err(|e| GuestFault::BadOutput { detail: e.to_string() })?;
                 if record.sink as usize >= sink_count {
@@ -54,6 +57,16 @@ impl CallOutput {
             }
         }
         Ok(out)
+    }
+}
+
+/// A decoding error, with the record count the buffer claimed when that is what is wrong.
+fn claimed(buffer: &[u8], e: wire::WireError) -> String {
+    if e.position == 0 && buffer.len() >= 4 {
+        let count = u32::from_le_bytes(buffer[..4].try_into().unwrap());
+        format!("{e} (it claims {count} records in {} bytes)", buffer.len())
+    } else {
+        e.to_string()
     }
 }
 
@@ -217,5 +230,28 @@ fn classify(store: &mut Store<TaskData>, e: wasmtime::Error, timeout: Duration) 
             trap: format!("{e:#}"),
             stderr: data.captured_output(),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Four bytes claiming four billion records: refused before anything is allocated for
+    /// them (the host used to reserve room for every claimed record first and abort).
+    #[test]
+    fn a_record_count_larger_than_the_buffer_is_bad_output() {
+        for returned in [vec![0xff; 4], [u32::MAX.to_le_bytes(), [0; 4]].concat()] {
+            let output = CallOutput {
+                returned,
+                host_emitted: Vec::new(),
+            };
+            match output.records(1) {
+                Err(GuestFault::BadOutput { detail }) => {
+                    assert!(detail.contains("4294967295 records"), "{detail}")
+                }
+                other => panic!("expected bad output, got {other:?}"),
+            }
+        }
     }
 }
