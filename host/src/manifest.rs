@@ -217,7 +217,8 @@ fn toml_error(text: &str, e: &toml::de::Error) -> String {
     }
 }
 
-/// Names used in group ids, metrics and paths: `[A-Za-z0-9._-]`, 1–100 characters.
+/// Names used in group ids, metrics and paths (topologies; a component's sources and
+/// sinks): `[A-Za-z0-9._-]`, 1–100 characters, not only dots (`.` and `..` are paths).
 pub fn check_name(what: &str, name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > 100 {
         return Err(format!("the {what} must be 1 to 100 characters long, got {name:?}"));
@@ -228,6 +229,26 @@ pub fn check_name(what: &str, name: &str) -> Result<(), String> {
     {
         return Err(format!(
             "the {what} {name:?} contains {c:?}; use letters, digits, '.', '_' and '-'"
+        ));
+    }
+    if name.chars().all(|c| c == '.') {
+        return Err(format!("the {what} {name:?} is only dots; it would name a directory"));
+    }
+    Ok(())
+}
+
+/// Store names become directories and the middle of changelog topics
+/// (`<topology>-<store>-changelog`): `[A-Za-z0-9_]`, 1–64 characters. Without '-' or '.'
+/// two topologies' changelogs cannot collide (`a` + `b-c` against `a-b` + `c`).
+pub fn check_store_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 64 {
+        return Err(format!("the store name {name:?} must be 1 to 64 characters long"));
+    }
+    if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || *c == '_')) {
+        return Err(format!(
+            "the store name {name:?} contains {c:?}; use letters, digits and '_' (a store name is part \
+             of its changelog topic `<topology>-<store>-changelog`, where '-' or '.' could make two \
+             changelogs collide)"
         ));
     }
     Ok(())

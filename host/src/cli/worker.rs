@@ -51,6 +51,11 @@ pub struct WorkerArgs {
     /// Memory one task instance may use; a manifest may lower it.
     #[arg(long, default_value = "64MiB", value_parser = parse_size)]
     memory_limit: usize,
+    /// Bytes one task's guest may make the host hold: records emitted through `host.emit`
+    /// in a call plus state writes not yet committed. A manifest may change it
+    /// (`limits.host-memory`).
+    #[arg(long, default_value = "64MiB", value_parser = parse_size)]
+    host_memory_limit: usize,
     /// Deadline of one guest call; a manifest may change it.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     call_timeout: Duration,
@@ -133,6 +138,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         runtime: RuntimeConfig {
             memory_limit: args.memory_limit,
             call_timeout: args.call_timeout,
+            host_memory_limit: args.host_memory_limit,
             pooling: !args.no_pooling,
             max_instances: args.max_instances,
         },

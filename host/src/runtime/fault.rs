@@ -18,6 +18,22 @@ pub enum GuestFault {
     /// The guest tried to grow its memory beyond the cap.
     #[error("the guest exceeded its memory limit of {limit} bytes (it asked for {requested} bytes)")]
     Memory { limit: usize, requested: usize },
+    /// The guest made the host hold more than its budget allows (records emitted through
+    /// the host, state writes not yet committed).
+    #[error("the guest exceeded its {budget} budget of {limit} {unit}: {what} would make it {wanted} {unit}")]
+    Budget {
+        budget: &'static str,
+        unit: &'static str,
+        limit: usize,
+        wanted: usize,
+        what: &'static str,
+    },
+    /// The guest called something topologies may not use (e.g. a blocking wait).
+    #[error("the guest called {call}, which topologies may not use: {why}")]
+    Denied { call: &'static str, why: &'static str },
+    /// The guest used a sink or store it did not declare (even if it ignored the error it got).
+    #[error("the topology used {what}, which it did not declare")]
+    Undeclared { what: String },
     /// The guest handed back records that do not follow the contract.
     #[error("the guest returned invalid output: {detail}")]
     BadOutput { detail: String },
@@ -33,7 +49,9 @@ impl GuestFault {
             GuestFault::Error { .. } => "error",
             GuestFault::Trap { .. } => "trap",
             GuestFault::Deadline { .. } => "deadline",
-            GuestFault::Memory { .. } => "memory",
+            GuestFault::Memory { .. } | GuestFault::Budget { .. } => "memory",
+            GuestFault::Denied { .. } => "denied",
+            GuestFault::Undeclared { .. } => "undeclared",
             GuestFault::BadOutput { .. } => "bad_output",
             GuestFault::Instantiate { .. } => "instantiate",
         }

@@ -1,16 +1,32 @@
 //! Per-task store data and the host side of `sluice:topology/host`: emit, log, time.
 
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
 use wasmtime::component::ResourceTable;
 use wasmtime::ResourceLimiter;
-use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::bindings::sluice::topology::{host, types};
+use super::fault::GuestFault;
 use super::state_host::NamedStore;
 use sluice_guest::wire::{Header, Writer, INHERIT_TIMESTAMP};
 
-/// How much guest stdout/stderr a task keeps (to explain a trap, e.g. a panic message).
-const OUTPUT_CAPTURE: usize = 16 << 10;
+/// How much guest stdout/stderr a task keeps: the last bytes, to explain a trap (e.g. a
+/// panic message). Writing more never fails; older output is dropped.
+const OUTPUT_TAIL: usize = 4 << 10;
+
+/// Longest guest log line; the rest is cut (and the cut is said).
+const MAX_LOG_LINE: usize = 1 << 10;
+/// Log lines a task may write per second on average, and in one burst.
+const LOG_LINES_PER_SECOND: f64 = 20.0;
+const LOG_BURST: f64 = 100.0;
+
+/// Resources (open stores, scans, WASI streams…) one instance may hold at once.
+pub(super) const MAX_RESOURCES: usize = 10_000;
 
 /// Everything one task's `Store` holds.
 pub struct TaskData {
@@ -18,7 +34,7 @@ pub struct TaskData {
     pub(super) table: ResourceTable,
     /// The task's state stores, by declared name.
     pub(super) stores: Vec<NamedStore>,
-    stderr: MemoryOutputPipe,
+    output: TailPipe,
     /// Tags log lines: `<topology>/<partition>`.
     pub(super) label: String,
     /// Sink names by index, for `host.emit`.
@@ -26,38 +42,59 @@ pub struct TaskData {
     /// Records emitted through `host.emit` during the current call.
     pub(super) emitted: Writer,
     pub(super) memory_limit: usize,
+    /// Bytes the guest's calls may make the host hold (emitted records, state writes not yet
+    /// committed); see [`TaskData::charge`].
+    pub(super) host_memory_limit: usize,
     /// Set when the guest asked for more memory than its limit.
     pub(super) memory_denied: Option<usize>,
+    /// Why a host function ended the call, when one did (a budget, a denied call).
+    pub(super) fault: Option<GuestFault>,
+    /// A sink or store the guest used without declaring it: the call fails when it returns,
+    /// whatever the guest did with the error it got.
+    pub(super) undeclared: Option<String>,
+    log: LogLimiter,
 }
 
 impl TaskData {
-    pub(super) fn new(label: &str, sinks: Vec<String>, stores: Vec<NamedStore>, memory_limit: usize) -> Self {
-        let stderr = MemoryOutputPipe::new(OUTPUT_CAPTURE);
+    pub(super) fn new(
+        label: &str,
+        sinks: Vec<String>,
+        stores: Vec<NamedStore>,
+        memory_limit: usize,
+        host_memory_limit: usize,
+    ) -> Self {
+        let output = TailPipe::default();
         // No preopened directories, environment, arguments or network: the builder grants
         // nothing unless asked, and we say so explicitly for the network.
         let wasi = WasiCtxBuilder::new()
-            .stdout(stderr.clone())
-            .stderr(stderr.clone())
+            .stdout(output.clone())
+            .stderr(output.clone())
             .allow_tcp(false)
             .allow_udp(false)
             .allow_ip_name_lookup(false)
             .build();
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(MAX_RESOURCES);
         TaskData {
             wasi,
-            table: ResourceTable::new(),
+            table,
             stores,
-            stderr,
+            output,
             label: label.to_string(),
             sinks,
             emitted: Writer::new(),
             memory_limit,
+            host_memory_limit,
             memory_denied: None,
+            fault: None,
+            undeclared: None,
+            log: LogLimiter::new(),
         }
     }
 
-    /// What the guest printed so far (lossy UTF-8, last lines kept short).
+    /// What the guest printed last (lossy UTF-8, last lines kept short).
     pub(super) fn captured_output(&self) -> String {
-        let bytes = self.stderr.contents();
+        let bytes = self.output.contents();
         let text = String::from_utf8_lossy(&bytes);
         // Rust's hint about RUST_BACKTRACE means nothing to a guest: it has no environment.
         let lines: Vec<&str> = text
@@ -66,6 +103,35 @@ impl TaskData {
             .collect();
         let start = lines.len().saturating_sub(5);
         lines[start..].join("\n")
+    }
+
+    /// Ends the guest's call with `fault` (a host function returns the error this makes).
+    pub(super) fn deny(&mut self, fault: GuestFault) -> wasmtime::Error {
+        let message = fault.to_string();
+        self.fault = Some(fault);
+        wasmtime::Error::msg(message)
+    }
+
+    /// Bytes the host holds for this task's guest: records emitted through the host in this
+    /// call, and state writes not yet committed.
+    pub(super) fn held(&self) -> usize {
+        self.emitted.byte_len() + self.stores.iter().map(|s| s.store.held_bytes()).sum::<usize>()
+    }
+
+    /// Checks that `adding` more bytes for `what` stay within the host-memory budget; if not,
+    /// the call ends with a `memory` fault naming the budget.
+    pub(super) fn charge(&mut self, what: &'static str, adding: usize) -> wasmtime::Result<()> {
+        let held = self.held();
+        if held.saturating_add(adding) > self.host_memory_limit {
+            return Err(self.deny(GuestFault::Budget {
+                budget: "host memory",
+                unit: "bytes",
+                limit: self.host_memory_limit,
+                wanted: held.saturating_add(adding),
+                what,
+            }));
+        }
+        Ok(())
     }
 }
 
@@ -97,10 +163,21 @@ impl ResourceLimiter for TaskData {
 impl types::Host for TaskData {}
 
 impl host::Host for TaskData {
-    fn emit(&mut self, sink: String, out: types::Output) -> Result<(), types::EmitError> {
+    fn emit(&mut self, sink: String, out: types::Output) -> wasmtime::Result<Result<(), types::EmitError>> {
         let Some(index) = self.sinks.iter().position(|s| *s == sink) else {
-            return Err(types::EmitError::UnknownSink(sink));
+            self.undeclared
+                .get_or_insert_with(|| format!("the sink {sink:?} (declared sinks: {:?})", self.sinks));
+            return Ok(Err(types::EmitError::UnknownSink(sink)));
         };
+        let size = 32
+            + out.key.as_ref().map_or(0, Vec::len)
+            + out.value.as_ref().map_or(0, Vec::len)
+            + out
+                .headers
+                .iter()
+                .map(|h| 8 + h.key.len() + h.value.as_ref().map_or(0, Vec::len))
+                .sum::<usize>();
+        self.charge("records emitted through host.emit", size)?;
         let headers: Vec<Header<'_>> = out
             .headers
             .iter()
@@ -116,10 +193,28 @@ impl host::Host for TaskData {
             out.timestamp.unwrap_or(INHERIT_TIMESTAMP),
             headers.into_iter(),
         );
-        Ok(())
+        Ok(Ok(()))
     }
 
-    fn log(&mut self, level: types::Level, message: String) {
+    fn log(&mut self, level: types::Level, message: String) -> wasmtime::Result<()> {
+        let Some(dropped) = self.log.admit() else {
+            return Ok(());
+        };
+        let mut message = message;
+        if message.len() > MAX_LOG_LINE {
+            let mut cut = MAX_LOG_LINE;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            let total = message.len();
+            message.truncate(cut);
+            message.push_str(&format!("… ({total} bytes, cut to {cut})"));
+        }
+        if dropped > 0 {
+            message.push_str(&format!(
+                " ({dropped} earlier lines dropped: more than {LOG_LINES_PER_SECOND} lines per second)"
+            ));
+        }
         let task = self.label.as_str();
         match level {
             types::Level::Trace => tracing::trace!(target: "sluice::guest", task, "{message}"),
@@ -128,12 +223,152 @@ impl host::Host for TaskData {
             types::Level::Warn => tracing::warn!(target: "sluice::guest", task, "{message}"),
             types::Level::Error => tracing::error!(target: "sluice::guest", task, "{message}"),
         }
+        Ok(())
     }
 
-    fn now_ms(&mut self) -> i64 {
-        std::time::SystemTime::now()
+    fn now_ms(&mut self) -> wasmtime::Result<i64> {
+        Ok(std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as i64)
-            .unwrap_or(0)
+            .unwrap_or(0))
+    }
+}
+
+/// A token bucket for a task's log lines.
+struct LogLimiter {
+    tokens: f64,
+    last: Instant,
+    dropped: u64,
+}
+
+impl LogLimiter {
+    fn new() -> Self {
+        LogLimiter {
+            tokens: LOG_BURST,
+            last: Instant::now(),
+            dropped: 0,
+        }
+    }
+
+    /// Whether a line may be written now: if so, how many were dropped before it.
+    fn admit(&mut self) -> Option<u64> {
+        let now = Instant::now();
+        let refill = now.duration_since(self.last).as_secs_f64() * LOG_LINES_PER_SECOND;
+        self.tokens = (self.tokens + refill).min(LOG_BURST);
+        self.last = now;
+        if self.tokens < 1.0 {
+            self.dropped += 1;
+            return None;
+        }
+        self.tokens -= 1.0;
+        Some(std::mem::take(&mut self.dropped))
+    }
+}
+
+/// Guest stdout and stderr: keeps the last [`OUTPUT_TAIL`] bytes, accepts any amount.
+#[derive(Clone, Default)]
+pub(super) struct TailPipe {
+    tail: Arc<Mutex<VecDeque<u8>>>,
+}
+
+impl TailPipe {
+    fn contents(&self) -> Vec<u8> {
+        self.tail.lock().unwrap().iter().copied().collect()
+    }
+
+    fn append(&self, bytes: &[u8]) {
+        let mut tail = self.tail.lock().unwrap();
+        let bytes = &bytes[bytes.len().saturating_sub(OUTPUT_TAIL)..];
+        let overflow = (tail.len() + bytes.len()).saturating_sub(OUTPUT_TAIL);
+        tail.drain(..overflow);
+        tail.extend(bytes);
+    }
+}
+
+impl OutputStream for TailPipe {
+    fn write(&mut self, bytes: bytes::Bytes) -> Result<(), StreamError> {
+        self.append(&bytes);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), StreamError> {
+        Ok(())
+    }
+
+    fn check_write(&mut self) -> Result<usize, StreamError> {
+        Ok(64 << 10)
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for TailPipe {
+    async fn ready(&mut self) {}
+}
+
+impl tokio::io::AsyncWrite for TailPipe {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.append(buf);
+        std::task::Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+impl IsTerminal for TailPipe {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for TailPipe {
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(self.clone())
+    }
+
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        Box::new(self.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_output_tail_keeps_the_last_bytes_and_never_fills() {
+        let pipe = TailPipe::default();
+        for i in 0..10_000u32 {
+            pipe.append(format!("line {i}\n").as_bytes());
+        }
+        let tail = String::from_utf8(pipe.contents()).unwrap();
+        assert!(tail.len() <= OUTPUT_TAIL);
+        assert!(tail.ends_with("line 9999\n"), "{tail}");
+        pipe.append(&vec![b'x'; 3 * OUTPUT_TAIL]);
+        assert_eq!(pipe.contents(), vec![b'x'; OUTPUT_TAIL]);
+    }
+
+    #[test]
+    fn log_lines_beyond_the_rate_are_dropped_and_counted() {
+        let mut limiter = LogLimiter::new();
+        let admitted = (0..1000).filter(|_| limiter.admit().is_some()).count();
+        assert!((100..=102).contains(&admitted), "{admitted}");
+        limiter.last -= std::time::Duration::from_secs(1);
+        assert_eq!(limiter.admit(), Some(1000 - admitted as u64));
     }
 }

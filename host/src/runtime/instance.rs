@@ -81,7 +81,7 @@ impl TaskInstance {
         let timeout = config.call_timeout;
         let mut store = Store::new(
             &topology.engine,
-            TaskData::new(label, sinks, stores, config.memory_limit),
+            TaskData::new(label, sinks, stores, config.memory_limit, config.host_memory_limit),
         );
         store.limiter(|data| data);
         store.epoch_deadline_trap();
@@ -126,6 +126,11 @@ impl TaskInstance {
             sink_topics: task.sink_topics.clone(),
         };
         let result = self.call(|p, s| p.call_init(s, &info))?;
+        if let (Ok(_), Some(what)) = (&result, self.store.data_mut().undeclared.take()) {
+            self.faulted = true;
+            self.end_call(false);
+            return Err(GuestFault::Undeclared { what });
+        }
         result.map_err(|e| self.guest_error(e))?;
         self.end_call(true);
         Ok(())
@@ -167,6 +172,13 @@ impl TaskInstance {
 
     fn output(&mut self, result: Result<Vec<u8>, wit::GuestError>) -> Result<CallOutput, GuestFault> {
         let host_emitted = self.store.data_mut().emitted.take_if_any();
+        // A guest that ignored the error of an undeclared sink or store still fails; one that
+        // reported it says best where (its error names the record).
+        if let (Ok(_), Some(what)) = (&result, self.store.data_mut().undeclared.take()) {
+            self.faulted = true;
+            self.end_call(false);
+            return Err(GuestFault::Undeclared { what });
+        }
         match result {
             Ok(returned) => Ok(CallOutput { returned, host_emitted }),
             Err(e) => Err(self.guest_error(e)),
@@ -192,6 +204,8 @@ impl TaskInstance {
             });
         }
         self.store.set_epoch_deadline(self.deadline_ticks);
+        let data = self.store.data_mut();
+        (data.fault, data.undeclared, data.memory_denied) = (None, None, None);
         let processor = self.topology.sluice_topology_processor();
         match f(processor, &mut self.store) {
             Ok(r) => Ok(r),
@@ -210,6 +224,9 @@ impl TaskInstance {
 
 fn classify(store: &mut Store<TaskData>, e: wasmtime::Error, timeout: Duration) -> GuestFault {
     let data = store.data_mut();
+    if let Some(fault) = data.fault.take() {
+        return fault;
+    }
     if let Some(requested) = data.memory_denied.take() {
         return GuestFault::Memory {
             limit: data.memory_limit,
@@ -220,7 +237,12 @@ fn classify(store: &mut Store<TaskData>, e: wasmtime::Error, timeout: Duration) 
         Some(Trap::Interrupt) => GuestFault::Deadline { timeout },
         Some(trap) => {
             let text = trap.to_string();
-            let trap = text.strip_prefix("wasm trap: ").unwrap_or(&text).to_string();
+            let mut trap_text = text.strip_prefix("wasm trap: ").unwrap_or(&text).to_string();
+            if *trap == Trap::MemoryOutOfBounds {
+                // Rust keeps its stack in linear memory: running out of it reads below 0.
+                trap_text.push_str(" (in a Rust guest usually a stack overflow: deep or endless recursion)");
+            }
+            let trap = trap_text;
             GuestFault::Trap {
                 trap,
                 stderr: data.captured_output(),

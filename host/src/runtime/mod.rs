@@ -39,6 +39,9 @@ mod bindings {
     wasmtime::component::bindgen!({
         world: "topology",
         path: "../wit",
+        // Host functions may trap: a guest that exceeds a budget or asks for what it may
+        // not have ends its call (see `TaskData::deny`).
+        imports: { default: trappable },
         with: {
             "sluice:topology/state.store": super::state_host::StoreHandle,
             "sluice:topology/state.scan": super::state_host::ScanState,
@@ -58,6 +61,9 @@ pub struct RuntimeConfig {
     pub memory_limit: usize,
     /// Longest one guest call (a batch, a punctuation, init, close) may run.
     pub call_timeout: Duration,
+    /// Bytes a task's guest calls may make the host hold: records emitted through
+    /// `host.emit` in one call plus state writes not yet committed.
+    pub host_memory_limit: usize,
     /// Use the pooling allocator (pre-reserved slots, fast instantiation). Falls back to
     /// on-demand allocation when the machine refuses the reservation.
     pub pooling: bool,
@@ -70,6 +76,7 @@ impl Default for RuntimeConfig {
         RuntimeConfig {
             memory_limit: 64 << 20,
             call_timeout: Duration::from_secs(5),
+            host_memory_limit: 64 << 20,
             pooling: true,
             max_instances: 1000,
         }
@@ -117,6 +124,7 @@ impl Runtime {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
         bindings::Topology::add_to_linker::<_, HasSelf<_>>(&mut linker, |data: &mut TaskData| data)?;
+        deny_blocking(&mut linker)?;
 
         // Epoch interruption bounds every call: a thread bumps the epoch every tick and a
         // store traps once its deadline (set per call) passes.
@@ -213,6 +221,43 @@ impl Drop for Runtime {
     }
 }
 
+/// The WASI version whose `poll` interface [`deny_blocking`] replaces (the one
+/// `wasmtime_wasi` links).
+const WASI_POLL: &str = "wasi:io/poll@0.2.12";
+
+/// A call must never block: the epoch deadline cannot interrupt a host function, so a
+/// guest sleeping or waiting inside WASI (`std::thread::sleep`, `poll`) would hold its task
+/// past any deadline. Both ways to wait end the call with a `denied` fault instead.
+fn deny_blocking(linker: &mut Linker<TaskData>) -> anyhow::Result<()> {
+    use wasmtime::component::Resource;
+    use wasmtime_wasi::p2::DynPollable;
+    const WHY: &str = "a call must not wait (sleeping or polling blocks the task past its deadline)";
+    linker.allow_shadowing(true);
+    let mut poll = linker.instance(WASI_POLL)?;
+    poll.func_wrap(
+        "[method]pollable.block",
+        |mut store: wasmtime::StoreContextMut<'_, TaskData>, _: (Resource<DynPollable>,)| -> wasmtime::Result<()> {
+            Err(store.data_mut().deny(GuestFault::Denied {
+                call: "wasi:io/poll pollable.block (e.g. std::thread::sleep)",
+                why: WHY,
+            }))
+        },
+    )?;
+    poll.func_wrap(
+        "poll",
+        |mut store: wasmtime::StoreContextMut<'_, TaskData>,
+         _: (Vec<Resource<DynPollable>>,)|
+         -> wasmtime::Result<(Vec<u32>,)> {
+            Err(store.data_mut().deny(GuestFault::Denied {
+                call: "wasi:io/poll poll",
+                why: WHY,
+            }))
+        },
+    )?;
+    linker.allow_shadowing(false);
+    Ok(())
+}
+
 fn engine_config(config: &RuntimeConfig, pooling: bool) -> Config {
     let mut c = Config::new();
     c.wasm_component_model(true);
@@ -245,8 +290,10 @@ fn check_description(d: &sluice_guest::Description) -> Result<(), String> {
     for (kind, names) in [("source", &d.sources), ("sink", &d.sinks), ("store", &d.stores)] {
         let mut seen = std::collections::HashSet::new();
         for name in names {
-            if name.is_empty() {
-                return Err(format!("it declares a {kind} with an empty name"));
+            if kind == "store" {
+                crate::manifest::check_store_name(name)?;
+            } else {
+                crate::manifest::check_name(&format!("{kind} name"), name)?;
             }
             if !seen.insert(name) {
                 return Err(format!("it declares the {kind} {name:?} twice"));

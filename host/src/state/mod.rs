@@ -36,6 +36,11 @@ pub trait StateStore: Send + 'static {
     fn end_call(&mut self, keep: bool) {
         let _ = keep;
     }
+    /// Bytes of writes held in memory and not yet committed (charged to the guest's
+    /// host-memory budget). Stores that write through hold none.
+    fn held_bytes(&self) -> usize {
+        0
+    }
     /// For the worker, which commits its own engine's stores.
     fn as_any(&mut self) -> &mut dyn Any;
 }
@@ -65,6 +70,8 @@ pub(crate) fn lower_bound<'a>(start: Option<&'a [u8]>, after: Option<&'a [u8]>) 
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     pub entries: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// Bytes of keys and values held (all of it is in memory, so all of it counts).
+    bytes: usize,
 }
 
 impl StateStore for MemoryStore {
@@ -73,13 +80,23 @@ impl StateStore for MemoryStore {
     }
 
     fn put(&mut self, key: Vec<u8>, value: Vec<u8>) -> Result<(), String> {
-        self.entries.insert(key, value);
+        let (k, v) = (key.len(), value.len());
+        if let Some(old) = self.entries.insert(key, value) {
+            self.bytes -= k + old.len();
+        }
+        self.bytes += k + v;
         Ok(())
     }
 
     fn delete(&mut self, key: Vec<u8>) -> Result<(), String> {
-        self.entries.remove(&key);
+        if let Some(old) = self.entries.remove(&key) {
+            self.bytes -= key.len() + old.len();
+        }
         Ok(())
+    }
+
+    fn held_bytes(&self) -> usize {
+        self.bytes
     }
 
     fn scan(
@@ -118,6 +135,7 @@ mod tests {
     #[test]
     fn memory_store_pages_through_a_range() {
         let mut store = MemoryStore::default();
+        assert_eq!(store.held_bytes(), 0);
         for k in [b"a", b"b", b"c", b"d", b"e"] {
             store.put(k.to_vec(), k.to_vec()).unwrap();
         }

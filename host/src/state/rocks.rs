@@ -153,6 +153,26 @@ pub struct RocksStore {
     call: Layer,
     /// Writes of successful calls since the last commit.
     dirty: Layer,
+    /// Bytes held in `call` and `dirty` (keys, values and a per-entry overhead).
+    call_bytes: usize,
+    dirty_bytes: usize,
+}
+
+/// Roughly what one layer entry costs beyond its key and value (map node, vectors).
+const ENTRY_OVERHEAD: usize = 64;
+
+fn entry_bytes(key: &[u8], value: &Option<Vec<u8>>) -> usize {
+    key.len() + value.as_ref().map_or(0, Vec::len) + ENTRY_OVERHEAD
+}
+
+/// Inserts into a layer, keeping its byte count.
+fn insert(layer: &mut Layer, bytes: &mut usize, key: Vec<u8>, value: Option<Vec<u8>>) {
+    let size = entry_bytes(&key, &value);
+    if let Some(old) = layer.get(&key) {
+        *bytes -= entry_bytes(&key, old);
+    }
+    *bytes += size;
+    layer.insert(key, value);
 }
 
 impl RocksStore {
@@ -162,6 +182,8 @@ impl RocksStore {
             db,
             call: Layer::new(),
             dirty: Layer::new(),
+            call_bytes: 0,
+            dirty_bytes: 0,
         }
     }
 
@@ -188,6 +210,7 @@ impl RocksStore {
     pub fn commit(&mut self, marker: &Marker) -> Result<(), String> {
         write_with_marker(&self.db, self.changes(), marker, true).map_err(|e| format!("store {}: {e}", self.name))?;
         self.dirty.clear();
+        self.dirty_bytes = 0;
         Ok(())
     }
 
@@ -195,6 +218,8 @@ impl RocksStore {
     pub fn discard(&mut self) {
         self.call.clear();
         self.dirty.clear();
+        self.call_bytes = 0;
+        self.dirty_bytes = 0;
     }
 
     fn layered(&self, key: &[u8]) -> Option<&Option<Vec<u8>>> {
@@ -213,13 +238,17 @@ impl StateStore for RocksStore {
     }
 
     fn put(&mut self, key: Vec<u8>, value: Vec<u8>) -> Result<(), String> {
-        self.call.insert(key, Some(value));
+        insert(&mut self.call, &mut self.call_bytes, key, Some(value));
         Ok(())
     }
 
     fn delete(&mut self, key: Vec<u8>) -> Result<(), String> {
-        self.call.insert(key, None);
+        insert(&mut self.call, &mut self.call_bytes, key, None);
         Ok(())
+    }
+
+    fn held_bytes(&self) -> usize {
+        self.call_bytes + self.dirty_bytes
     }
 
     fn scan(
@@ -270,10 +299,13 @@ impl StateStore for RocksStore {
         if keep {
             // Insert one by one: `BTreeMap::append` rebuilds the whole dirty layer, which on
             // every call would cost the size of everything written since the last commit.
-            self.dirty.extend(std::mem::take(&mut self.call));
+            for (key, value) in std::mem::take(&mut self.call) {
+                insert(&mut self.dirty, &mut self.dirty_bytes, key, value);
+            }
         } else {
             self.call.clear();
         }
+        self.call_bytes = 0;
     }
 
     fn as_any(&mut self) -> &mut dyn Any {

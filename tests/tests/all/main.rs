@@ -8,5 +8,6 @@ mod kafka_roundtrip;
 mod kills;
 mod ownership;
 mod runtime;
+mod sandbox;
 mod state;
 mod worker;

@@ -13,6 +13,7 @@ fn runtime(memory: usize, timeout: Duration) -> Runtime {
         call_timeout: timeout,
         pooling: true,
         max_instances: 16,
+        ..RuntimeConfig::default()
     })
     .expect("an engine")
 }

@@ -1,0 +1,159 @@
+//! A hostile topology, written against the raw WIT bindings (not the SDK's safe paths), for
+//! the sandbox suite. It passes records through to `output`, except for values that name an
+//! attack; each attack must cost only this topology's own task.
+//!
+//! | value              | attack                                                        |
+//! |--------------------|---------------------------------------------------------------|
+//! | `bad-count`        | returns `ff ff ff ff`: four billion records, no bytes         |
+//! | `sleep`            | `std::thread::sleep` for a minute (a blocking WASI call)      |
+//! | `loop`             | spins forever                                                 |
+//! | `stack`            | unbounded recursion                                           |
+//! | `alloc`            | asks for 4 GiB at once                                        |
+//! | `grow`             | keeps 16 MiB (within the cap) and goes on passing records     |
+//! | `state-bomb`       | puts 8 MiB values in one call until something stops it        |
+//! | `emit-flood`       | emits 1 MiB records through `host.emit` until stopped         |
+//! | `log-flood`        | writes 100,000 log lines of 10 KiB, then passes the record   |
+//! | `stdout-flood`     | prints 100,000 lines, then passes the record                  |
+//! | `undeclared-store` | opens a store it did not declare (ignoring the error)         |
+//! | `undeclared-sink`  | emits to a sink it did not declare (ignoring the error)       |
+//!
+//! `init` traps when the topology's deployed name contains `init-trap`.
+
+use std::hint::black_box;
+use std::sync::Mutex;
+
+use sluice_guest::__private::bindings::exports::sluice::topology::processor::{
+    Description, Guest, GuestError, TaskInfo,
+};
+use sluice_guest::__private::bindings::sluice::topology::state::Store;
+use sluice_guest::__private::bindings::sluice::topology::{host, types};
+use sluice_guest::wire::{self, Writer};
+
+/// Memory kept by `grow`.
+static KEPT: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+
+struct Hostile;
+
+/// Recurses until the stack runs out (the depth check is never true in practice; it keeps
+/// the compiler from calling the function endless).
+fn recurse(depth: u64, pad: [u8; 256]) -> u64 {
+    if black_box(depth) == u64::MAX {
+        return 0;
+    }
+    recurse(depth + 1, black_box(pad)) + u64::from(pad[0])
+}
+
+impl Guest for Hostile {
+    fn describe() -> Description {
+        Description {
+            name: "hostile".into(),
+            sources: vec!["input".into()],
+            sinks: vec!["output".into()],
+            stores: vec!["state".into()],
+        }
+    }
+
+    fn init(task: TaskInfo) -> Result<(), GuestError> {
+        if task.topology.contains("init-trap") {
+            panic!("init refuses to start");
+        }
+        Ok(())
+    }
+
+    fn process(batch: Vec<u8>) -> Result<Vec<u8>, GuestError> {
+        let mut out = Writer::new();
+        let inputs = wire::inputs(&batch).map_err(|e| GuestError {
+            record_index: None,
+            message: e.to_string(),
+        })?;
+        for input in inputs {
+            let input = input.map_err(|e| GuestError {
+                record_index: None,
+                message: e.to_string(),
+            })?;
+            match input.value.unwrap_or_default() {
+                b"bad-count" => return Ok(vec![0xff; 4]),
+                b"sleep" => std::thread::sleep(std::time::Duration::from_secs(60)),
+                b"loop" => loop {
+                    black_box(0u64);
+                },
+                b"stack" => {
+                    black_box(recurse(0, [1; 256]));
+                }
+                b"alloc" => {
+                    let mut v: Vec<u8> = Vec::new();
+                    v.reserve_exact(black_box(usize::MAX / 2));
+                    black_box(&v);
+                }
+                b"grow" => {
+                    let mut kept = KEPT.lock().unwrap();
+                    if kept.is_empty() {
+                        kept.push(black_box(vec![7u8; 16 << 20]));
+                    }
+                }
+                b"state-bomb" => {
+                    let store = Store::open("state").map_err(|_| GuestError {
+                        record_index: None,
+                        message: "cannot open the store".into(),
+                    })?;
+                    let value = vec![1u8; 8 << 20];
+                    for i in 0u32.. {
+                        let _ = store.put(&i.to_le_bytes(), &value);
+                    }
+                }
+                b"emit-flood" => {
+                    let value = vec![2u8; 1 << 20];
+                    loop {
+                        let _ = host::emit(
+                            "output",
+                            &types::Output {
+                                key: None,
+                                value: Some(value.clone()),
+                                timestamp: None,
+                                headers: Vec::new(),
+                            },
+                        );
+                    }
+                }
+                b"log-flood" => {
+                    let line = "x".repeat(10 << 10);
+                    for _ in 0..100_000 {
+                        host::log(types::Level::Info, &line);
+                    }
+                }
+                b"stdout-flood" => {
+                    for i in 0..100_000 {
+                        println!("stdout line {i} of a flood that must not fill anything");
+                    }
+                }
+                b"undeclared-store" => {
+                    let _ = Store::open("not-declared");
+                }
+                b"undeclared-sink" => {
+                    let _ = host::emit(
+                        "not-declared",
+                        &types::Output {
+                            key: None,
+                            value: Some(b"x".to_vec()),
+                            timestamp: None,
+                            headers: Vec::new(),
+                        },
+                    );
+                }
+                _ => {}
+            }
+            out.push_emitted(0, input.key, input.value, wire::INHERIT_TIMESTAMP, std::iter::empty());
+        }
+        Ok(out.take())
+    }
+
+    fn punctuate(_stream_time_ms: i64, _wall_clock_ms: i64) -> Result<Vec<u8>, GuestError> {
+        Ok(Writer::new().take())
+    }
+
+    fn close() -> Result<Vec<u8>, GuestError> {
+        Ok(Writer::new().take())
+    }
+}
+
+sluice_guest::__private::bindings::__export_topology!(Hostile with_types_in sluice_guest::__private::bindings);
