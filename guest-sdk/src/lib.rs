@@ -185,10 +185,12 @@ pub trait Processor: Sized + 'static {
     /// Creates the processor for one task.
     fn init(task: &TaskInfo) -> Result<Self, Error>;
 
-    /// Handles one record. Emit with `ctx`; an error stops the task at this record.
+    /// Handles one record. Emit with `ctx`. An error stops the task at this record, or, as
+    /// the manifest's `on-error` says, skips it or sends it to the dead-letter topic.
     fn process(&mut self, record: &Record<'_>, ctx: &mut Context) -> Result<(), Error>;
 
-    /// Called as time advances: `stream_time_ms` is the largest record timestamp seen.
+    /// Called as time advances: `stream_time_ms` is the largest record timestamp seen. Only
+    /// called once the task has seen a record (before that there is no stream time).
     fn punctuate(&mut self, _stream_time_ms: i64, _ctx: &mut Context) -> Result<(), Error> {
         Ok(())
     }

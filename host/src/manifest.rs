@@ -13,8 +13,21 @@
 //! output = "greetings-shouted"
 //!
 //! [limits]                       # optional; the worker's defaults otherwise
-//! memory = "32MiB"
-//! call-timeout = "2s"
+//! memory = "32MiB"               # linear memory of one instance (at most the worker's)
+//! call-timeout = "2s"            # deadline of one guest call
+//! host-memory = "16MiB"          # what one task's calls may make the host hold
+//! state = "10GiB"                # state on disk of the topology's tasks on one worker
+//! ```
+//!
+//! A record the topology cannot process (its guest returns an error, traps, runs past its
+//! deadline or out of memory on that one record) is handled by `on-error`:
+//!
+//! ```toml
+//! on-error = "dead-letter"       # "fail" (default): the task stops and stays failed;
+//!                                # "skip": count, log and go on past the record;
+//!                                # "dead-letter": produce it unchanged to the dead-letter
+//!                                # topic, with headers naming the error, and go on
+//! dead-letter-topic = "shout-dlq" # default "<name>-dead-letter"; must exist
 //! ```
 
 use std::collections::BTreeMap;
@@ -50,6 +63,10 @@ struct RawManifest {
     sinks: BTreeMap<String, String>,
     #[serde(default)]
     limits: RawLimits,
+    #[serde(default)]
+    on_error: Option<String>,
+    #[serde(default)]
+    dead_letter_topic: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -57,6 +74,8 @@ struct RawManifest {
 struct RawLimits {
     memory: Option<String>,
     call_timeout: Option<String>,
+    host_memory: Option<String>,
+    state: Option<String>,
 }
 
 /// Per-topology limits that override the worker's defaults.
@@ -64,6 +83,21 @@ struct RawLimits {
 pub struct Limits {
     pub memory: Option<usize>,
     pub call_timeout: Option<Duration>,
+    pub host_memory: Option<usize>,
+    /// Bytes of state on disk the topology's tasks may keep on one worker.
+    pub state: Option<u64>,
+}
+
+/// What happens to a record the topology cannot process.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OnError {
+    /// The task stops (and stays failed); nothing past the last good record is committed.
+    #[default]
+    Fail,
+    /// The record is logged, counted and passed over.
+    Skip,
+    /// The record goes unchanged to the dead-letter topic, with headers naming the error.
+    DeadLetter,
 }
 
 /// A parsed manifest.
@@ -77,6 +111,9 @@ pub struct Manifest {
     pub sources: BTreeMap<String, String>,
     pub sinks: BTreeMap<String, String>,
     pub limits: Limits,
+    pub on_error: OnError,
+    /// Where `on-error = "dead-letter"` sends records (none under the other policies).
+    pub dead_letter_topic: Option<String>,
 }
 
 /// A manifest's bindings in the order of the component's description.
@@ -84,6 +121,8 @@ pub struct Manifest {
 pub struct Binding {
     pub source_topics: Vec<String>,
     pub sink_topics: Vec<String>,
+    /// The dead-letter topic, when the topology's policy sends records there.
+    pub dead_letter_topic: Option<String>,
 }
 
 impl Manifest {
@@ -135,13 +174,56 @@ impl Manifest {
         if call_timeout == Some(Duration::ZERO) {
             return Err(invalid("limits.call-timeout must be more than zero".into()));
         }
+        let host_memory = raw
+            .limits
+            .host_memory
+            .as_deref()
+            .map(|s| parse_size(s).map_err(|m| invalid(format!("limits.host-memory = {s:?}: {m}"))))
+            .transpose()?;
+        let state = raw
+            .limits
+            .state
+            .as_deref()
+            .map(|s| parse_size(s).map_err(|m| invalid(format!("limits.state = {s:?}: {m}"))))
+            .transpose()?
+            .map(|n| n as u64);
+        let on_error = match raw.on_error.as_deref() {
+            None | Some("fail") => OnError::Fail,
+            Some("skip") => OnError::Skip,
+            Some("dead-letter") => OnError::DeadLetter,
+            Some(other) => {
+                return Err(invalid(format!(
+                    "on-error = {other:?}: expected \"fail\", \"skip\" or \"dead-letter\""
+                )))
+            }
+        };
+        let dead_letter_topic = match (on_error, raw.dead_letter_topic) {
+            (OnError::DeadLetter, topic) => {
+                let topic = topic.unwrap_or_else(|| format!("{}-dead-letter", raw.name));
+                check_topic(&topic).map_err(|m| invalid(format!("dead-letter-topic = {topic:?}: {m}")))?;
+                Some(topic)
+            }
+            (_, Some(topic)) => {
+                return Err(invalid(format!(
+                    "dead-letter-topic = {topic:?} is set, but on-error is not \"dead-letter\""
+                )))
+            }
+            (_, None) => None,
+        };
         Ok(Manifest {
             path: path.to_string(),
             name: raw.name,
             component: base.join(&raw.component),
             sources: raw.sources,
             sinks: raw.sinks,
-            limits: Limits { memory, call_timeout },
+            limits: Limits {
+                memory,
+                call_timeout,
+                host_memory,
+                state,
+            },
+            on_error,
+            dead_letter_topic,
         })
     }
 
@@ -188,9 +270,17 @@ impl Manifest {
                 )));
             }
         }
+        if let Some(topic) = &self.dead_letter_topic {
+            if source_topics.contains(topic) || sink_topics.contains(topic) {
+                return Err(mismatch(format!(
+                    "the dead-letter topic {topic:?} is also bound as a source or sink"
+                )));
+            }
+        }
         Ok(Binding {
             source_topics,
             sink_topics,
+            dead_letter_topic: self.dead_letter_topic.clone(),
         })
     }
 }

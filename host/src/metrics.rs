@@ -30,6 +30,16 @@ pub struct ErrorLabels {
     pub kind: String,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectLabels {
+    pub topology: String,
+    pub task: String,
+    /// `skip` or `dead-letter`.
+    pub action: String,
+    /// The fault's kind.
+    pub kind: String,
+}
+
 /// Every metric the worker exports. Cheap to clone (the families are shared).
 #[derive(Clone)]
 pub struct Metrics {
@@ -39,6 +49,7 @@ pub struct Metrics {
     pub guest_calls: Family<TaskLabels, Counter>,
     pub guest_call_seconds: Family<TaskLabels, Counter<f64>>,
     pub task_errors: Family<ErrorLabels, Counter>,
+    pub records_rejected: Family<RejectLabels, Counter>,
     pub task_failed: Family<TaskLabels, Gauge>,
     pub tasks_running: Gauge,
     pub restored_records: Family<StoreLabels, Counter>,
@@ -61,6 +72,7 @@ impl Metrics {
         let guest_calls = Family::<TaskLabels, Counter>::default();
         let guest_call_seconds = Family::<TaskLabels, Counter<f64>>::default();
         let task_errors = Family::<ErrorLabels, Counter>::default();
+        let records_rejected = Family::<RejectLabels, Counter>::default();
         let task_failed = Family::<TaskLabels, Gauge>::default();
         let tasks_running = Gauge::default();
         let restored_records = Family::<StoreLabels, Counter>::default();
@@ -85,6 +97,11 @@ impl Metrics {
             task_errors.clone(),
         );
         registry.register(
+            "records_rejected",
+            "Records the topology could not process, skipped or sent to its dead-letter topic (on-error)",
+            records_rejected.clone(),
+        );
+        registry.register(
             "task_failed",
             "1 while a task is stopped by a failure",
             task_failed.clone(),
@@ -101,6 +118,7 @@ impl Metrics {
             guest_calls,
             guest_call_seconds,
             task_errors,
+            records_rejected,
             task_failed,
             tasks_running,
             restored_records,

@@ -79,6 +79,36 @@ pub struct Received {
     pub value: Option<Vec<u8>>,
     pub partition: i32,
     pub offset: i64,
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+}
+
+impl Received {
+    fn from(message: &impl rdkafka::message::Message) -> Received {
+        use rdkafka::message::Headers as _;
+        Received {
+            key: message.key().map(<[u8]>::to_vec),
+            value: message.payload().map(<[u8]>::to_vec),
+            partition: message.partition(),
+            offset: message.offset(),
+            headers: message
+                .headers()
+                .map(|h| {
+                    h.iter()
+                        .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        }
+    }
+
+    /// The value of header `name` as text (none if absent or null).
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, v)| v.as_ref())
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    }
 }
 
 impl Kafka {
@@ -281,12 +311,7 @@ impl Kafka {
                     received.len()
                 ),
             };
-            received.push(Received {
-                key: message.key().map(<[u8]>::to_vec),
-                value: message.payload().map(<[u8]>::to_vec),
-                partition: message.partition(),
-                offset: message.offset(),
-            });
+            received.push(Received::from(&message));
         }
         Ok(received)
     }
@@ -382,12 +407,7 @@ impl Kafka {
             if let Some(message) = consumer.poll(Duration::from_millis(100)) {
                 let message = message?;
                 if message.offset() < ends[&message.partition()] {
-                    out.push(Received {
-                        key: message.key().map(<[u8]>::to_vec),
-                        value: message.payload().map(<[u8]>::to_vec),
-                        partition: message.partition(),
-                        offset: message.offset(),
-                    });
+                    out.push(Received::from(&message));
                 }
             }
         }
@@ -431,4 +451,29 @@ pub fn by_partition(records: &[Received]) -> HashMap<i32, Vec<Received>> {
         list.sort_by_key(|r| r.offset);
     }
     map
+}
+
+/// A TCP port nothing listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The body of `GET http://127.0.0.1:{port}{path}`.
+pub fn http_get(port: u16, path: &str) -> Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    Ok(response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default())
 }

@@ -190,6 +190,23 @@ impl WorkerProcess {
         }
     }
 
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// Peak resident memory of the process so far, in bytes (`VmHWM`).
+    pub fn peak_rss(&self) -> Result<u64> {
+        let pid = self.pid().context("the worker is not running")?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+        let line = status
+            .lines()
+            .find(|l| l.starts_with("VmHWM:"))
+            .context("no VmHWM in /proc/PID/status")?;
+        let kib: u64 = line.split_whitespace().nth(1).context("a VmHWM value")?.parse()?;
+        Ok(kib * 1024)
+    }
+
     /// SIGSTOP: the whole process freezes (a stalled VM, a long GC pause, a debugger).
     pub fn freeze(&self) -> Result<()> {
         self.signal("STOP")

@@ -41,7 +41,7 @@ impl Processor for WindowCount {
 
     fn punctuate(&mut self, stream_time_ms: i64, ctx: &mut Context) -> Result<(), Error> {
         // Windows that end at or before the stream time are closed: start + size <= time.
-        let first_open = stream_time_ms - WINDOW_MS + 1;
+        let first_open = stream_time_ms.saturating_sub(WINDOW_MS - 1);
         if first_open <= 0 {
             return Ok(());
         }

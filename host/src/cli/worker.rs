@@ -26,6 +26,10 @@ pub struct WorkerArgs {
     /// Most records handed to the guest in one call.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     batch_size: u32,
+    /// Most bytes of records in one batch; a quarter of the topology's memory limit when
+    /// that is less. A record larger than this goes in a batch of its own.
+    #[arg(long, default_value = "16MiB", value_parser = parse_size)]
+    max_batch_bytes: usize,
     /// How often each task commits its source offsets (after flushing what it produced).
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     commit_interval: Duration,
@@ -126,6 +130,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         metrics_addr: args.metrics,
         tasks: TaskSettings {
             batch_size: args.batch_size as usize,
+            max_batch_bytes: args.max_batch_bytes,
             commit_interval: args.commit_interval,
             punctuate_interval: args.punctuate_interval,
             guarantee: args.processing_guarantee,
@@ -157,13 +162,18 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         "worker stopped"
     );
     for (task, error) in &report.failed {
-        tracing::error!(%task, "was stopped by a failure: {error}");
+        if task == "(refused topology)" {
+            tracing::error!("was not run: {error}");
+        } else {
+            tracing::error!(%task, "was stopped by a failure: {error}");
+        }
     }
     if report.failed.is_empty() {
         Ok(ExitCode::SUCCESS)
     } else {
         eprintln!(
-            "sluice: {} task(s) failed while this worker ran (see the log above); exiting with status {TASKS_FAILED}",
+            "sluice: {} task(s) failed or topologies were refused while this worker ran (see the log above); \
+             exiting with status {TASKS_FAILED}",
             report.failed.len()
         );
         Ok(ExitCode::from(TASKS_FAILED))

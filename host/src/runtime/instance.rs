@@ -152,6 +152,12 @@ impl TaskInstance {
         self.output(result)
     }
 
+    /// Takes the task's stores out (for a fresh instance after a fault); this instance is
+    /// left without any.
+    pub fn take_stores(&mut self) -> Vec<NamedStore> {
+        std::mem::take(&mut self.store.data_mut().stores)
+    }
+
     /// The task's state stores (the worker flushes them at commit).
     pub fn stores_mut(&mut self) -> &mut [NamedStore] {
         &mut self.store.data_mut().stores

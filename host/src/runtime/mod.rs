@@ -334,6 +334,9 @@ impl LoadedTopology {
         if let Some(timeout) = limits.call_timeout {
             config.call_timeout = timeout;
         }
+        if let Some(bytes) = limits.host_memory {
+            config.host_memory_limit = bytes;
+        }
         Ok(LoadedTopology { config, ..self.clone() })
     }
 

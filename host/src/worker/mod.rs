@@ -84,6 +84,8 @@ pub struct DeployedTopology {
     pub name: String,
     pub loaded: LoadedTopology,
     pub binding: Binding,
+    /// What happens to a record the topology cannot process.
+    pub on_error: crate::manifest::OnError,
     pub partitions: i32,
     /// The changelog of each declared store.
     pub changelogs: Vec<Changelog>,
@@ -92,32 +94,47 @@ pub struct DeployedTopology {
     pub digest: [u8; 16],
 }
 
-/// Loads and checks every manifest and component; the first problem is returned.
+/// A topology this worker will not run, and why (the message names the manifest).
+pub type Refused = String;
+
+/// A topology that loaded: its manifest, compiled component and bindings.
+pub type Loaded = (Manifest, LoadedTopology, Binding);
+
+/// Loads and checks every manifest and component. A topology that fails is refused alone
+/// (returned with its reason); the others load. Errs only when there is nothing to load.
 pub fn load_topologies(
     runtime: &Runtime,
     manifests: &[PathBuf],
-) -> anyhow::Result<Vec<(Manifest, LoadedTopology, Binding)>> {
+) -> anyhow::Result<(Vec<Loaded>, Vec<Refused>)> {
     if manifests.is_empty() {
         bail!("no topology to run: pass --topology FILE.toml (repeatable)");
     }
     let mut names = HashSet::new();
     let mut out = Vec::new();
+    let mut refused = Vec::new();
     for path in manifests {
-        let manifest = Manifest::load(path)?;
-        if !names.insert(manifest.name.clone()) {
-            bail!(
-                "two manifests name the topology {:?}; topology names must be unique",
-                manifest.name
-            );
+        let loaded = (|| -> anyhow::Result<_> {
+            let manifest = Manifest::load(path)?;
+            if !names.insert(manifest.name.clone()) {
+                bail!(
+                    "manifest {}: another manifest already names the topology {:?}; topology names must be unique",
+                    manifest.path,
+                    manifest.name
+                );
+            }
+            let loaded = runtime.load(&manifest.component)?;
+            let loaded = loaded
+                .with_limits(&manifest.limits)
+                .map_err(|m| anyhow::anyhow!("manifest {}: {m}", manifest.path))?;
+            let binding = manifest.bind(loaded.description())?;
+            Ok((manifest, loaded, binding))
+        })();
+        match loaded {
+            Ok(topology) => out.push(topology),
+            Err(e) => refused.push(format!("{e:#}")),
         }
-        let loaded = runtime.load(&manifest.component)?;
-        let loaded = loaded
-            .with_limits(&manifest.limits)
-            .map_err(|m| anyhow::anyhow!("manifest {}: {m}", manifest.path))?;
-        let binding = manifest.bind(loaded.description())?;
-        out.push((manifest, loaded, binding));
     }
-    Ok(out)
+    Ok((out, refused))
 }
 
 /// Runs a worker until `shutdown` resolves, then stops every task cleanly (finish the
@@ -127,8 +144,15 @@ pub async fn run(
     config: WorkerConfig,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<WorkerReport> {
-    let runtime = Runtime::new(&config.runtime)?;
-    let topologies = load_topologies(&runtime, &config.manifests)?;
+    // Loading runs guest code (`describe`), which may use WASI: never on an async thread,
+    // where wasmtime-wasi's blocking calls would panic.
+    let (runtime_config, manifests) = (config.runtime.clone(), config.manifests.clone());
+    let (_runtime, (topologies, mut refused)) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+        let runtime = Runtime::new(&runtime_config)?;
+        let loaded = load_topologies(&runtime, &manifests)?;
+        Ok((runtime, loaded))
+    })
+    .await??;
 
     let metrics = Metrics::new();
     if let Some(addr) = config.metrics_addr {
@@ -138,13 +162,28 @@ pub async fn run(
 
     let bootstrap = config.bootstrap.clone();
     let changelog_settings = config.changelogs;
-    let mut deployed = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<DeployedTopology>> {
+    let deploying = tokio::task::spawn_blocking(move || {
         topologies
             .into_iter()
             .map(|(m, loaded, binding)| deploy(&bootstrap, m, loaded, binding, changelog_settings))
-            .collect()
+            .collect::<Vec<_>>()
     })
-    .await??;
+    .await?;
+    let mut deployed = Vec::new();
+    for result in deploying {
+        match result {
+            Ok(topology) => deployed.push(topology),
+            Err(e) => refused.push(format!("{e:#}")),
+        }
+    }
+    // One tenant's bad topology keeps no other from running; with none left, there is
+    // nothing to do.
+    if deployed.is_empty() {
+        bail!("{}", refused.join("\n"));
+    }
+    for reason in &refused {
+        tracing::error!("not running a topology: {reason}");
+    }
     // Topic ids tell a changelog that was deleted and created again from the one a store
     // was restored from.
     let topics: Vec<String> = deployed
@@ -210,6 +249,11 @@ pub async fn run(
     };
     let report = {
         let mut report = report;
+        report.failed.extend(
+            refused
+                .into_iter()
+                .map(|reason| ("(refused topology)".to_string(), reason)),
+        );
         if let Err(e) = delivery::flush(&producer, Duration::from_secs(30)) {
             report
                 .failed
@@ -264,7 +308,12 @@ fn deploy(
     let consumer = source_consumer(bootstrap, &manifest.name).context("creating the consumer")?;
 
     let mut partitions = None;
-    for (kind, topics) in [("source", &binding.source_topics), ("sink", &binding.sink_topics)] {
+    let dead_letter: Vec<String> = binding.dead_letter_topic.iter().cloned().collect();
+    for (kind, topics) in [
+        ("source", &binding.source_topics),
+        ("sink", &binding.sink_topics),
+        ("dead-letter", &dead_letter),
+    ] {
         for topic in topics.iter() {
             let count = partition_count(&consumer, topic).map_err(|e| {
                 anyhow::anyhow!(
@@ -299,6 +348,7 @@ fn deploy(
     Ok(DeployedTopology {
         name: manifest.name,
         loaded,
+        on_error: manifest.on_error,
         binding,
         partitions,
         changelogs,

@@ -21,7 +21,8 @@ use super::control::{Lease, Request, TaskControl};
 use super::delivery::{DeliveryTracker, Outgoing, WorkerProducer};
 use super::task_state::{Opened, StateEnv, TaskState};
 use super::{ConsumerEvents, DeployedTopology};
-use crate::metrics::{ErrorLabels, Metrics, TaskLabels};
+use crate::manifest::OnError;
+use crate::metrics::{ErrorLabels, Metrics, RejectLabels, TaskLabels};
 use crate::runtime::{CallOutput, GuestFault, TaskInstance};
 pub use output::{Guarantee, TaskOutput, TransactionError};
 
@@ -32,6 +33,9 @@ const DELIVERY_TIMEOUT: Duration = Duration::from_secs(120);
 #[derive(Debug, Clone)]
 pub struct TaskSettings {
     pub batch_size: usize,
+    /// Most bytes of records in one batch (a quarter of the topology's memory limit, if
+    /// that is less): a batch must fit in the guest's memory with room for its output.
+    pub max_batch_bytes: usize,
     pub commit_interval: Duration,
     pub punctuate_interval: Duration,
     pub guarantee: Guarantee,
@@ -44,6 +48,7 @@ impl Default for TaskSettings {
     fn default() -> Self {
         TaskSettings {
             batch_size: 500,
+            max_batch_bytes: 16 << 20,
             commit_interval: Duration::from_secs(1),
             punctuate_interval: Duration::from_secs(1),
             guarantee: Guarantee::AtLeastOnce,
@@ -130,6 +135,8 @@ struct Task {
     writer: Writer,
     /// (source index, offset) of each record in the current batch.
     batch: Vec<(u32, i64)>,
+    /// Bytes at which a batch is full (see `TaskSettings::max_batch_bytes`).
+    batch_bytes: usize,
     /// Next offset to commit per source, once the batch that read it is produced.
     positions: Vec<Option<i64>>,
     committed: Vec<Option<i64>>,
@@ -302,6 +309,11 @@ impl Task {
             state,
             writer: Writer::new(),
             batch: Vec::with_capacity(ctx.settings.batch_size),
+            batch_bytes: ctx
+                .settings
+                .max_batch_bytes
+                .min(topology.loaded.limits().memory_limit / 4)
+                .max(1),
             positions: source.committed.clone(),
             committed: source.committed,
             stream_time: i64::MIN,
@@ -372,7 +384,7 @@ impl Task {
         self.batch.clear();
         let consumer = self.consumer.take().expect("the task's consumer");
         let mut wait = Duration::from_millis(100);
-        while self.batch.len() < self.ctx.settings.batch_size {
+        while self.batch.len() < self.ctx.settings.batch_size && self.writer.byte_len() < self.batch_bytes {
             match consumer.poll(wait) {
                 Some(Ok(message)) => {
                     let topics = &self.ctx.topology.binding.source_topics;
@@ -421,23 +433,250 @@ impl Task {
         let result = self.instance.process(self.writer.as_bytes());
         self.counters.calls.inc();
         self.counters.call_seconds.inc_by(started.elapsed().as_secs_f64());
-        let output = match result {
-            Ok(output) => output,
-            Err(fault) => return Err(self.fail_batch(fault)),
+        let fault = match result {
+            Ok(output) => match self.produce(&output, self.stream_time, "a batch") {
+                Ok(()) => {
+                    self.done(0..self.batch.len());
+                    return Ok(());
+                }
+                Err(TaskError::Guest { fault, .. }) => fault,
+                Err(other) => return Err(other),
+            },
+            Err(fault) => fault,
         };
-        let default_ts = self.stream_time;
-        if let Err(fault) = self.produce(&output, default_ts, "a batch") {
-            return Err(match fault {
-                TaskError::Guest { fault, .. } => self.fail_batch(fault),
-                other => other,
-            });
-        }
-        let n = self.batch.len() as u64;
+        // Some record of the batch cannot be processed, or the batch as a whole is too much
+        // for the guest: find out which by processing parts of it in fresh instances.
+        let whole = self.writer.as_bytes().to_vec();
+        let batch = self.batch.clone();
+        self.isolate(&whole, &batch, 0..batch.len(), fault)
+    }
+
+    /// Marks records `range` of the batch processed: their offsets may be committed.
+    fn done(&mut self, range: std::ops::Range<usize>) {
+        let n = range.len() as u64;
         self.summary.records_in += n;
         self.counters.records_in.inc_by(n);
-        for &(source, offset) in &self.batch {
+        for i in range {
+            let (source, offset) = self.batch[i];
             self.positions[source as usize] = Some(offset + 1);
         }
+    }
+
+    /// Records `range` of `whole` failed together with `fault`. With one record, the
+    /// topology's error policy decides; with more, the part before a record the guest named
+    /// (or the first half) is processed again in a fresh instance, then the rest, so the
+    /// failing record is isolated and every other record is processed once.
+    fn isolate(
+        &mut self,
+        whole: &[u8],
+        batch: &[(u32, i64)],
+        range: std::ops::Range<usize>,
+        fault: GuestFault,
+    ) -> Result<(), TaskError> {
+        if range.len() == 1 || matches!(fault, GuestFault::Instantiate { .. }) {
+            return self.reject(whole, batch, range, fault);
+        }
+        tracing::info!(task = %self.id, records = range.len(), "{fault}; processing the batch in parts to find the record");
+        let parts = match fault.record_index().map(|i| range.start + i as usize) {
+            // The guest named the record: what comes before it, it alone, what follows.
+            Some(at) if at < range.end => vec![
+                (range.start..at, None),
+                (at..at + 1, Some(fault)),
+                (at + 1..range.end, None),
+            ],
+            _ => {
+                let mid = range.start + range.len() / 2;
+                vec![(range.start..mid, None), (mid..range.end, None)]
+            }
+        };
+        for (part, known) in parts {
+            if part.is_empty() {
+                continue;
+            }
+            let fault = match known {
+                Some(fault) => fault,
+                None => match self.process_part(whole, part.clone())? {
+                    None => continue,
+                    Some(fault) => fault,
+                },
+            };
+            self.isolate(whole, batch, part, fault)?;
+        }
+        Ok(())
+    }
+
+    /// Processes records `part` of `whole` in a fresh instance (the last one faulted) and
+    /// produces their output; the fault if they fail.
+    fn process_part(&mut self, whole: &[u8], part: std::ops::Range<usize>) -> Result<Option<GuestFault>, TaskError> {
+        if let Some(fault) = self.renew_instance()? {
+            return Ok(Some(fault));
+        }
+        let mut writer = Writer::new();
+        let inputs = wire::inputs(whole).expect("the host's own batch encoding");
+        for input in inputs.skip(part.start).take(part.len()) {
+            let input = input.expect("the host's own batch encoding");
+            writer.push_input(
+                input.key,
+                input.value,
+                input.timestamp,
+                input.source,
+                input.partition,
+                input.offset,
+                input.headers.iter().collect::<Vec<_>>().into_iter(),
+            );
+        }
+        let output = match self.call("a part of a batch", |i| i.process(writer.as_bytes())) {
+            Ok(output) => output,
+            Err(TaskError::Guest { fault, .. }) => return Ok(Some(fault)),
+            Err(other) => return Err(other),
+        };
+        match self.produce(&output, self.stream_time, "a part of a batch") {
+            Ok(()) => {
+                self.done(part);
+                Ok(None)
+            }
+            Err(TaskError::Guest { fault, .. }) => Ok(Some(fault)),
+            Err(other) => Err(other),
+        }
+    }
+
+    /// A fresh instance over the same stores when the current one faulted. Its own fault
+    /// (it cannot start) is returned.
+    fn renew_instance(&mut self) -> Result<Option<GuestFault>, TaskError> {
+        if !self.instance.is_faulted() {
+            return Ok(None);
+        }
+        let topology = &self.ctx.topology;
+        let stores = self.instance.take_stores();
+        let fresh = topology
+            .loaded
+            .instantiate(&self.id, topology.loaded.description().sinks.clone(), stores)
+            .and_then(|mut instance| instance.init(&self.info).map(|()| instance));
+        match fresh {
+            Ok(instance) => {
+                self.instance = instance;
+                Ok(None)
+            }
+            Err(fault) => Ok(Some(fault)),
+        }
+    }
+
+    /// One record (or, when no instance could start, the rest of the batch) failed with
+    /// `fault`: the topology's error policy decides.
+    fn reject(
+        &mut self,
+        whole: &[u8],
+        batch: &[(u32, i64)],
+        range: std::ops::Range<usize>,
+        fault: GuestFault,
+    ) -> Result<(), TaskError> {
+        let topics = &self.ctx.topology.binding.source_topics;
+        let partition = self.ctx.partition;
+        let at = if range.len() == 1 {
+            let (source, offset) = batch[range.start];
+            format!(
+                "offset {offset} of topic {} partition {partition}",
+                topics[source as usize]
+            )
+        } else {
+            format!(
+                "the records at offsets {}..={} of partition {partition}",
+                batch[range.start].1,
+                batch[range.end - 1].1
+            )
+        };
+        let policy = self.ctx.topology.on_error;
+        if policy == OnError::Fail || range.len() != 1 {
+            // Commit what was processed before it; nothing after.
+            match self.commit() {
+                Ok(Commit::Done) => {}
+                Ok(_) => {
+                    tracing::warn!(task = %self.id, "not committing the records before the failure: no lease, or fenced")
+                }
+                Err(e) => tracing::warn!(task = %self.id, "committing the records before the failure: {e}"),
+            }
+            return Err(TaskError::Guest {
+                task: self.id.clone(),
+                at,
+                fault,
+            });
+        }
+        let input = wire::inputs(whole)
+            .expect("the host's own batch encoding")
+            .nth(range.start)
+            .expect("the record is in the batch")
+            .expect("the host's own batch encoding");
+        let action = match policy {
+            OnError::Skip => {
+                tracing::warn!(task = %self.id, "skipping the record at {at} (on-error = \"skip\"): {fault}");
+                "skip"
+            }
+            _ => {
+                let topic = self
+                    .ctx
+                    .topology
+                    .binding
+                    .dead_letter_topic
+                    .clone()
+                    .expect("a dead-letter topic under on-error = \"dead-letter\"");
+                let error = fault.to_string();
+                let (source, offset) = batch[range.start];
+                let source_topic = topics[source as usize].clone();
+                let (partition_text, offset_text, time_text) =
+                    (partition.to_string(), offset.to_string(), input.timestamp.to_string());
+                let mut headers = Writer::new();
+                let ours = [
+                    ("sluice.error", error.as_bytes()),
+                    ("sluice.error.kind", fault.kind().as_bytes()),
+                    ("sluice.task", self.id.as_bytes()),
+                    ("sluice.source.topic", source_topic.as_bytes()),
+                    ("sluice.source.partition", partition_text.as_bytes()),
+                    ("sluice.source.offset", offset_text.as_bytes()),
+                    ("sluice.source.timestamp", time_text.as_bytes()),
+                ];
+                let all: Vec<Header<'_>> = input
+                    .headers
+                    .iter()
+                    .chain(ours.iter().map(|(name, value)| Header {
+                        name: name.as_bytes(),
+                        value: Some(value),
+                    }))
+                    .collect();
+                headers.push_emitted(0, input.key, input.value, input.timestamp, all.into_iter());
+                let record = wire::emitted(headers.as_bytes())
+                    .expect("our own encoding")
+                    .next()
+                    .expect("one record")
+                    .expect("our own encoding");
+                let out = Outgoing {
+                    topic: &topic,
+                    partition: None,
+                    key: record.key,
+                    value: record.value,
+                    timestamp: input.timestamp.max(-1),
+                    headers: record.headers,
+                };
+                self.output
+                    .send(&self.tracker, out)
+                    .map_err(|detail| TaskError::Produce {
+                        task: self.id.clone(),
+                        detail: format!("sending a record to the dead-letter topic {topic:?}: {detail}"),
+                    })?;
+                tracing::warn!(task = %self.id, "sent the record at {at} to {topic:?} (on-error = \"dead-letter\"): {fault}");
+                "dead-letter"
+            }
+        };
+        self.ctx
+            .metrics
+            .records_rejected
+            .get_or_create(&RejectLabels {
+                topology: self.ctx.topology.name.clone(),
+                task: self.id.clone(),
+                action: action.into(),
+                kind: fault.kind().into(),
+            })
+            .inc();
+        self.done(range);
         Ok(())
     }
 
@@ -486,9 +725,14 @@ impl Task {
     }
 
     fn maybe_punctuate(&mut self) -> Result<(), TaskError> {
+        // Stream time starts with the first record this task sees; until then there is no
+        // time to punctuate by (a restarted task on an idle partition would otherwise close
+        // every open window at the start of time).
+        if self.stream_time == i64::MIN {
+            return Ok(());
+        }
         let interval = self.ctx.settings.punctuate_interval;
-        let stream_due = self.stream_time != i64::MIN
-            && self.stream_time.saturating_sub(self.last_punctuate_stream) >= interval.as_millis() as i64;
+        let stream_due = self.stream_time.saturating_sub(self.last_punctuate_stream) >= interval.as_millis() as i64;
         if !(stream_due || self.last_punctuate.elapsed() >= interval) {
             return Ok(());
         }
@@ -497,7 +741,7 @@ impl Task {
         let (stream_time, wall) = (self.stream_time, now_ms());
         let at = format!("punctuation (stream time {stream_time})");
         let output = self.call(&at, |i| i.punctuate(stream_time, wall))?;
-        self.produce(&output, if stream_time == i64::MIN { wall } else { stream_time }, &at)
+        self.produce(&output, stream_time, &at)
     }
 
     fn call(
@@ -514,81 +758,6 @@ impl Task {
             at: at.to_string(),
             fault,
         })
-    }
-
-    /// Commits what earlier batches read (the failed call left no state behind), then names
-    /// where this batch failed.
-    fn fail_batch(&mut self, fault: GuestFault) -> TaskError {
-        let at = self.locate(&fault);
-        match self.commit() {
-            Ok(Commit::Done) => {}
-            Ok(_) => {
-                tracing::warn!(task = %self.id, "not committing the records before the failure: no lease, or fenced")
-            }
-            Err(e) => tracing::warn!(task = %self.id, "committing the records before the failure: {e}"),
-        }
-        TaskError::Guest {
-            task: self.id.clone(),
-            at,
-            fault,
-        }
-    }
-
-    /// Where in the batch the guest failed: the record it named, the only record, or the
-    /// first record that fails again when the batch is replayed one record at a time in a
-    /// fresh instance (a trap carries no record index).
-    fn locate(&self, fault: &GuestFault) -> String {
-        let topics = &self.ctx.topology.binding.source_topics;
-        let describe = |(source, offset): (u32, i64)| {
-            format!(
-                "offset {offset} of topic {} partition {}",
-                topics[source as usize], self.ctx.partition
-            )
-        };
-        if let Some(&record) = fault.record_index().and_then(|i| self.batch.get(i as usize)) {
-            return describe(record);
-        }
-        if self.batch.len() == 1 {
-            return describe(self.batch[0]);
-        }
-        if matches!(
-            fault,
-            GuestFault::Trap { .. } | GuestFault::Deadline { .. } | GuestFault::Memory { .. }
-        ) {
-            if let Some(index) = self.replay_one_by_one() {
-                return describe(self.batch[index]);
-            }
-        }
-        let (first, last) = (self.batch[0], self.batch[self.batch.len() - 1]);
-        format!(
-            "the batch of offsets {}..={} of partition {}",
-            first.1, last.1, self.ctx.partition
-        )
-    }
-
-    fn replay_one_by_one(&self) -> Option<usize> {
-        tracing::info!(task = %self.id, records = self.batch.len(), "replaying the failed batch one record at a time to find the failing record");
-        // Against empty in-memory stores: this only has to find the record that faults.
-        let mut instance = self.ctx.topology.loaded.instantiate_in_memory(&self.id).ok()?;
-        instance.init(&self.info).ok()?;
-        let mut single = Writer::new();
-        for (index, input) in wire::inputs(self.writer.as_bytes()).ok()?.enumerate() {
-            let input = input.ok()?;
-            single.clear();
-            single.push_input(
-                input.key,
-                input.value,
-                input.timestamp,
-                input.source,
-                input.partition,
-                input.offset,
-                input.headers.iter().collect::<Vec<_>>().into_iter(),
-            );
-            if instance.process(single.as_bytes()).is_err() {
-                return Some(index);
-            }
-        }
-        None
     }
 
     /// The commit protocol (see `task_state` for where a crash can fall). Commits nothing

@@ -1,0 +1,247 @@
+//! The hostile-guest suite on a real worker: every attack of the `hostile` guests deployed
+//! on one worker beside a well-behaved topology. The worker stays up, each hostile task
+//! fails with a fault naming its cause (floods within budget keep running), topologies
+//! that cannot load are refused alone, the neighbour keeps at least 80% of the throughput
+//! it has alone (measured in this run), SIGTERM stops the worker within 30 s, and its peak
+//! RSS stays under a stated bound.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use sluice_tests::worker::{guest, manifest, TempDir, WorkerProcess};
+use sluice_tests::{free_port, http_get, kafka, unique_name, Kafka};
+
+/// Records the neighbour processes in each run.
+const NEIGHBOUR_RECORDS: usize = 150_000;
+/// What the worker's resident memory may reach with every attack at once (measured: about
+/// 180 MiB). 14 instances of at most 64 MiB of linear memory each could in theory take
+/// 900 MiB, but only `grow` (16 MiB) and the budgets (32 MiB of host memory per task) may
+/// keep any.
+const PEAK_RSS_BOUND: u64 = 400 << 20;
+
+/// (record value, expected fault kind; none: keeps running and passes the record on).
+const ATTACKS: &[(&str, Option<&str>)] = &[
+    ("bad-count", Some("bad_output")),
+    ("sleep", Some("denied")),
+    ("loop", Some("deadline")),
+    ("stack", Some("trap")),
+    // The guest's own allocator refuses and aborts (see sandbox.rs): a trap naming it.
+    ("alloc", Some("trap")),
+    ("grow", None),
+    ("state-bomb", Some("memory")),
+    ("emit-flood", Some("memory")),
+    ("log-flood", None),
+    ("stdout-flood", None),
+    ("undeclared-store", Some("undeclared")),
+    ("undeclared-sink", Some("undeclared")),
+];
+
+/// A neighbour topology over a topic holding [`NEIGHBOUR_RECORDS`] records.
+async fn neighbour(kafka: &Kafka, dir: &TempDir) -> anyhow::Result<(String, String, std::path::PathBuf)> {
+    let (input, output) = (unique_name("neighbour-in"), unique_name("neighbour-out"));
+    kafka.create_topic(&input, 1).await?;
+    kafka.create_topic(&output, 1).await?;
+    let records: Vec<(Vec<u8>, Vec<u8>)> = (0..NEIGHBOUR_RECORDS)
+        .map(|i| {
+            (
+                format!("k{i}").into_bytes(),
+                format!("neighbour record {i}").into_bytes(),
+            )
+        })
+        .collect();
+    kafka.produce(&input, &records).await?;
+    let name = unique_name("neighbour");
+    let path = dir.write(
+        &format!("{name}.toml"),
+        &manifest(
+            &name,
+            &guest("uppercase"),
+            &[("input", &input)],
+            &[("output", &output)],
+            "",
+        ),
+    );
+    Ok((name, input, path))
+}
+
+/// Records per second the neighbour commits, from its first commit to its last record.
+async fn throughput(kafka: &Kafka, group: &str, input: &str, worker: &WorkerProcess) -> anyhow::Result<f64> {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut first: Option<(Instant, i64)> = None;
+    loop {
+        let committed = kafka.committed_offset(group, input, 0).unwrap_or(None).unwrap_or(0);
+        let now = Instant::now();
+        if committed > 0 && first.is_none() {
+            first = Some((now, committed));
+        }
+        if committed as usize >= NEIGHBOUR_RECORDS {
+            let (t0, c0) = first.expect("a first commit");
+            let secs = now.duration_since(t0).as_secs_f64().max(0.001);
+            return Ok((committed - c0) as f64 / secs);
+        }
+        if now > deadline {
+            anyhow::bail!(
+                "the neighbour committed {committed} of {NEIGHBOUR_RECORDS}; log:\n{}",
+                worker.log()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `sluice_task_errors_total` by (topology, kind), from the metrics endpoint.
+fn task_errors(port: u16) -> anyhow::Result<BTreeMap<(String, String), u64>> {
+    let body = http_get(port, "/metrics")?;
+    let mut out = BTreeMap::new();
+    for line in body.lines().filter(|l| l.starts_with("sluice_task_errors_total{")) {
+        let label = |name: &str| {
+            line.split(&format!("{name}=\""))
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .unwrap_or("")
+                .to_string()
+        };
+        let value: u64 = line.rsplit(' ').next().unwrap_or("0").parse().unwrap_or(0);
+        out.insert((label("topology"), label("kind")), value);
+    }
+    Ok(out)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hostile_guests_beside_a_neighbour_cost_only_themselves() -> anyhow::Result<()> {
+    let kafka = kafka();
+    let dir = TempDir::new("hostile");
+    let common = ["--commit-interval", "100ms", "--host-memory-limit", "32MiB"];
+
+    // 1. The neighbour alone.
+    let (name, input, path) = neighbour(kafka, &dir).await?;
+    let mut args: Vec<String> = common.iter().map(|s| s.to_string()).collect();
+    args.extend(["--topology".into(), path.to_str().unwrap().into()]);
+    let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut alone = WorkerProcess::start(kafka.bootstrap(), dir.path(), &arg_refs)?;
+    let alone_rate = throughput(kafka, &format!("sluice-{name}"), &input, &alone).await?;
+    assert!(alone.terminate(Duration::from_secs(30))?.success(), "{}", alone.log());
+
+    // 2. The neighbour again, on fresh input, beside every attack.
+    let (name, input, path) = neighbour(kafka, &dir).await?;
+    let mut args: Vec<String> = common.iter().map(|s| s.to_string()).collect();
+    args.extend(["--topology".into(), path.to_str().unwrap().into()]);
+    let mut hostile = Vec::new();
+    let attacks: Vec<(String, &str, Option<&str>)> = ATTACKS
+        .iter()
+        .map(|(attack, kind)| (attack.to_string(), "hostile", *kind))
+        .chain([("x".to_string(), "hostile", Some("trap"))])
+        .collect();
+    for (i, (attack, component, kind)) in attacks.iter().enumerate() {
+        let label = if i == attacks.len() - 1 {
+            "init-trap"
+        } else {
+            attack.as_str()
+        };
+        let topology = unique_name(&format!("hostile-{label}"));
+        let (hin, hout) = (unique_name("hostile-in"), unique_name("hostile-out"));
+        kafka.create_topic(&hin, 1).await?;
+        kafka.create_topic(&hout, 1).await?;
+        // The attack, then two ordinary records (which only the survivors pass on).
+        kafka
+            .produce_to(&hin, 0, &[("a", attack.as_str()), ("b", "after-1"), ("c", "after-2")])
+            .await?;
+        let limits = if attack == "loop" {
+            "call-timeout = \"500ms\""
+        } else {
+            ""
+        };
+        let m = dir.write(
+            &format!("{topology}.toml"),
+            &manifest(
+                &topology,
+                &guest(component),
+                &[("input", &hin)],
+                &[("output", &hout)],
+                limits,
+            ),
+        );
+        args.extend(["--topology".into(), m.to_str().unwrap().into()]);
+        hostile.push((topology, hout, *kind));
+    }
+    // Components that cannot even be loaded are refused alone.
+    for component in ["hostile-describe-loop", "hostile-describe-trap", "hostile-store-name"] {
+        let (hin, hout) = (unique_name("refused-in"), unique_name("refused-out"));
+        let topology = unique_name(component);
+        let m = dir.write(
+            &format!("{topology}.toml"),
+            &manifest(
+                &topology,
+                &guest(component),
+                &[("input", &hin)],
+                &[("output", &hout)],
+                "",
+            ),
+        );
+        args.extend(["--topology".into(), m.to_str().unwrap().into()]);
+    }
+    let metrics = free_port();
+    args.extend(["--metrics".into(), format!("127.0.0.1:{metrics}")]);
+    let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut worker = WorkerProcess::start(kafka.bootstrap(), dir.path(), &arg_refs)?;
+    let beside_rate = throughput(kafka, &format!("sluice-{name}"), &input, &worker).await?;
+
+    // Each attack cost only its own task, with a fault naming the cause.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for (topology, output, kind) in &hostile {
+        match kind {
+            Some(kind) => loop {
+                let errors = task_errors(metrics)?;
+                let got: Vec<&String> = errors.keys().filter(|(t, _)| t == topology).map(|(_, k)| k).collect();
+                if got.iter().any(|k| k.as_str() == *kind) {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{topology}: expected a {kind} fault, saw {got:?}; log:\n{}",
+                    worker.log()
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            },
+            None => {
+                let received = kafka.consume(output, 3, Duration::from_secs(60)).await?;
+                assert_eq!(received.len(), 3, "{topology} keeps running");
+                assert!(
+                    !task_errors(metrics)?.keys().any(|(t, _)| t == topology),
+                    "{topology} faulted"
+                );
+            }
+        }
+    }
+    let rss = worker.peak_rss()?;
+    let started = Instant::now();
+    let status = worker.terminate(Duration::from_secs(30))?;
+    let stop = started.elapsed();
+    let log = worker.log();
+    for component in ["hostile-describe-loop", "hostile-describe-trap", "hostile-store-name"] {
+        let name = component.replace('-', "_");
+        assert!(
+            log.contains("not running a topology") && log.contains(&format!("{name}.wasm")),
+            "{component} should be refused by name; log:\n{log}"
+        );
+    }
+    println!(
+        "hostile suite: neighbour alone {alone_rate:.0} records/s, beside {} attacks {beside_rate:.0} records/s \
+         ({:.0}%); peak RSS {} MiB; SIGTERM to exit {stop:?}",
+        hostile.len() + 3,
+        100.0 * beside_rate / alone_rate,
+        rss >> 20
+    );
+    assert_eq!(
+        status.code(),
+        Some(3),
+        "tasks failed, so the worker says so; log:\n{log}"
+    );
+    assert!(stop < Duration::from_secs(30), "stopping took {stop:?}");
+    assert!(rss < PEAK_RSS_BOUND, "peak RSS {} MiB", rss >> 20);
+    assert!(
+        beside_rate >= 0.8 * alone_rate,
+        "the neighbour slowed from {alone_rate:.0} to {beside_rate:.0} records/s beside the attacks"
+    );
+    Ok(())
+}
