@@ -15,6 +15,8 @@ use rdkafka::Message;
 #[derive(Debug, Default)]
 pub struct DeliveryTracker {
     pending: AtomicU64,
+    /// Bytes (keys and values) of the records in flight.
+    pending_bytes: AtomicU64,
     failure: Mutex<Option<String>>,
     /// Highest acknowledged offset per topic, kept only for changelogs (for checkpoints).
     offsets: Option<Mutex<std::collections::HashMap<String, i64>>>,
@@ -36,6 +38,10 @@ impl DeliveryTracker {
 
     pub fn pending(&self) -> u64 {
         self.pending.load(Ordering::Acquire)
+    }
+
+    pub fn pending_bytes(&self) -> u64 {
+        self.pending_bytes.load(Ordering::Acquire)
     }
 
     pub fn failure(&self) -> Option<String> {
@@ -93,6 +99,12 @@ impl ProducerContext for DeliveryRouter {
                 )
             });
         }
+        let message = match result {
+            Ok(message) => message,
+            Err((_, message)) => message,
+        };
+        let bytes = message.payload_len() + message.key().map_or(0, <[u8]>::len);
+        tracker.pending_bytes.fetch_sub(bytes as u64, Ordering::AcqRel);
         tracker.pending.fetch_sub(1, Ordering::AcqRel);
     }
 }
@@ -110,8 +122,26 @@ pub struct Outgoing<'a> {
     pub headers: sluice_guest::wire::Headers<'a>,
 }
 
-/// Enqueues a record, waiting while the producer's queue is full.
-pub fn send(producer: &WorkerProducer, tracker: &Arc<DeliveryTracker>, out: Outgoing<'_>) -> Result<(), String> {
+/// Records one task may have in flight (enqueued, not yet acknowledged) at once. The
+/// producer is shared: without a cap per task, one task whose sink cannot take records (a
+/// deleted topic, a partition without leader) would fill the queue and stall every task.
+pub const MAX_IN_FLIGHT: u64 = 10_000;
+/// Bytes of keys and values one task may have in flight at once.
+pub const MAX_IN_FLIGHT_BYTES: u64 = 32 << 20;
+/// Longest a task waits for room to enqueue a record before it fails.
+pub const SEND_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Enqueues a record once the task has room in flight (see [`MAX_IN_FLIGHT`]) and the
+/// producer's queue takes it. Waits at most [`SEND_TIMEOUT`], and fails at once when an
+/// earlier record of the task failed. Returns false, enqueuing nothing, when `give_up`
+/// says to stop waiting (the task is being stopped).
+pub fn send(
+    producer: &WorkerProducer,
+    tracker: &Arc<DeliveryTracker>,
+    out: Outgoing<'_>,
+    give_up: &dyn Fn() -> bool,
+) -> Result<bool, String> {
+    let bytes = (out.key.map_or(0, <[u8]>::len) + out.value.map_or(0, <[u8]>::len)) as u64;
     let mut record = BaseRecord::with_opaque_to(out.topic, tracker.clone());
     if out.timestamp >= 0 {
         record = record.timestamp(out.timestamp);
@@ -136,20 +166,43 @@ pub fn send(producer: &WorkerProducer, tracker: &Arc<DeliveryTracker>, out: Outg
         }
         record = record.headers(headers);
     }
-    tracker.pending.fetch_add(1, Ordering::AcqRel);
+    let started = Instant::now();
     loop {
-        match producer.send(record) {
-            Ok(()) => return Ok(()),
-            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                record = back;
-                // The producer's own thread drains the queue; give it a moment.
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            Err((e, _)) => {
-                tracker.pending.fetch_sub(1, Ordering::AcqRel);
-                return Err(format!("producing to topic {}: {e}", out.topic));
+        if let Some(failure) = tracker.failure() {
+            return Err(failure);
+        }
+        let pending = tracker.pending();
+        let room = pending == 0 || (pending < MAX_IN_FLIGHT && tracker.pending_bytes() + bytes <= MAX_IN_FLIGHT_BYTES);
+        if room {
+            // Counted before the send: the delivery report may come before `send` returns.
+            tracker.pending.fetch_add(1, Ordering::AcqRel);
+            tracker.pending_bytes.fetch_add(bytes, Ordering::AcqRel);
+            match producer.send(record) {
+                Ok(()) => return Ok(true),
+                Err((e, back)) => {
+                    tracker.pending.fetch_sub(1, Ordering::AcqRel);
+                    tracker.pending_bytes.fetch_sub(bytes, Ordering::AcqRel);
+                    if !matches!(e, KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)) {
+                        return Err(format!("producing to topic {}: {e}", out.topic));
+                    }
+                    // The producer's own thread drains the queue; wait for it below.
+                    record = back;
+                }
             }
         }
+        if give_up() {
+            return Ok(false);
+        }
+        if started.elapsed() > SEND_TIMEOUT {
+            return Err(format!(
+                "no room to produce to topic {} for {}s: {} record(s) of this task are not acknowledged \
+                 (does the topic exist? is the cluster reachable?)",
+                out.topic,
+                SEND_TIMEOUT.as_secs(),
+                tracker.pending()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 

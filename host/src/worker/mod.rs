@@ -102,10 +102,7 @@ pub type Loaded = (Manifest, LoadedTopology, Binding);
 
 /// Loads and checks every manifest and component. A topology that fails is refused alone
 /// (returned with its reason); the others load. Errs only when there is nothing to load.
-pub fn load_topologies(
-    runtime: &Runtime,
-    manifests: &[PathBuf],
-) -> anyhow::Result<(Vec<Loaded>, Vec<Refused>)> {
+pub fn load_topologies(runtime: &Runtime, manifests: &[PathBuf]) -> anyhow::Result<(Vec<Loaded>, Vec<Refused>)> {
     if manifests.is_empty() {
         bail!("no topology to run: pass --topology FILE.toml (repeatable)");
     }
@@ -204,6 +201,11 @@ pub async fn run(
             .set("enable.idempotence", "true")
             .set("linger.ms", "5")
             .set("compression.type", "lz4")
+            // Each task has at most `delivery::MAX_IN_FLIGHT` records queued; the queue holds
+            // many tasks' worth, so tasks whose sinks are stuck cannot fill it for the rest.
+            .set("queue.buffering.max.messages", "1000000")
+            // A record that cannot be delivered in two minutes fails its task (alone).
+            .set("message.timeout.ms", "120000")
             .create_with_context(DeliveryRouter)
             .context("creating the producer")?,
     );

@@ -245,3 +245,85 @@ async fn hostile_guests_beside_a_neighbour_cost_only_themselves() -> anyhow::Res
     );
     Ok(())
 }
+
+/// `sluice_task_failed` of `topology`'s partition 0 (none before the task reports).
+fn task_failed(port: u16, topology: &str) -> anyhow::Result<Option<u64>> {
+    let body = http_get(port, "/metrics")?;
+    let task = format!("task=\"{topology}/0\"");
+    Ok(body
+        .lines()
+        .find(|l| l.starts_with("sluice_task_failed{") && l.contains(&task))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok()))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenant_whose_sink_is_deleted_stalls_only_itself() -> anyhow::Result<()> {
+    let kafka = kafka();
+    let dir = TempDir::new("stuck-sink");
+    let mut args = Vec::new();
+    let mut topologies = Vec::new();
+    for who in ["stuck", "flowing"] {
+        let (input, output) = (unique_name(&format!("{who}-in")), unique_name(&format!("{who}-out")));
+        kafka.create_topic(&input, 1).await?;
+        kafka.create_topic(&output, 1).await?;
+        let name = unique_name(who);
+        let m = dir.write(
+            &format!("{who}.toml"),
+            &manifest(
+                &name,
+                &guest("uppercase"),
+                &[("input", &input)],
+                &[("output", &output)],
+                "",
+            ),
+        );
+        args.extend(["--topology".to_string(), m.to_str().unwrap().to_string()]);
+        topologies.push((name, input, output));
+    }
+    let metrics = free_port();
+    args.extend(["--metrics".to_string(), format!("127.0.0.1:{metrics}")]);
+    let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut worker = WorkerProcess::start(kafka.bootstrap(), dir.path(), &arg_refs)?;
+    for (_, input, output) in &topologies {
+        kafka.produce_to(input, 0, &[("k", "warm-up")]).await?;
+        kafka.consume(output, 1, Duration::from_secs(60)).await?;
+    }
+    let [(stuck, stuck_in, stuck_out), (_, flowing_in, flowing_out)] = &topologies[..] else {
+        unreachable!()
+    };
+
+    // The stuck tenant's sink disappears and a backlog arrives for it: its records cannot
+    // be delivered (the producer holds them until the topic is declared gone, 30 s later).
+    kafka.delete_topic(stuck_out).await?;
+    let backlog: Vec<(Vec<u8>, Vec<u8>)> = (0..150_000)
+        .map(|i| (format!("k{i}").into_bytes(), format!("stuck record {i}").into_bytes()))
+        .collect();
+    kafka.produce(stuck_in, &backlog).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // The other tenant's records flow while the stuck task is still stuck (not failed yet).
+    let records: Vec<(Vec<u8>, Vec<u8>)> = (0..1_000)
+        .map(|i| (format!("k{i}").into_bytes(), format!("flowing record {i}").into_bytes()))
+        .collect();
+    kafka.produce(flowing_in, &records).await?;
+    let received = kafka.consume(flowing_out, 1_001, Duration::from_secs(120)).await?;
+    assert_eq!(received.len(), 1_001);
+    assert_eq!(
+        task_failed(metrics, stuck)?,
+        Some(0),
+        "the flowing tenant should not have waited for the stuck one to fail; log:\n{}",
+        worker.log()
+    );
+
+    // SIGTERM while a task waits for room to produce: it gives up waiting and the worker
+    // stops in time.
+    let started = std::time::Instant::now();
+    worker.terminate(Duration::from_secs(30))?;
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "stopping took {:?}",
+        started.elapsed()
+    );
+    Ok(())
+}

@@ -72,6 +72,9 @@ pub enum TaskError {
     State { task: String, detail: String },
     #[error("task {task} failed: {detail}")]
     Transaction { task: String, detail: String },
+    /// Asked to stop while it waited for Kafka: it stops without committing (not a failure).
+    #[error("task {task} was stopped while it waited for Kafka")]
+    GaveUp { task: String },
 }
 
 impl TaskError {
@@ -81,6 +84,7 @@ impl TaskError {
             TaskError::Produce { .. } => "produce",
             TaskError::State { .. } => "state",
             TaskError::Transaction { .. } => "transaction",
+            TaskError::GaveUp { .. } => "stopped",
         }
     }
 }
@@ -328,6 +332,13 @@ impl Task {
     }
 
     fn run_until_stopped(mut self) -> Result<TaskSummary, TaskError> {
+        match self.run_loop() {
+            Err(TaskError::GaveUp { .. }) => Ok(self.abort("it was asked to stop while it waited for Kafka")),
+            other => other,
+        }
+    }
+
+    fn run_loop(&mut self) -> Result<TaskSummary, TaskError> {
         loop {
             match self.ctx.control.request() {
                 Request::Run => {}
@@ -368,7 +379,7 @@ impl Task {
     }
 
     /// Stops without committing: uncommitted state is dropped, an open transaction aborted.
-    fn abort(mut self, why: &str) -> TaskSummary {
+    fn abort(&mut self, why: &str) -> TaskSummary {
         self.output.abort();
         if let Some(state) = &self.state {
             state.discard(self.instance.stores_mut());
@@ -656,12 +667,18 @@ impl Task {
                     timestamp: input.timestamp.max(-1),
                     headers: record.headers,
                 };
-                self.output
-                    .send(&self.tracker, out)
-                    .map_err(|detail| TaskError::Produce {
-                        task: self.id.clone(),
-                        detail: format!("sending a record to the dead-letter topic {topic:?}: {detail}"),
-                    })?;
+                let (control, lease, started) = (&self.ctx.control, &self.ctx.lease, Instant::now());
+                let give_up = || stop_waiting(control, lease, started);
+                match self.output.send(&self.tracker, out, &give_up) {
+                    Ok(true) => {}
+                    Ok(false) => return Err(TaskError::GaveUp { task: self.id.clone() }),
+                    Err(detail) => {
+                        return Err(TaskError::Produce {
+                            task: self.id.clone(),
+                            detail: format!("sending a record to the dead-letter topic {topic:?}: {detail}"),
+                        })
+                    }
+                }
                 tracing::warn!(task = %self.id, "sent the record at {at} to {topic:?} (on-error = \"dead-letter\"): {fault}");
                 "dead-letter"
             }
@@ -710,12 +727,18 @@ impl Task {
                 timestamp: timestamp.max(-1),
                 headers: r.headers,
             };
-            self.output
-                .send(&self.tracker, out)
-                .map_err(|detail| TaskError::Produce {
-                    task: self.id.clone(),
-                    detail,
-                })?;
+            let (control, lease, started) = (&self.ctx.control, &self.ctx.lease, Instant::now());
+            let give_up = || stop_waiting(control, lease, started);
+            match self.output.send(&self.tracker, out, &give_up) {
+                Ok(true) => {}
+                Ok(false) => return Err(TaskError::GaveUp { task: self.id.clone() }),
+                Err(detail) => {
+                    return Err(TaskError::Produce {
+                        task: self.id.clone(),
+                        detail,
+                    })
+                }
+            }
         }
         self.instance.end_call(true);
         let n = records.len() as u64;
@@ -804,8 +827,8 @@ impl Task {
                 task: self.id.clone(),
                 detail,
             };
-            let (control, lease) = (&self.ctx.control, &self.ctx.lease);
-            let give_up = || control.request() == Request::Abort || !lease.valid();
+            let (control, lease, started) = (&self.ctx.control, &self.ctx.lease, Instant::now());
+            let give_up = || stop_waiting(control, lease, started);
             if !self
                 .tracker
                 .wait_idle(DELIVERY_TIMEOUT, &give_up)
@@ -894,16 +917,36 @@ impl Task {
                     timestamp: -1,
                     headers: wire::Headers::EMPTY,
                 };
-                self.output
-                    .send(&self.changelog_tracker, out)
-                    .map_err(|detail| TaskError::Produce {
-                        task: self.id.clone(),
-                        detail,
-                    })?;
+                let (control, lease, started) = (&self.ctx.control, &self.ctx.lease, Instant::now());
+                let give_up = || stop_waiting(control, lease, started);
+                match self.output.send(&self.changelog_tracker, out, &give_up) {
+                    Ok(true) => {}
+                    Ok(false) => return Err(TaskError::GaveUp { task: self.id.clone() }),
+                    Err(detail) => {
+                        return Err(TaskError::Produce {
+                            task: self.id.clone(),
+                            detail,
+                        })
+                    }
+                }
                 written = true;
             }
         }
         Ok(written)
+    }
+}
+
+/// How long a task that is asked to stop keeps waiting for Kafka (room to produce,
+/// acknowledgements) before it stops without committing.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// Whether a wait for Kafka that began at `started` should end: the task is asked to abort,
+/// its lease ran out, or it is asked to stop and has waited [`STOP_GRACE`].
+fn stop_waiting(control: &TaskControl, lease: &Lease, started: Instant) -> bool {
+    match control.request() {
+        Request::Abort => true,
+        Request::Stop => !lease.valid() || started.elapsed() > STOP_GRACE,
+        Request::Run => !lease.valid(),
     }
 }
 

@@ -121,9 +121,15 @@ impl TaskOutput {
     }
 
     /// Sends one record (in the open transaction, which it begins if needed).
-    pub fn send(&mut self, tracker: &Arc<DeliveryTracker>, out: Outgoing<'_>) -> Result<(), String> {
+    /// Enqueues a record (see [`delivery::send`]); false: `give_up` said to stop waiting.
+    pub fn send(
+        &mut self,
+        tracker: &Arc<DeliveryTracker>,
+        out: Outgoing<'_>,
+        give_up: &dyn Fn() -> bool,
+    ) -> Result<bool, String> {
         self.begin()?;
-        delivery::send(&self.producer, tracker, out)
+        delivery::send(&self.producer, tracker, out, give_up)
     }
 
     fn begin(&mut self) -> Result<(), String> {
