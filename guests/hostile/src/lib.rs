@@ -11,6 +11,7 @@
 //! | `alloc`            | asks for 4 GiB at once                                        |
 //! | `grow`             | keeps 16 MiB (within the cap) and goes on passing records     |
 //! | `state-bomb`       | puts 8 MiB values in one call until something stops it        |
+//! | `state-fill`       | puts 4 MiB in one call (within budget) to fill the disk quota  |
 //! | `emit-flood`       | emits 1 MiB records through `host.emit` until stopped         |
 //! | `log-flood`        | writes 100,000 log lines of 10 KiB, then passes the record   |
 //! | `stdout-flood`     | prints 100,000 lines, then passes the record                  |
@@ -99,6 +100,19 @@ impl Guest for Hostile {
                     let value = vec![1u8; 8 << 20];
                     for i in 0u32.. {
                         let _ = store.put(&i.to_le_bytes(), &value);
+                    }
+                }
+                b"state-fill" => {
+                    let store = Store::open("state").map_err(|_| GuestError {
+                        record_index: None,
+                        message: "cannot open the store".into(),
+                    })?;
+                    let value = vec![3u8; 512 << 10];
+                    for i in 0u32..8 {
+                        store.put(&i.to_le_bytes(), &value).map_err(|_| GuestError {
+                            record_index: None,
+                            message: "put failed".into(),
+                        })?;
                     }
                 }
                 b"emit-flood" => {

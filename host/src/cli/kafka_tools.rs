@@ -122,7 +122,7 @@ pub struct ConsumeArgs {
 }
 
 pub async fn consume(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
-    let group = format!("sluice-consume-{}", uuid::Uuid::new_v4().simple());
+    let group = format!("sluice.consume.{}", uuid::Uuid::new_v4().simple());
     let consumer: StreamConsumer = args
         .connection
         .config()

@@ -107,6 +107,10 @@ pub struct WorkerArgs {
     /// Memtable budget shared by every state store of this worker.
     #[arg(long, default_value = "64MiB", value_parser = parse_size)]
     state_write_buffers: usize,
+    /// State on disk one topology's tasks may keep on this worker; a manifest may change it
+    /// (`limits.state`). A task whose commit would go past it fails and stays failed.
+    #[arg(long, default_value = "10GiB", value_parser = parse_size)]
+    state_limit: usize,
 }
 
 pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
@@ -150,6 +154,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         state_dir: args.state_dir,
         state_block_cache: args.state_cache,
         state_write_buffers: args.state_write_buffers,
+        state_limit: args.state_limit as u64,
     };
     let report = worker::run(config, shutdown_signal()).await?;
     let out: u64 = report.stopped.iter().map(|(_, s)| s.records_out).sum();

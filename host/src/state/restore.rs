@@ -24,6 +24,10 @@ pub struct ChangelogReader {
     end: i64,
     /// When a consumer error was last logged (they repeat while a broker is away).
     last_warning: Option<Instant>,
+    /// Whether the partition is assigned (at `position`). Assigned once, when reading
+    /// starts: librdkafka (2.12) can abort on a consumer closed right after a second
+    /// assignment replaced the first (a duplicate fetch stop; confluentinc/librdkafka#5573).
+    assigned: bool,
 }
 
 /// How far a restoration has come.
@@ -57,7 +61,7 @@ impl ChangelogReader {
             .set("bootstrap.servers", bootstrap)
             // Named after the changelog, so broker quotas and logs can tell restorations apart.
             .set("client.id", format!("sluice-restore-{topic}"))
-            .set("group.id", "sluice-restore")
+            .set("group.id", "sluice.restore")
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
@@ -77,6 +81,7 @@ impl ChangelogReader {
             start: low,
             end: high,
             last_warning: None,
+            assigned: false,
         };
         reader.seek(low)?;
         Ok(reader)
@@ -84,14 +89,22 @@ impl ChangelogReader {
 
     /// Reads from `offset` on (it must lie within [`bounds`](Self::bounds)).
     pub fn seek(&mut self, offset: i64) -> Result<(), String> {
+        self.position = offset;
+        if self.assigned {
+            self.assign()?;
+        }
+        Ok(())
+    }
+
+    fn assign(&mut self) -> Result<(), String> {
         let (topic, partition) = (&self.topic, self.partition);
         let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(topic, partition, Offset::Offset(offset))
+        tpl.add_partition_offset(topic, partition, Offset::Offset(self.position))
             .map_err(|e| format!("changelog {topic}/{partition}: {e}"))?;
         self.consumer
             .assign(&tpl)
             .map_err(|e| format!("assigning changelog {topic}/{partition}: {e}"))?;
-        self.position = offset;
+        self.assigned = true;
         Ok(())
     }
 
@@ -124,6 +137,9 @@ impl ChangelogReader {
     /// a tombstone). Consumer errors (a broker away, a leader moving) are weather: the
     /// consumer recovers by itself, so they are logged (once in a while) and reading goes on.
     pub fn poll(&mut self, max: usize, timeout: Duration) -> Result<Vec<super::Change>, String> {
+        if !self.assigned {
+            self.assign()?;
+        }
         let mut out = Vec::new();
         let mut wait = timeout;
         while out.len() < max {

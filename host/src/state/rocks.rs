@@ -195,6 +195,14 @@ impl RocksStore {
         &self.db
     }
 
+    /// Bytes the store takes on disk and in its memtables (RocksDB's own estimate).
+    pub fn disk_bytes(&self) -> u64 {
+        ["rocksdb.total-sst-files-size", "rocksdb.cur-size-all-mem-tables"]
+            .iter()
+            .map(|p| self.db.property_int_value(*p).ok().flatten().unwrap_or(0))
+            .sum()
+    }
+
     /// Whether successful calls wrote anything since the last commit.
     pub fn has_changes(&self) -> bool {
         !self.dirty.is_empty()

@@ -38,9 +38,11 @@ pub struct ClusterConfig {
     pub release_failed_tasks: bool,
 }
 
-/// The Kafka group of a cluster.
+/// The Kafka group of a cluster. `sluice.`, not `sluice-`: a topology's offsets live in the
+/// group `sluice-<topology>`, so no topology name (not even `cluster-x`) can name a
+/// cluster's group.
 pub fn group_id(cluster: &str) -> String {
-    format!("sluice-cluster-{cluster}")
+    format!("sluice.cluster.{cluster}")
 }
 
 /// A worker id that survives restarts, kept in the state directory.

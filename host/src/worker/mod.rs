@@ -52,6 +52,8 @@ pub struct WorkerConfig {
     pub state_block_cache: usize,
     /// Memtable budget shared by every store of the worker, in bytes.
     pub state_write_buffers: usize,
+    /// Default bytes of state on disk per topology on this worker (`limits.state`).
+    pub state_limit: u64,
     /// How changelog topics are created.
     pub changelogs: changelog::ChangelogSettings,
 }
@@ -68,6 +70,7 @@ impl WorkerConfig {
             state_dir: PathBuf::from("sluice-state"),
             state_block_cache: 64 << 20,
             state_write_buffers: 64 << 20,
+            state_limit: 10 << 30,
             changelogs: changelog::ChangelogSettings::default(),
         }
     }
@@ -92,6 +95,10 @@ pub struct DeployedTopology {
     /// SHA-256 (first 16 bytes) of the component and its bindings: members compare it to
     /// know they run the same topology.
     pub digest: [u8; 16],
+    /// Bytes of state on disk its tasks may keep on this worker, and what each keeps now
+    /// (by partition, as of its last commit).
+    pub state_limit: u64,
+    pub state_usage: std::sync::Mutex<std::collections::HashMap<i32, u64>>,
 }
 
 /// A topology this worker will not run, and why (the message names the manifest).
@@ -159,10 +166,11 @@ pub async fn run(
 
     let bootstrap = config.bootstrap.clone();
     let changelog_settings = config.changelogs;
+    let state_limit = config.state_limit;
     let deploying = tokio::task::spawn_blocking(move || {
         topologies
             .into_iter()
-            .map(|(m, loaded, binding)| deploy(&bootstrap, m, loaded, binding, changelog_settings))
+            .map(|(m, loaded, binding)| deploy(&bootstrap, m, loaded, binding, changelog_settings, state_limit))
             .collect::<Vec<_>>()
     })
     .await?;
@@ -305,6 +313,7 @@ fn deploy(
     loaded: LoadedTopology,
     binding: Binding,
     changelog_settings: changelog::ChangelogSettings,
+    state_limit: u64,
 ) -> anyhow::Result<DeployedTopology> {
     // Used here for metadata only; each task creates its own (see task.rs).
     let consumer = source_consumer(bootstrap, &manifest.name).context("creating the consumer")?;
@@ -348,6 +357,8 @@ fn deploy(
     )
     .map_err(|e| anyhow::anyhow!("topology {} (manifest {}): {e:#}", manifest.name, manifest.path))?;
     Ok(DeployedTopology {
+        state_limit: manifest.limits.state.unwrap_or(state_limit),
+        state_usage: Default::default(),
         name: manifest.name,
         loaded,
         on_error: manifest.on_error,

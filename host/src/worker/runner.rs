@@ -189,7 +189,7 @@ impl TaskRunner {
                     }
                     self.finished.stopped.push((id.to_string(), summary));
                 }
-                Ok(Err(e @ TaskError::Guest { .. })) => {
+                Ok(Err(e @ (TaskError::Guest { .. } | TaskError::Quota { .. }))) => {
                     if self.release_failed {
                         // Given back to the group, which may place it elsewhere (or here again).
                         tracing::error!(task = %id, "failed; releasing it to the group: {e}");

@@ -273,7 +273,7 @@ async fn a_standby_takes_over_without_a_full_restore() -> anyhow::Result<()> {
     let text = status(&cluster, "text")?;
     assert!(
         text.starts_with(&format!(
-            "cluster {cluster} (group sluice-cluster-{cluster}): Stable, generation "
+            "cluster {cluster} (group sluice.cluster.{cluster}): Stable, generation "
         )),
         "{text}"
     );

@@ -29,6 +29,8 @@ const ATTACKS: &[(&str, Option<&str>)] = &[
     ("alloc", Some("trap")),
     ("grow", None),
     ("state-bomb", Some("memory")),
+    // Within the call budget, but more than `limits.state` on disk.
+    ("state-fill", Some("quota")),
     ("emit-flood", Some("memory")),
     ("log-flood", None),
     ("stdout-flood", None),
@@ -146,10 +148,10 @@ async fn hostile_guests_beside_a_neighbour_cost_only_themselves() -> anyhow::Res
         kafka
             .produce_to(&hin, 0, &[("a", attack.as_str()), ("b", "after-1"), ("c", "after-2")])
             .await?;
-        let limits = if attack == "loop" {
-            "call-timeout = \"500ms\""
-        } else {
-            ""
+        let limits = match attack.as_str() {
+            "loop" => "call-timeout = \"500ms\"",
+            "state-fill" => "state = \"2MiB\"",
+            _ => "",
         };
         let m = dir.write(
             &format!("{topology}.toml"),

@@ -72,6 +72,9 @@ pub enum TaskError {
     State { task: String, detail: String },
     #[error("task {task} failed: {detail}")]
     Transaction { task: String, detail: String },
+    /// Its topology's state on this worker would grow past `limits.state`.
+    #[error("task {task} failed: {detail}")]
+    Quota { task: String, detail: String },
     /// Asked to stop while it waited for Kafka: it stops without committing (not a failure).
     #[error("task {task} was stopped while it waited for Kafka")]
     GaveUp { task: String },
@@ -85,6 +88,7 @@ impl TaskError {
             TaskError::State { .. } => "state",
             TaskError::Transaction { .. } => "transaction",
             TaskError::GaveUp { .. } => "stopped",
+            TaskError::Quota { .. } => "quota",
         }
     }
 }
@@ -791,6 +795,10 @@ impl Task {
         if !self.ctx.lease.valid() {
             return Ok(Commit::Skipped);
         }
+        // 0. Within its state quota, or nothing of this commit happens.
+        if self.state.is_some() {
+            self.check_state_quota()?;
+        }
         // 1. The stores' writes since the last commit go to their changelogs.
         let logged = self.log_state()?;
         let idle_due = self.last_offsets_commit.elapsed() >= self.ctx.settings.idle_commit_interval;
@@ -892,6 +900,34 @@ impl Task {
                 task: self.id.clone(),
                 detail,
             })
+    }
+
+    /// Fails the task (before its writes reach RocksDB) when its topology's state on this
+    /// worker, with these writes, would be more than the topology's `limits.state`.
+    fn check_state_quota(&mut self) -> Result<(), TaskError> {
+        let mut mine = 0u64;
+        for named in self.instance.stores_mut() {
+            if let Some(store) = named.store.as_any().downcast_mut::<crate::state::rocks::RocksStore>() {
+                mine += store.disk_bytes() + named.store.held_bytes() as u64;
+            }
+        }
+        let topology = &self.ctx.topology;
+        let total: u64 = {
+            let mut usage = topology.state_usage.lock().unwrap();
+            usage.insert(self.ctx.partition, mine);
+            usage.values().sum()
+        };
+        if total > topology.state_limit {
+            return Err(TaskError::Quota {
+                task: self.id.clone(),
+                detail: format!(
+                    "the state of topology {} on this worker would take {total} bytes, more than its limit \
+                     of {} bytes (limits.state in the manifest, or the worker's --state-limit)",
+                    topology.name, topology.state_limit
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// Step 1: sends each store's writes since the last commit to its changelog. Returns
