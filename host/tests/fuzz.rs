@@ -2,7 +2,7 @@
 //! (guest output is hostile), member metadata and assignments (any group member can send
 //! them) and manifests (a tenant writes them).
 //!
-//! Each property runs `SLUICE_FUZZ_CASES` cases (default 2,000: a few seconds, as CI runs
+//! Each property runs `SLUICE_FUZZ_CASES` cases (default 20,000: about a second, as CI runs
 //! it); `dev/fuzz` runs a longer budget and prints the figures. A decoder must return an
 //! error or a value — never panic, never allocate by a size it was told instead of the
 //! bytes it has — and whatever it accepts must encode back to the same meaning.
@@ -19,7 +19,7 @@ fn runner() -> TestRunner {
     let cases = std::env::var("SLUICE_FUZZ_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(2_000);
+        .unwrap_or(20_000);
     TestRunner::new(Config {
         cases,
         failure_persistence: None,

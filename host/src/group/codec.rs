@@ -156,16 +156,25 @@ impl<'a> Decoder<'a> {
     pub fn tasks(&mut self) -> Result<Vec<TaskId>, DecodeError> {
         let topologies = self.u64()?;
         let mut out = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         for _ in 0..topologies {
             let topology: std::sync::Arc<str> = self.string()?.into();
+            if !seen.insert(topology.clone()) {
+                return self.fail("a topology's tasks are listed twice");
+            }
             let count = self.u64()?;
             if count > self.buf.len() as u64 {
                 return self.fail("a task count is larger than the buffer");
             }
             let mut partition = 0u32;
-            for _ in 0..count {
+            for i in 0..count {
+                let delta = self.u32()?;
+                // Partitions are sorted and distinct: after the first, every delta is positive.
+                if i > 0 && delta == 0 {
+                    return self.fail("a task is listed twice");
+                }
                 partition = partition
-                    .checked_add(self.u32()?)
+                    .checked_add(delta)
                     .map_or_else(|| self.fail("a partition overflows"), Ok)?;
                 out.push(TaskId {
                     topology: topology.clone(),
@@ -174,5 +183,41 @@ impl<'a> Decoder<'a> {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode_tasks(build: impl FnOnce(&mut Encoder)) -> Result<Vec<TaskId>, DecodeError> {
+        let mut e = Encoder::default();
+        build(&mut e);
+        Decoder::new(&e.buf).tasks()
+    }
+
+    /// Found by `dev/fuzz`: a task list naming a task twice (a zero delta after the first
+    /// partition, or one topology in two groups) used to decode, and count the task twice.
+    #[test]
+    fn a_task_listed_twice_is_refused() {
+        let twice = decode_tasks(|e| {
+            e.u64(1);
+            e.str("a");
+            e.u64(2);
+            e.u64(0);
+            e.u64(0);
+        });
+        assert_eq!(twice.unwrap_err().problem, "a task is listed twice");
+        let split = decode_tasks(|e| {
+            e.u64(2);
+            for _ in 0..2 {
+                e.str("a");
+                e.u64(1);
+                e.u64(3);
+            }
+        });
+        assert_eq!(split.unwrap_err().problem, "a topology's tasks are listed twice");
+        let fine = decode_tasks(|e| e.tasks(&[TaskId::new("a", 0), TaskId::new("a", 2), TaskId::new("b", 0)]));
+        assert_eq!(fine.unwrap().len(), 3);
     }
 }
