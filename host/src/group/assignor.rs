@@ -9,6 +9,8 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 use std::sync::Arc;
 
+use rustc_hash::FxHashMap;
+
 use super::metadata::{Assignment, MemberMetadata, CURRENT_VERSION};
 use super::TaskId;
 
@@ -110,75 +112,104 @@ impl Assignor for Sticky {
         if metas.is_empty() {
             return BTreeMap::new();
         }
-        let known: HashSet<&TaskId> = input.tasks.iter().collect();
+        // Tasks by index: every per-task fact below lives in a vector, so each claim costs
+        // one hash lookup (50,000 tasks × several maps used to dominate the run).
+        let tasks = input.tasks;
+        let index: FxHashMap<&TaskId, u32> = tasks.iter().enumerate().map(|(i, t)| (t, i as u32)).collect();
+        let lookup = |t: &TaskId| index.get(t).map(|&i| i as usize);
 
         // Current owners: the first member (in id order) that claims a task keeps the claim.
-        let mut owner: HashMap<&TaskId, usize> = HashMap::with_capacity(input.tasks.len());
+        let mut owner = vec![NONE; tasks.len()];
         let mut held = vec![0usize; metas.len()];
+        let mut claimed: Vec<Vec<usize>> = vec![Vec::new(); metas.len()];
         for (i, m) in metas.iter().enumerate() {
             for t in &m.active {
-                if !known.contains(t) || owner.contains_key(t) {
-                    out[i].revoked.push(t.clone());
-                } else {
-                    owner.insert(t, i);
-                    held[i] += 1;
+                match lookup(t) {
+                    Some(x) if owner[x] == NONE => {
+                        owner[x] = i;
+                        held[i] += 1;
+                        claimed[i].push(x);
+                    }
+                    _ => out[i].revoked.push(t.clone()),
                 }
             }
         }
         let capacities: Vec<u32> = metas.iter().map(|m| m.capacity).collect();
-        let quota = quotas_keeping(&capacities, input.tasks.len(), &held);
+        let quota = quotas_keeping(&capacities, tasks.len(), &held);
         // Keep up to the quota of what each member owns; revoke the rest (it moves next round).
         let mut load = vec![0usize; metas.len()];
-        let mut moving: HashMap<&TaskId, usize> = HashMap::new();
-        for (i, m) in metas.iter().enumerate() {
-            let mut mine: Vec<&TaskId> = m.active.iter().filter(|t| owner.get(t) == Some(&i)).collect();
-            mine.sort();
-            for t in mine {
+        let mut moving = vec![NONE; tasks.len()];
+        for (i, mine) in claimed.iter_mut().enumerate() {
+            mine.sort_unstable_by(|&a, &b| tasks[a].cmp(&tasks[b]));
+            for &x in mine.iter() {
                 if load[i] < quota[i] {
-                    out[i].active.push(t.clone());
+                    out[i].active.push(tasks[x].clone());
                     load[i] += 1;
                 } else {
-                    out[i].revoked.push(t.clone());
-                    moving.insert(t, i);
+                    out[i].revoked.push(tasks[x].clone());
+                    moving[x] = i;
                 }
             }
         }
         // Where each stateful task's state already is (standby or any local state), least lag first.
-        let mut warm: HashMap<&TaskId, Vec<(i64, usize)>> = HashMap::new();
+        let mut end: Vec<Option<i64>> = vec![None; tasks.len()];
+        for (t, &e) in input.end_offsets {
+            if let Some(x) = lookup(t) {
+                end[x] = Some(e);
+            }
+        }
+        // (task, lag, member) for every member holding state of a task, grouped by task with
+        // a counting sort: `warm(x)` is task x's list. No allocation per task or member.
+        let mut claims: Vec<(usize, i64, usize)> = Vec::new();
+        let mut has_sum = vec![NONE; tasks.len()];
         for (i, m) in metas.iter().enumerate() {
             for (t, sum) in &m.offset_sums {
-                if known.contains(t) {
-                    let lag = input.end_offsets.get(t).map_or(0, |end| (end - sum).max(0));
-                    warm.entry(t).or_default().push((lag, i));
+                if let Some(x) = lookup(t) {
+                    claims.push((x, end[x].map_or(0, |end| (end - sum).max(0)), i));
+                    has_sum[x] = i;
                 }
             }
             for t in &m.standby {
-                if known.contains(t) && !m.offset_sums.iter().any(|(s, _)| s == t) {
-                    warm.entry(t).or_default().push((i64::MAX, i));
+                if let Some(x) = lookup(t) {
+                    if has_sum[x] != i {
+                        claims.push((x, i64::MAX, i));
+                    }
                 }
             }
         }
-        for list in warm.values_mut() {
-            list.sort();
+        let mut starts = vec![0usize; tasks.len() + 1];
+        for &(x, _, _) in &claims {
+            starts[x + 1] += 1;
         }
+        for x in 0..tasks.len() {
+            starts[x + 1] += starts[x];
+        }
+        let mut warm_flat = vec![(0i64, 0usize); claims.len()];
+        let mut next = starts.clone();
+        for &(x, lag, i) in &claims {
+            warm_flat[next[x]] = (lag, i);
+            next[x] += 1;
+        }
+        for x in 0..tasks.len() {
+            let list = &mut warm_flat[starts[x]..starts[x + 1]];
+            if list.len() > 1 {
+                list.sort_unstable();
+            }
+        }
+        let warm = |x: usize| &warm_flat[starts[x]..starts[x + 1]];
         // Unowned tasks go to members with room: a warm one if it has room, else the emptiest.
         let mut room: BinaryHeap<(usize, Reverse<usize>)> = (0..metas.len())
             .filter(|&i| quota[i] > load[i])
             .map(|i| (quota[i] - load[i], Reverse(i)))
             .collect();
-        let mut active_owner: HashMap<&TaskId, usize> = HashMap::with_capacity(input.tasks.len());
-        for (t, &i) in &owner {
-            if !moving.contains_key(t) {
-                active_owner.insert(t, i);
-            }
-        }
-        for t in input.tasks {
-            if owner.contains_key(t) {
+        let mut active_owner: Vec<usize> = (0..tasks.len())
+            .map(|x| if moving[x] == NONE { owner[x] } else { NONE })
+            .collect();
+        for (x, t) in tasks.iter().enumerate() {
+            if owner[x] != NONE {
                 continue;
             }
-            let warm_pick = warm
-                .get(t)
-                .and_then(|list| list.iter().map(|&(_, i)| i).find(|&i| load[i] < quota[i]));
+            let warm_pick = warm(x).iter().map(|&(_, i)| i).find(|&i| load[i] < quota[i]);
             let pick = match warm_pick {
                 Some(i) => Some(i),
                 None => loop {
@@ -193,7 +224,7 @@ impl Assignor for Sticky {
             let Some(i) = pick else { continue };
             out[i].active.push(t.clone());
             load[i] += 1;
-            active_owner.insert(t, i);
+            active_owner[x] = i;
             if load[i] < quota[i] {
                 room.push((quota[i] - load[i], Reverse(i)));
             }
@@ -206,15 +237,22 @@ impl Assignor for Sticky {
             let mut standby_load = vec![0usize; metas.len()];
             let mut by_load: BinaryHeap<(Reverse<usize>, Reverse<usize>)> =
                 (0..metas.len()).map(|i| (Reverse(0), Reverse(i))).collect();
-            for t in input.tasks.iter().filter(|t| input.stateful.contains(&t.topology)) {
-                // None while the task moves: its giver revokes it now, the new owner gets it next.
-                let active = active_owner.get(t).copied();
-                let mut chosen: Vec<usize> = Vec::with_capacity(replicas);
-                if let Some(&giver) = moving.get(t) {
-                    // The member giving the task up keeps it warm until the new owner has it.
-                    chosen.push(giver);
+            let mut stateful_topology: FxHashMap<&str, bool> = FxHashMap::default();
+            for (x, t) in tasks.iter().enumerate() {
+                let stateful = *stateful_topology
+                    .entry(&t.topology)
+                    .or_insert_with(|| input.stateful.contains(&t.topology));
+                if !stateful {
+                    continue;
                 }
-                for &(_, i) in warm.get(t).map(Vec::as_slice).unwrap_or(&[]) {
+                // None while the task moves: its giver revokes it now, the new owner gets it next.
+                let active = Some(active_owner[x]).filter(|&i| i != NONE);
+                let mut chosen: Vec<usize> = Vec::with_capacity(replicas);
+                if moving[x] != NONE {
+                    // The member giving the task up keeps it warm until the new owner has it.
+                    chosen.push(moving[x]);
+                }
+                for &(_, i) in warm(x) {
                     if chosen.len() >= replicas {
                         break;
                     }
@@ -222,6 +260,9 @@ impl Assignor for Sticky {
                         chosen.push(i);
                     }
                 }
+                // Members chosen so far keep their (now stale) heap entries: a stale entry
+                // is corrected when it is popped. Only members popped here need a new one.
+                let from_warm = chosen.len();
                 let mut skipped = Vec::new();
                 while chosen.len() < replicas.min(metas.len() - 1) {
                     let Some((Reverse(l), Reverse(i))) = by_load.pop() else {
@@ -238,19 +279,24 @@ impl Assignor for Sticky {
                     chosen.push(i);
                 }
                 by_load.extend(skipped);
-                for i in chosen {
+                for (n, i) in chosen.into_iter().enumerate() {
                     if Some(i) == active {
                         continue;
                     }
                     out[i].standby.push(t.clone());
                     standby_load[i] += 1;
-                    by_load.push((Reverse(standby_load[i]), Reverse(i)));
+                    if n >= from_warm {
+                        by_load.push((Reverse(standby_load[i]), Reverse(i)));
+                    }
                 }
             }
         }
         finish(input.members, out)
     }
 }
+
+/// No member (in the per-task vectors of [`Sticky`]).
+const NONE: usize = usize::MAX;
 
 /// Revokes everything and deals tasks out again by capacity, ignoring where they were.
 pub struct Eager;

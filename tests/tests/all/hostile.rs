@@ -113,7 +113,15 @@ fn task_errors(port: u16) -> anyhow::Result<BTreeMap<(String, String), u64>> {
 async fn hostile_guests_beside_a_neighbour_cost_only_themselves() -> anyhow::Result<()> {
     let kafka = kafka();
     let dir = TempDir::new("hostile");
-    let common = ["--commit-interval", "100ms", "--host-memory-limit", "32MiB"];
+    let state = dir.path().join("state");
+    let common = [
+        "--commit-interval",
+        "100ms",
+        "--host-memory-limit",
+        "32MiB",
+        "--state-dir",
+        state.to_str().unwrap(),
+    ];
 
     // 1. The neighbour alone.
     let (name, input, path) = neighbour(kafka, &dir).await?;
@@ -284,7 +292,13 @@ async fn a_tenant_whose_sink_is_deleted_stalls_only_itself() -> anyhow::Result<(
         topologies.push((name, input, output));
     }
     let metrics = free_port();
-    args.extend(["--metrics".to_string(), format!("127.0.0.1:{metrics}")]);
+    let state = dir.path().join("state");
+    args.extend([
+        "--metrics".to_string(),
+        format!("127.0.0.1:{metrics}"),
+        "--state-dir".to_string(),
+        state.to_str().unwrap().to_string(),
+    ]);
     let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut worker = WorkerProcess::start(kafka.bootstrap(), dir.path(), &arg_refs)?;
     for (_, input, output) in &topologies {
