@@ -126,16 +126,7 @@ impl Kafka {
 
     /// Creates a topic with `partitions` partitions and waits until it exists.
     pub async fn create_topic(&self, name: &str, partitions: i32) -> Result<()> {
-        let admin: AdminClient<DefaultClientContext> = self.config().create()?;
-        let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
-        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-        for result in admin.create_topics([&topic], &options).await? {
-            match result {
-                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((topic, code)) => bail!("creating topic {topic}: {code}"),
-            }
-        }
-        Ok(())
+        self.create_topic_with(name, partitions, 1, &[]).await
     }
 
     /// Creates a topic with a replication factor and topic configs of its own.
@@ -152,13 +143,28 @@ impl Kafka {
             topic = topic.set(k, v);
         }
         let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-        for result in admin.create_topics([&topic], &options).await? {
-            match result {
-                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((topic, code)) => bail!("creating topic {topic}: {code}"),
+        // A broker starved of CPU (two cores, several brokers and workers at once) can time
+        // a request out; creating a topic again is harmless (it already exists, or now does).
+        let mut attempts = 0;
+        'create: loop {
+            attempts += 1;
+            let results = match admin.create_topics([&topic], &options).await {
+                Ok(results) => results,
+                Err(e) if attempts < 4 => {
+                    eprintln!("creating topic {name}: {e}; trying again");
+                    continue 'create;
+                }
+                Err(e) => return Err(e).with_context(|| format!("creating topic {name}")),
+            };
+            for result in results {
+                match result {
+                    Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                    Err((_, RDKafkaErrorCode::RequestTimedOut)) if attempts < 4 => continue 'create,
+                    Err((topic, code)) => bail!("creating topic {topic}: {code}"),
+                }
             }
+            return Ok(());
         }
-        Ok(())
     }
 
     /// An idempotent producer: records of one partition arrive in the order they were sent.
