@@ -230,6 +230,7 @@ fn measure(
     })();
     let total_s = started.elapsed().as_secs_f64();
     let steady_s = first.map(|f| f.elapsed().as_secs_f64()).unwrap_or(total_s);
+    let usage = process_usage(child.id());
     let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
     let _ = child.wait();
     result?;
@@ -242,5 +243,38 @@ fn measure(
         "",
         args.records as f64 / steady_s
     );
+    if let Some((peak_rss, cpu_s)) = usage {
+        println!(
+            "  {:<15} peak RSS {} MB, CPU {cpu_s:.1} s ({:.2} µs per record)",
+            "",
+            peak_rss >> 20,
+            cpu_s * 1e6 / args.records as f64
+        );
+    }
     Ok((total_s, steady_s))
+}
+
+/// Peak resident memory (bytes) and CPU time (user + system, seconds) of a live process.
+fn process_usage(pid: u32) -> Option<(u64, f64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let hwm_kib: u64 = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command (which may hold spaces) start at its closing parenthesis;
+    // utime and stime are fields 14 and 15, in clock ticks.
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 2..].split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    let per_second: f64 = Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(100.0);
+    Some((hwm_kib * 1024, ticks / per_second))
 }

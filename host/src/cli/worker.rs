@@ -30,6 +30,10 @@ pub struct WorkerArgs {
     /// that is less. A record larger than this goes in a batch of its own.
     #[arg(long, default_value = "16MiB", value_parser = parse_size)]
     max_batch_bytes: usize,
+    /// Bytes of records each task's consumer may fetch ahead of processing (librdkafka's
+    /// own default is 64 MiB per consumer). Batches are filled from what is fetched.
+    #[arg(long, default_value = "4MiB", value_parser = parse_size)]
+    prefetch_per_task: usize,
     /// How often each task commits its source offsets (after flushing what it produced).
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     commit_interval: Duration,
@@ -135,6 +139,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         tasks: TaskSettings {
             batch_size: args.batch_size as usize,
             max_batch_bytes: args.max_batch_bytes,
+            prefetch_bytes: args.prefetch_per_task,
             commit_interval: args.commit_interval,
             punctuate_interval: args.punctuate_interval,
             guarantee: args.processing_guarantee,

@@ -294,8 +294,15 @@ pub(crate) fn base_config(bootstrap: &str) -> ClientConfig {
 pub(crate) fn source_consumer(
     bootstrap: &str,
     topology: &str,
+    prefetch_bytes: usize,
 ) -> rdkafka::error::KafkaResult<BaseConsumer<ConsumerEvents>> {
     base_config(bootstrap)
+        // librdkafka prefetches up to 64 MiB per consumer by default: with one consumer per
+        // task, a worker under a backlog held that much per task.
+        .set("queued.max.messages.kbytes", (prefetch_bytes / 1024).max(1).to_string())
+        // …and tries to keep 100,000 records queued per partition whatever their size: with
+        // small records, their bookkeeping outweighs the bytes the cap above counts.
+        .set("queued.min.messages", "5000")
         .set("group.id", format!("sluice-{topology}"))
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
@@ -316,7 +323,7 @@ fn deploy(
     state_limit: u64,
 ) -> anyhow::Result<DeployedTopology> {
     // Used here for metadata only; each task creates its own (see task.rs).
-    let consumer = source_consumer(bootstrap, &manifest.name).context("creating the consumer")?;
+    let consumer = source_consumer(bootstrap, &manifest.name, 1 << 20).context("creating the consumer")?;
 
     let mut partitions = None;
     let dead_letter: Vec<String> = binding.dead_letter_topic.iter().cloned().collect();

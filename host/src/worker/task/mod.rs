@@ -36,6 +36,8 @@ pub struct TaskSettings {
     /// Most bytes of records in one batch (a quarter of the topology's memory limit, if
     /// that is less): a batch must fit in the guest's memory with room for its output.
     pub max_batch_bytes: usize,
+    /// Bytes of records a task's consumer may fetch ahead of processing.
+    pub prefetch_bytes: usize,
     pub commit_interval: Duration,
     pub punctuate_interval: Duration,
     pub guarantee: Guarantee,
@@ -49,6 +51,7 @@ impl Default for TaskSettings {
         TaskSettings {
             batch_size: 500,
             max_batch_bytes: 16 << 20,
+            prefetch_bytes: 4 << 20,
             commit_interval: Duration::from_secs(1),
             punctuate_interval: Duration::from_secs(1),
             guarantee: Guarantee::AtLeastOnce,
@@ -290,6 +293,7 @@ impl Task {
             &topology.binding.source_topics,
             ctx.partition,
             &id,
+            ctx.settings.prefetch_bytes,
             &stopping,
         )
         .map_err(|detail| TaskError::Produce {

@@ -32,10 +32,11 @@ pub fn open(
     sources: &[String],
     partition: i32,
     task: &str,
+    prefetch_bytes: usize,
     stopping: &dyn Fn() -> bool,
 ) -> Result<Option<Source>, String> {
-    let consumer =
-        super::super::source_consumer(bootstrap, topology).map_err(|e| format!("creating the consumer: {e}"))?;
+    let consumer = super::super::source_consumer(bootstrap, topology, prefetch_bytes)
+        .map_err(|e| format!("creating the consumer: {e}"))?;
     let mut wanted = TopicPartitionList::new();
     for topic in sources {
         wanted
