@@ -31,8 +31,8 @@ pub struct WorkerArgs {
     #[arg(long, default_value = "16MiB", value_parser = parse_size)]
     max_batch_bytes: usize,
     /// Bytes of records each task's consumer may fetch ahead of processing (librdkafka's
-    /// own default is 64 MiB per consumer). Batches are filled from what is fetched.
-    #[arg(long, default_value = "4MiB", value_parser = parse_size)]
+    /// own default). Lower it to bound memory under a backlog, at some cost in throughput.
+    #[arg(long, default_value = "64MiB", value_parser = parse_size)]
     prefetch_per_task: usize,
     /// How often each task commits its source offsets (after flushing what it produced).
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]

@@ -297,12 +297,8 @@ pub(crate) fn source_consumer(
     prefetch_bytes: usize,
 ) -> rdkafka::error::KafkaResult<BaseConsumer<ConsumerEvents>> {
     base_config(bootstrap)
-        // librdkafka prefetches up to 64 MiB per consumer by default: with one consumer per
-        // task, a worker under a backlog held that much per task.
+        // Prefetch per consumer (librdkafka's default is 64 MiB; see --prefetch-per-task).
         .set("queued.max.messages.kbytes", (prefetch_bytes / 1024).max(1).to_string())
-        // …and tries to keep 100,000 records queued per partition whatever their size: with
-        // small records, their bookkeeping outweighs the bytes the cap above counts.
-        .set("queued.min.messages", "5000")
         .set("group.id", format!("sluice-{topology}"))
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")

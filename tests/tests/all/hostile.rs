@@ -12,7 +12,8 @@ use sluice_tests::worker::{guest, manifest, TempDir, WorkerProcess};
 use sluice_tests::{free_port, http_get, kafka, unique_name, Kafka};
 
 /// Records the neighbour processes in each run.
-const NEIGHBOUR_RECORDS: usize = 150_000;
+/// (Enough for a few seconds of processing: shorter runs measure mostly noise.)
+const NEIGHBOUR_RECORDS: usize = 400_000;
 /// What the worker's resident memory may reach with every attack at once (measured: about
 /// 180 MiB). 14 instances of at most 64 MiB of linear memory each could in theory take
 /// 900 MiB, but only `grow` (16 MiB) and the budgets (32 MiB of host memory per task) may
@@ -109,6 +110,18 @@ fn task_errors(port: u16) -> anyhow::Result<BTreeMap<(String, String), u64>> {
     Ok(out)
 }
 
+/// The neighbour's throughput on a worker of its own.
+async fn neighbour_alone(kafka: &Kafka, dir: &TempDir, common: &[&str]) -> anyhow::Result<f64> {
+    let (name, input, path) = neighbour(kafka, dir).await?;
+    let mut args: Vec<String> = common.iter().map(|s| s.to_string()).collect();
+    args.extend(["--topology".into(), path.to_str().unwrap().into()]);
+    let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut alone = WorkerProcess::start(kafka.bootstrap(), dir.path(), &arg_refs)?;
+    let rate = throughput(kafka, &format!("sluice-{name}"), &input, &alone).await?;
+    assert!(alone.terminate(Duration::from_secs(30))?.success(), "{}", alone.log());
+    Ok(rate)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn hostile_guests_beside_a_neighbour_cost_only_themselves() -> anyhow::Result<()> {
     let kafka = kafka();
@@ -123,14 +136,9 @@ async fn hostile_guests_beside_a_neighbour_cost_only_themselves() -> anyhow::Res
         state.to_str().unwrap(),
     ];
 
-    // 1. The neighbour alone.
-    let (name, input, path) = neighbour(kafka, &dir).await?;
-    let mut args: Vec<String> = common.iter().map(|s| s.to_string()).collect();
-    args.extend(["--topology".into(), path.to_str().unwrap().into()]);
-    let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut alone = WorkerProcess::start(kafka.bootstrap(), dir.path(), &arg_refs)?;
-    let alone_rate = throughput(kafka, &format!("sluice-{name}"), &input, &alone).await?;
-    assert!(alone.terminate(Duration::from_secs(30))?.success(), "{}", alone.log());
+    // 1. The neighbour alone (again after the attacks, below: other tests share the
+    // machine, so the reference is the mean of a run before and a run after).
+    let alone_first = neighbour_alone(kafka, &dir, &common).await?;
 
     // 2. The neighbour again, on fresh input, beside every attack.
     let (name, input, path) = neighbour(kafka, &dir).await?;
@@ -228,6 +236,8 @@ async fn hostile_guests_beside_a_neighbour_cost_only_themselves() -> anyhow::Res
     let status = worker.terminate(Duration::from_secs(30))?;
     let stop = started.elapsed();
     let log = worker.log();
+    let alone_second = neighbour_alone(kafka, &dir, &common).await?;
+    let alone_rate = (alone_first + alone_second) / 2.0;
     for component in ["hostile-describe-loop", "hostile-describe-trap", "hostile-store-name"] {
         let name = component.replace('-', "_");
         assert!(
@@ -236,8 +246,8 @@ async fn hostile_guests_beside_a_neighbour_cost_only_themselves() -> anyhow::Res
         );
     }
     println!(
-        "hostile suite: neighbour alone {alone_rate:.0} records/s, beside {} attacks {beside_rate:.0} records/s \
-         ({:.0}%); peak RSS {} MiB; SIGTERM to exit {stop:?}",
+        "hostile suite: neighbour alone {alone_rate:.0} records/s ({alone_first:.0} before, {alone_second:.0} after), \
+         beside {} attacks {beside_rate:.0} records/s ({:.0}%); peak RSS {} MiB; SIGTERM to exit {stop:?}",
         hostile.len() + 3,
         100.0 * beside_rate / alone_rate,
         rss >> 20

@@ -51,7 +51,7 @@ impl Default for TaskSettings {
         TaskSettings {
             batch_size: 500,
             max_batch_bytes: 16 << 20,
-            prefetch_bytes: 4 << 20,
+            prefetch_bytes: 64 << 20,
             commit_interval: Duration::from_secs(1),
             punctuate_interval: Duration::from_secs(1),
             guarantee: Guarantee::AtLeastOnce,
