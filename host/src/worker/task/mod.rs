@@ -675,18 +675,13 @@ impl Task {
                     timestamp: input.timestamp.max(-1),
                     headers: record.headers,
                 };
-                let (control, lease, started) = (&self.ctx.control, &self.ctx.lease, Instant::now());
-                let give_up = || stop_waiting(control, lease, started);
-                match self.output.send(&self.tracker, out, &give_up) {
-                    Ok(true) => {}
-                    Ok(false) => return Err(TaskError::GaveUp { task: self.id.clone() }),
-                    Err(detail) => {
-                        return Err(TaskError::Produce {
-                            task: self.id.clone(),
-                            detail: format!("sending a record to the dead-letter topic {topic:?}: {detail}"),
-                        })
-                    }
-                }
+                enqueue(&mut self.output, &self.tracker, &self.ctx, &self.id, out).map_err(|e| match e {
+                    TaskError::Produce { task, detail } => TaskError::Produce {
+                        task,
+                        detail: format!("sending a record to the dead-letter topic {topic:?}: {detail}"),
+                    },
+                    other => other,
+                })?;
                 tracing::warn!(task = %self.id, "sent the record at {at} to {topic:?} (on-error = \"dead-letter\"): {fault}");
                 "dead-letter"
             }
@@ -735,18 +730,7 @@ impl Task {
                 timestamp: timestamp.max(-1),
                 headers: r.headers,
             };
-            let (control, lease, started) = (&self.ctx.control, &self.ctx.lease, Instant::now());
-            let give_up = || stop_waiting(control, lease, started);
-            match self.output.send(&self.tracker, out, &give_up) {
-                Ok(true) => {}
-                Ok(false) => return Err(TaskError::GaveUp { task: self.id.clone() }),
-                Err(detail) => {
-                    return Err(TaskError::Produce {
-                        task: self.id.clone(),
-                        detail,
-                    })
-                }
-            }
+            enqueue(&mut self.output, &self.tracker, &self.ctx, &self.id, out)?;
         }
         self.instance.end_call(true);
         let n = records.len() as u64;
@@ -957,22 +941,32 @@ impl Task {
                     timestamp: -1,
                     headers: wire::Headers::EMPTY,
                 };
-                let (control, lease, started) = (&self.ctx.control, &self.ctx.lease, Instant::now());
-                let give_up = || stop_waiting(control, lease, started);
-                match self.output.send(&self.changelog_tracker, out, &give_up) {
-                    Ok(true) => {}
-                    Ok(false) => return Err(TaskError::GaveUp { task: self.id.clone() }),
-                    Err(detail) => {
-                        return Err(TaskError::Produce {
-                            task: self.id.clone(),
-                            detail,
-                        })
-                    }
-                }
+                enqueue(&mut self.output, &self.changelog_tracker, &self.ctx, &self.id, out)?;
                 written = true;
             }
         }
         Ok(written)
+    }
+}
+
+/// Enqueues one record of task `id` (see `delivery::send`): asked to stop while it waits
+/// for room, the task gives up (`GaveUp`); a producer failure is a `Produce` error.
+fn enqueue(
+    output: &mut TaskOutput,
+    tracker: &Arc<DeliveryTracker>,
+    ctx: &TaskContext,
+    id: &str,
+    out: Outgoing<'_>,
+) -> Result<(), TaskError> {
+    let started = Instant::now();
+    let give_up = || stop_waiting(&ctx.control, &ctx.lease, started);
+    match output.send(tracker, out, &give_up) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(TaskError::GaveUp { task: id.to_string() }),
+        Err(detail) => Err(TaskError::Produce {
+            task: id.to_string(),
+            detail,
+        }),
     }
 }
 
