@@ -17,6 +17,8 @@ pub struct DeliveryTracker {
     pending: AtomicU64,
     /// Bytes (keys and values) of the records in flight.
     pending_bytes: AtomicU64,
+    /// Set with `failure`, so the per-record check takes no lock while all is well.
+    failed: std::sync::atomic::AtomicBool,
     failure: Mutex<Option<String>>,
     /// Highest acknowledged offset per topic, kept only for changelogs (for checkpoints).
     offsets: Option<Mutex<std::collections::HashMap<String, i64>>>,
@@ -45,6 +47,9 @@ impl DeliveryTracker {
     }
 
     pub fn failure(&self) -> Option<String> {
+        if !self.failed.load(Ordering::Acquire) {
+            return None;
+        }
         self.failure.lock().unwrap().clone()
     }
 
@@ -98,6 +103,7 @@ impl ProducerContext for DeliveryRouter {
                     message.partition()
                 )
             });
+            tracker.failed.store(true, Ordering::Release);
         }
         let message = match result {
             Ok(message) => message,
@@ -166,7 +172,8 @@ pub fn send(
         }
         record = record.headers(headers);
     }
-    let started = Instant::now();
+    // Only a record that has to wait reads the clock.
+    let mut started: Option<Instant> = None;
     loop {
         if let Some(failure) = tracker.failure() {
             return Err(failure);
@@ -193,7 +200,7 @@ pub fn send(
         if give_up() {
             return Ok(false);
         }
-        if started.elapsed() > SEND_TIMEOUT {
+        if started.get_or_insert_with(Instant::now).elapsed() > SEND_TIMEOUT {
             return Err(format!(
                 "no room to produce to topic {} for {}s: {} record(s) of this task are not acknowledged \
                  (does the topic exist? is the cluster reachable?)",

@@ -958,8 +958,9 @@ fn enqueue(
     id: &str,
     out: Outgoing<'_>,
 ) -> Result<(), TaskError> {
-    let started = Instant::now();
-    let give_up = || stop_waiting(&ctx.control, &ctx.lease, started);
+    // The clock is read only once a record has to wait (not on the per-record path).
+    let started = std::cell::OnceCell::new();
+    let give_up = || stop_waiting(&ctx.control, &ctx.lease, *started.get_or_init(Instant::now));
     match output.send(tracker, out, &give_up) {
         Ok(true) => Ok(()),
         Ok(false) => Err(TaskError::GaveUp { task: id.to_string() }),
