@@ -54,6 +54,14 @@ impl PrivateCluster {
 
 impl Drop for PrivateCluster {
     fn drop(&mut self) {
+        // A failing test's brokers are evidence: their logs end up in its output (the
+        // directory itself is gone with a CI machine).
+        if std::thread::panicking() {
+            match dev_kafka(&self.dir, &["logs", "--lines", "80"]) {
+                Ok(logs) => eprintln!("the private cluster's logs ({}):\n{logs}", self.dir.display()),
+                Err(e) => eprintln!("the private cluster's logs could not be read: {e:#}"),
+            }
+        }
         let _ = dev_kafka(&self.dir, &["down"]);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
