@@ -3,6 +3,7 @@
 //! - `guest`: records/s through a guest alone (no Kafka), with the per-record cost of the
 //!   Wasm boundary beside a native Rust closure doing the same work.
 //! - `e2e`: records/s through `uppercase` on a real broker: one worker process, 4 partitions.
+//! - `density`: one worker holding 1,000 tasks: start time, idle threads, RSS, CPU.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -13,6 +14,7 @@ use sluice::runtime::{Runtime, RuntimeConfig};
 use sluice_guest::wire::{self, Writer};
 use sluice_guest::TaskInfo;
 
+mod density;
 mod e2e;
 mod state;
 
@@ -50,6 +52,8 @@ enum Command {
     Restore(state::RestoreArgs),
     /// Word count end to end on a broker (state store and changelog included).
     WordCount(state::WordCountArgs),
+    /// One worker holding many tasks: start time, idle threads, RSS and CPU, and flow.
+    Density(density::DensityArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -71,6 +75,7 @@ fn main() -> anyhow::Result<()> {
         Command::E2e(args) => tokio::runtime::Runtime::new()?.block_on(e2e::run(args)),
         Command::Restore(args) => tokio::runtime::Runtime::new()?.block_on(state::restore(args)),
         Command::WordCount(args) => tokio::runtime::Runtime::new()?.block_on(state::word_count(args)),
+        Command::Density(args) => tokio::runtime::Runtime::new()?.block_on(density::run(args)),
     }
 }
 

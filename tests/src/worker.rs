@@ -207,6 +207,37 @@ impl WorkerProcess {
         Ok(kib * 1024)
     }
 
+    /// OS threads of the process now.
+    pub fn threads(&self) -> Result<u64> {
+        self.status_field("Threads:")
+    }
+
+    /// Resident memory of the process now, in bytes (`VmRSS`).
+    pub fn rss(&self) -> Result<u64> {
+        Ok(self.status_field("VmRSS:")? * 1024)
+    }
+
+    /// CPU time the process has used (user + system), in seconds.
+    pub fn cpu_seconds(&self) -> Result<f64> {
+        let pid = self.pid().context("the worker is not running")?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+        // The fields after the command name (which may hold spaces) are in parentheses.
+        let rest = &stat[stat.rfind(')').context("a /proc/PID/stat line")? + 2..];
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
+        Ok(ticks as f64 / 100.0)
+    }
+
+    fn status_field(&self, name: &str) -> Result<u64> {
+        let pid = self.pid().context("the worker is not running")?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+        let line = status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .with_context(|| format!("no {name} in /proc/PID/status"))?;
+        Ok(line.split_whitespace().nth(1).context("a value")?.parse()?)
+    }
+
     /// SIGSTOP: the whole process freezes (a stalled VM, a long GC pause, a debugger).
     pub fn freeze(&self) -> Result<()> {
         self.signal("STOP")

@@ -30,10 +30,14 @@ pub struct WorkerArgs {
     /// that is less. A record larger than this goes in a batch of its own.
     #[arg(long, default_value = "16MiB", value_parser = parse_size)]
     max_batch_bytes: usize,
-    /// Bytes of records each task's consumer may fetch ahead of processing (librdkafka's
-    /// own default). Lower it to bound memory under a backlog, at some cost in throughput.
+    /// Stream threads: each runs its share of this worker's tasks over one consumer
+    /// (default: the number of cores).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
+    threads: Option<u32>,
+    /// Bytes of records this worker may fetch ahead of processing, shared by its stream
+    /// threads. Lower it to bound memory under a backlog, at some cost in throughput.
     #[arg(long, default_value = "64MiB", value_parser = parse_size)]
-    prefetch_per_task: usize,
+    prefetch: usize,
     /// How often each task commits its source offsets (after flushing what it produced).
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     commit_interval: Duration,
@@ -43,7 +47,7 @@ pub struct WorkerArgs {
     #[arg(long, default_value = "at-least-once", value_parser = parse_guarantee, env = "SLUICE_PROCESSING_GUARANTEE")]
     processing_guarantee: Guarantee,
     /// A task whose position did not move re-commits it this often, so Kafka never expires
-    /// the offsets of an idle partition (default: the commit interval).
+    /// the offsets of an idle partition (default: a minute, or the commit interval if longer).
     #[arg(long, value_parser = humantime::parse_duration)]
     idle_commit_interval: Option<Duration>,
     /// Replication factor of changelog topics this worker creates (default: min(3, brokers)).
@@ -77,9 +81,9 @@ pub struct WorkerArgs {
     /// (a Kafka group); without it this worker owns every task.
     #[arg(long, env = "SLUICE_CLUSTER")]
     cluster: Option<String>,
-    /// This worker's share of tasks relative to the others (stream threads).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    capacity: u32,
+    /// This worker's share of tasks relative to the others (default: its stream threads).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    capacity: Option<u32>,
     /// Static membership: a worker restarted under the same id within the session timeout
     /// gets its tasks back without a rebalance.
     #[arg(long)]
@@ -118,9 +122,13 @@ pub struct WorkerArgs {
 }
 
 pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
+    let threads = args
+        .threads
+        .map(|t| t as usize)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
     let cluster = args.cluster.map(|name| ClusterConfig {
         name,
-        capacity: args.capacity,
+        capacity: args.capacity.unwrap_or(threads as u32),
         instance_id: args.instance_id,
         session_timeout: args.session_timeout,
         heartbeat_interval: args.heartbeat_interval,
@@ -138,12 +146,15 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         metrics_addr: args.metrics,
         tasks: TaskSettings {
             batch_size: args.batch_size as usize,
+            threads,
             max_batch_bytes: args.max_batch_bytes,
-            prefetch_bytes: args.prefetch_per_task,
+            prefetch_bytes: args.prefetch,
             commit_interval: args.commit_interval,
             punctuate_interval: args.punctuate_interval,
             guarantee: args.processing_guarantee,
-            idle_commit_interval: args.idle_commit_interval.unwrap_or(args.commit_interval),
+            idle_commit_interval: args
+                .idle_commit_interval
+                .unwrap_or(args.commit_interval.max(Duration::from_secs(60))),
         },
         changelogs: ChangelogSettings {
             replication_factor: args.changelog_replication_factor,

@@ -7,7 +7,8 @@ use bytes::{Buf, BufMut, BytesMut};
 use kafka_protocol::messages::{
     AlterClientQuotasRequest, AlterClientQuotasResponse, ApiKey, FindCoordinatorRequest, FindCoordinatorResponse,
     HeartbeatRequest, HeartbeatResponse, JoinGroupRequest, JoinGroupResponse, LeaveGroupRequest, LeaveGroupResponse,
-    MetadataRequest, MetadataResponse, RequestHeader, ResponseHeader, SyncGroupRequest, SyncGroupResponse, TopicName,
+    MetadataRequest, MetadataResponse, OffsetCommitRequest, OffsetCommitResponse, OffsetFetchRequest,
+    OffsetFetchResponse, RequestHeader, ResponseHeader, SyncGroupRequest, SyncGroupResponse, TopicName,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, StrBytes};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -48,6 +49,8 @@ calls! {
     LeaveGroupRequest => LeaveGroupResponse, LeaveGroup;
     MetadataRequest => MetadataResponse, Metadata;
     AlterClientQuotasRequest => AlterClientQuotasResponse, AlterClientQuotas;
+    OffsetCommitRequest => OffsetCommitResponse, OffsetCommit;
+    OffsetFetchRequest => OffsetFetchResponse, OffsetFetch;
 }
 
 pub struct Connection {

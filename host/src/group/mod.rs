@@ -8,6 +8,7 @@ mod codec;
 pub mod connection;
 pub mod membership;
 pub mod metadata;
+pub mod offsets;
 pub mod placement;
 
 use std::fmt;

@@ -11,6 +11,7 @@ pub mod delivery;
 pub mod group_runner;
 mod runner;
 pub mod standby;
+pub mod stream;
 pub mod task;
 pub mod task_state;
 
@@ -238,7 +239,7 @@ pub async fn run(
         config.bootstrap.clone(),
         state,
         deployed,
-    );
+    )?;
 
     let report = match &config.cluster {
         None => {

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::control::{Lease, TaskControl};
 use super::delivery::WorkerProducer;
+use super::stream::{Panicked, StreamThreads, TaskSlot};
 use super::task::{self, Ended, TaskError, TaskSettings, TaskSummary};
 use super::task_state::StateEnv;
 use super::{standby, DeployedTopology, WorkerReport};
@@ -21,11 +22,8 @@ pub const REAP_EVERY: Duration = Duration::from_millis(500);
 /// Longest wait before a task that failed for a transient reason starts again.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
-/// A task thread and how to ask it to stop.
-type RunningTask = (
-    Arc<TaskControl>,
-    std::thread::JoinHandle<Result<TaskSummary, TaskError>>,
-);
+/// A task (on a starter or stream thread), how to ask it to stop, and where its end is told.
+type RunningTask = (Arc<TaskControl>, Arc<TaskSlot>);
 
 /// Tasks asked to stop, not yet joined.
 #[must_use = "stopping tasks must be finished with TaskRunner::finish"]
@@ -73,6 +71,7 @@ pub struct TaskRunner {
     release_failed: bool,
     standbys: BTreeMap<TaskId, RunningStandby>,
     finished: WorkerReport,
+    streams: StreamThreads,
 }
 
 /// What reaping found.
@@ -98,8 +97,10 @@ impl TaskRunner {
         bootstrap: String,
         state: Arc<StateEnv>,
         deployed: Vec<DeployedTopology>,
-    ) -> TaskRunner {
-        TaskRunner {
+    ) -> anyhow::Result<TaskRunner> {
+        let streams = StreamThreads::start(settings.threads, &bootstrap, settings.prefetch_bytes)?;
+        Ok(TaskRunner {
+            streams,
             lease,
             producer,
             settings,
@@ -114,7 +115,7 @@ impl TaskRunner {
             release_failed: false,
             standbys: BTreeMap::new(),
             finished: WorkerReport::default(),
-        }
+        })
     }
 
     /// Releases tasks that a guest fault stopped to the group (cluster mode) instead of
@@ -201,7 +202,7 @@ impl TaskRunner {
                     self.finished.failed.push((id.to_string(), e.to_string()));
                 }
                 Ok(Err(e)) => self.schedule_retry(&id, &e.to_string()),
-                Err(_) => self.schedule_retry(&id, "the task thread panicked"),
+                Err(Panicked) => self.schedule_retry(&id, "its stream thread panicked while running it"),
             }
         }
         if self.lease.valid() {
@@ -258,9 +259,9 @@ impl TaskRunner {
                 bootstrap: self.bootstrap.clone(),
                 state: self.state.clone(),
             };
-            let name = format!("task-{}-{}", task.topology, task.partition);
-            let handle = std::thread::Builder::new().name(name).spawn(move || task::run(ctx))?;
-            self.running.insert(task.clone(), (control, handle));
+            let slot = Arc::new(TaskSlot::default());
+            self.streams.submit(ctx, slot.clone());
+            self.running.insert(task.clone(), (control, slot));
             self.retrying.remove(task);
         }
         Ok(())
@@ -313,7 +314,10 @@ impl TaskRunner {
                     self.finished.stopped.push((id, summary));
                 }
                 Ok(Err(e)) => self.finished.failed.push((id, e.to_string())),
-                Err(_) => self.finished.failed.push((id, "the task thread panicked".to_string())),
+                Err(Panicked) => self
+                    .finished
+                    .failed
+                    .push((id, "its stream thread panicked while running it".to_string())),
             }
         }
     }

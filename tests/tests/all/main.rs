@@ -3,6 +3,7 @@
 mod brokers;
 mod cluster;
 mod consistency;
+mod density;
 mod group;
 mod hostile;
 mod kafka_roundtrip;

@@ -1,6 +1,7 @@
-//! One task — a topology on one input partition — on its own thread: poll a batch, call the
-//! guest, produce what it emits, and commit (see `task_state` for the commit protocol and
-//! `output` for the producer layout under each guarantee).
+//! One task — a topology on one input partition — as a state machine that a stream thread
+//! drives (see `stream`): it is fed records, calls the guest on a batch, produces what it
+//! emits, and commits (see `task_state` for the commit protocol and `output` for the
+//! producer layout under each guarantee).
 //!
 //! A task processes and commits only while the worker's membership lease is valid (see
 //! `control`); asked to abort, it stops without committing anything more.
@@ -11,8 +12,8 @@ mod source;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use rdkafka::message::{BorrowedMessage, Headers as _, Message};
+use rdkafka::consumer::{Consumer, ConsumerGroupMetadata};
+use rdkafka::message::{Headers as _, Message};
 use rdkafka::{Offset, TopicPartitionList};
 use sluice_guest::wire::{self, Header, Writer, INHERIT_TIMESTAMP};
 use sluice_guest::TaskInfo;
@@ -20,7 +21,8 @@ use sluice_guest::TaskInfo;
 use super::control::{Lease, Request, TaskControl};
 use super::delivery::{DeliveryTracker, Outgoing, WorkerProducer};
 use super::task_state::{Opened, StateEnv, TaskState};
-use super::{ConsumerEvents, DeployedTopology};
+use super::DeployedTopology;
+use crate::group::offsets::{GroupOffsets, Position};
 use crate::manifest::OnError;
 use crate::metrics::{ErrorLabels, Metrics, RejectLabels, TaskLabels};
 use crate::runtime::{CallOutput, GuestFault, TaskInstance};
@@ -33,10 +35,12 @@ const DELIVERY_TIMEOUT: Duration = Duration::from_secs(120);
 #[derive(Debug, Clone)]
 pub struct TaskSettings {
     pub batch_size: usize,
+    /// Stream threads of the worker: each runs its share of the tasks.
+    pub threads: usize,
     /// Most bytes of records in one batch (a quarter of the topology's memory limit, if
     /// that is less): a batch must fit in the guest's memory with room for its output.
     pub max_batch_bytes: usize,
-    /// Bytes of records a task's consumer may fetch ahead of processing.
+    /// Bytes of records each stream thread's consumer may fetch ahead of processing.
     pub prefetch_bytes: usize,
     pub commit_interval: Duration,
     pub punctuate_interval: Duration,
@@ -50,6 +54,7 @@ impl Default for TaskSettings {
     fn default() -> Self {
         TaskSettings {
             batch_size: 500,
+            threads: 2,
             max_batch_bytes: 16 << 20,
             prefetch_bytes: 64 << 20,
             commit_interval: Duration::from_secs(1),
@@ -78,6 +83,8 @@ pub enum TaskError {
     /// Its topology's state on this worker would grow past `limits.state`.
     #[error("task {task} failed: {detail}")]
     Quota { task: String, detail: String },
+    #[error("task {task} failed: reading its sources: {detail}")]
+    Source { task: String, detail: String },
     /// Asked to stop while it waited for Kafka: it stops without committing (not a failure).
     #[error("task {task} was stopped while it waited for Kafka")]
     GaveUp { task: String },
@@ -88,6 +95,7 @@ impl TaskError {
         match self {
             TaskError::Guest { fault, .. } => fault.kind(),
             TaskError::Produce { .. } => "produce",
+            TaskError::Source { .. } => "source",
             TaskError::State { .. } => "state",
             TaskError::Transaction { .. } => "transaction",
             TaskError::GaveUp { .. } => "stopped",
@@ -131,10 +139,13 @@ pub enum Ended {
     BeforeStart,
 }
 
-struct Task {
+pub struct Task {
     ctx: TaskContext,
-    /// Reads the task's partition of every source; `None` only while a batch is polled.
-    consumer: Option<BaseConsumer<ConsumerEvents>>,
+    /// The topology group's metadata for offsets committed in a transaction (exactly-once).
+    group_metadata: Option<ConsumerGroupMetadata>,
+    /// `sluice-<topology>`: where source offsets are committed.
+    group: String,
+    labels: TaskLabels,
     id: String,
     info: TaskInfo,
     instance: TaskInstance,
@@ -179,58 +190,97 @@ struct Counters {
     call_seconds: prometheus_client::metrics::counter::Counter<f64>,
 }
 
-/// Runs a task until `stop` is set (returns its summary) or it fails (returns why; nothing
-/// past the last good record is committed, and its consumer closes with it).
-pub fn run(ctx: TaskContext) -> Result<TaskSummary, TaskError> {
+/// A thread's means of talking to Kafka outside its consumer: source offsets of any
+/// topology group, over a runtime of the thread's own (no threads of its own).
+pub struct KafkaEnv {
+    offsets: GroupOffsets,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl KafkaEnv {
+    pub fn new(bootstrap: &str) -> std::io::Result<KafkaEnv> {
+        Ok(KafkaEnv {
+            offsets: GroupOffsets::new(bootstrap),
+            runtime: tokio::runtime::Builder::new_current_thread().enable_all().build()?,
+        })
+    }
+
+    pub fn fetch_offsets(&mut self, group: &str, wanted: &[(String, i32)]) -> Result<Vec<Option<i64>>, String> {
+        self.runtime.block_on(self.offsets.fetch(group, wanted))
+    }
+
+    pub fn commit_offsets(&mut self, group: &str, positions: &[Position]) -> Result<(), String> {
+        self.runtime.block_on(self.offsets.commit(group, positions))
+    }
+}
+
+/// What starting a task came to.
+pub enum Prepared {
+    /// Ready to be fed records from the returned positions on.
+    Ready(Box<Task>),
+    /// Asked to stop, or failed, before it could start: how it ended (already reported).
+    Ended(Result<TaskSummary, TaskError>),
+}
+
+/// Starts a task: its producer, restored state, guest instance and source positions.
+pub fn prepare(ctx: TaskContext, env: &mut KafkaEnv) -> Prepared {
     let id = format!("{}/{}", ctx.topology.name, ctx.partition);
     let labels = TaskLabels {
         topology: ctx.topology.name.clone(),
         task: id.clone(),
     };
     ctx.metrics.task_failed.get_or_create(&labels).set(0);
-    let metrics = ctx.metrics.clone();
-    // The first thing a task does; tests check ownership intervals from here to "stopped".
+    // The first thing a task does; tests check ownership intervals from here to "ended".
     tracing::info!(task = %id, "starting");
-
-    metrics.tasks_running.inc();
-    let result = Task::start(ctx, id.clone(), &labels).and_then(|task| match task {
-        Some(task) => task.run_until_stopped(),
-        None => {
+    ctx.metrics.tasks_running.inc();
+    let metrics = ctx.metrics.clone();
+    match Task::start(ctx, id.clone(), labels.clone(), env) {
+        Ok(Some(task)) => Prepared::Ready(Box::new(task)),
+        Ok(None) => {
             tracing::info!(task = %id, "stopped before it started processing");
-            Ok(TaskSummary {
+            let result = Ok(TaskSummary {
                 ended: Ended::BeforeStart,
                 ..Default::default()
-            })
+            });
+            report_end(&metrics, &labels, &result);
+            Prepared::Ended(result)
         }
-    });
+        Err(e) => {
+            let result = Err(e);
+            report_end(&metrics, &labels, &result);
+            Prepared::Ended(result)
+        }
+    }
+}
+
+/// Logs how a task ended and updates its metrics. After this, nothing touches its state.
+fn report_end(metrics: &Metrics, labels: &TaskLabels, result: &Result<TaskSummary, TaskError>) {
+    let id = &labels.task;
     metrics.tasks_running.dec();
-    let outcome = match &result {
+    let outcome = match result {
         Ok(summary) => format!("{:?}", summary.ended),
         Err(e) => format!("failed ({})", e.kind()),
     };
     // The last thing a task does: from "starting" to here it may touch the task's state.
     tracing::info!(task = %id, outcome = %outcome, "ended");
-
-    if let Err(e) = &result {
+    if let Err(e) = result {
         tracing::error!(task = %id, "{e}");
-        metrics.task_failed.get_or_create(&labels).set(1);
+        metrics.task_failed.get_or_create(labels).set(1);
         metrics
             .task_errors
             .get_or_create(&ErrorLabels {
                 topology: labels.topology.clone(),
-                task: id,
+                task: id.clone(),
                 kind: e.kind().into(),
             })
             .inc();
-        // The task's consumer closed with it: its partitions are no longer fetched.
     }
-    result
 }
 
 impl Task {
     /// Prepares a task: its producer (under exactly-once, fencing the previous owner first),
     /// its restored state, its guest instance and its consumer. None: asked to stop first.
-    fn start(ctx: TaskContext, id: String, labels: &TaskLabels) -> Result<Option<Task>, TaskError> {
+    fn start(ctx: TaskContext, id: String, labels: TaskLabels, env: &mut KafkaEnv) -> Result<Option<Task>, TaskError> {
         let topology = &ctx.topology;
         let control = ctx.control.clone();
         let stopping = move || control.stopping();
@@ -287,31 +337,36 @@ impl Task {
             .instantiate(&id, topology.loaded.description().sinks.clone(), stores)
             .map_err(fail)?;
         instance.init(&info).map_err(fail)?;
-        let Some(source) = source::open(
-            &ctx.bootstrap,
-            &topology.name,
-            &topology.binding.source_topics,
-            ctx.partition,
-            &id,
-            ctx.settings.prefetch_bytes,
-            &stopping,
-        )
-        .map_err(|detail| TaskError::Produce {
-            task: id.clone(),
-            detail,
-        })?
-        else {
+        let sources = &topology.binding.source_topics;
+        let Some(committed) = source::committed(env, &topology.name, sources, ctx.partition, &id, &stopping) else {
             return Ok(None);
         };
-        let counters = Counters {
-            records_in: ctx.metrics.records_in.get_or_create(labels).clone(),
-            records_out: ctx.metrics.records_out.get_or_create(labels).clone(),
-            calls: ctx.metrics.guest_calls.get_or_create(labels).clone(),
-            call_seconds: ctx.metrics.guest_call_seconds.get_or_create(labels).clone(),
+        // Offsets committed in a transaction name the topology's group.
+        let group_metadata = if output.is_transactional() {
+            let consumer = super::source_consumer(&ctx.bootstrap, &topology.name, 1 << 20).map_err(|e| {
+                TaskError::Transaction {
+                    task: id.clone(),
+                    detail: format!("creating a consumer for the group metadata: {e}"),
+                }
+            })?;
+            Some(consumer.group_metadata().ok_or_else(|| TaskError::Transaction {
+                task: id.clone(),
+                detail: "the consumer has no group metadata".into(),
+            })?)
+        } else {
+            None
         };
-        tracing::info!(committed = ?source.committed, guarantee = ?ctx.settings.guarantee, task = %id, "started");
+        let counters = Counters {
+            records_in: ctx.metrics.records_in.get_or_create(&labels).clone(),
+            records_out: ctx.metrics.records_out.get_or_create(&labels).clone(),
+            calls: ctx.metrics.guest_calls.get_or_create(&labels).clone(),
+            call_seconds: ctx.metrics.guest_call_seconds.get_or_create(&labels).clone(),
+        };
+        tracing::info!(committed = ?committed, guarantee = ?ctx.settings.guarantee, task = %id, "started");
         Ok(Some(Task {
-            consumer: Some(source.consumer),
+            group_metadata,
+            group: format!("sluice-{}", topology.name),
+            labels,
             id,
             info,
             instance,
@@ -326,8 +381,8 @@ impl Task {
                 .max_batch_bytes
                 .min(topology.loaded.limits().memory_limit / 4)
                 .max(1),
-            positions: source.committed.clone(),
-            committed: source.committed,
+            positions: committed.clone(),
+            committed,
             stream_time: i64::MIN,
             last_commit: Instant::now(),
             last_offsets_commit: Instant::now(),
@@ -339,51 +394,116 @@ impl Task {
         }))
     }
 
-    fn run_until_stopped(mut self) -> Result<TaskSummary, TaskError> {
-        match self.run_loop() {
-            Err(TaskError::GaveUp { .. }) => Ok(self.abort("it was asked to stop while it waited for Kafka")),
-            other => other,
-        }
+    /// Where the task reads from: each source topic's partition and the offset to start at
+    /// (none: nothing committed, from the beginning).
+    pub fn sources(&self) -> Vec<(String, i32, Option<i64>)> {
+        let topics = &self.ctx.topology.binding.source_topics;
+        topics
+            .iter()
+            .zip(&self.committed)
+            .map(|(t, c)| (t.clone(), self.ctx.partition, *c))
+            .collect()
     }
 
-    fn run_loop(&mut self) -> Result<TaskSummary, TaskError> {
-        loop {
-            match self.ctx.control.request() {
-                Request::Run => {}
-                Request::Stop => break,
-                Request::Abort => return Ok(self.abort("asked to abort")),
-            }
-            if !self.ctx.lease.valid() {
-                // Membership is uncertain: others may own this task by now. Do nothing until
-                // the worker renews the lease or aborts the task.
-                std::thread::sleep(Duration::from_millis(10));
-                continue;
-            }
-            self.fill_batch();
-            if !self.batch.is_empty() {
-                self.process_batch()?;
-            }
-            self.maybe_punctuate()?;
-            if self.last_commit.elapsed() >= self.ctx.settings.commit_interval {
-                match self.commit()? {
-                    // Skipped: the lease ran out meanwhile; the loop waits for it (above).
-                    Commit::Done | Commit::Skipped => {}
-                    Commit::Fenced => return Ok(self.abort("another owner fenced it")),
-                }
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Whether the batch has room for no more records.
+    pub fn is_full(&self) -> bool {
+        self.batch.len() >= self.ctx.settings.batch_size || self.writer.byte_len() >= self.batch_bytes
+    }
+
+    /// Whether the batch holds records not processed yet.
+    pub fn has_records(&self) -> bool {
+        !self.batch.is_empty()
+    }
+
+    /// The task cannot read its sources (the stream thread could not position them): it
+    /// ends without committing, as failed for a transient reason.
+    pub fn abandon(&mut self, detail: String) -> Result<TaskSummary, TaskError> {
+        self.abort("it cannot read its sources");
+        let result = Err(TaskError::Source {
+            task: self.id.clone(),
+            detail,
+        });
+        report_end(&self.ctx.metrics, &self.labels, &result);
+        result
+    }
+
+    /// Whether the task may process now (asked to run, and the lease holds).
+    pub fn may_process(&self) -> bool {
+        self.ctx.control.request() == Request::Run && self.ctx.lease.valid()
+    }
+
+    /// Processes the batch at once (it is full); the task's end if that ended it.
+    pub fn process_now(&mut self, env: &mut KafkaEnv) -> Option<Result<TaskSummary, TaskError>> {
+        let result = self.process_batch(env).map(|()| None);
+        self.ended(result)
+    }
+
+    /// One turn: honour a stop or abort request; else, if the lease holds, process the
+    /// batch, punctuate and commit when due. Some: the task ended (how, already reported).
+    pub fn step(&mut self, env: &mut KafkaEnv) -> Option<Result<TaskSummary, TaskError>> {
+        let result = self.turn(env);
+        self.ended(result)
+    }
+
+    fn ended(&mut self, result: Result<Option<TaskSummary>, TaskError>) -> Option<Result<TaskSummary, TaskError>> {
+        let result = match result {
+            Ok(None) => return None,
+            Ok(Some(summary)) => Ok(summary),
+            Err(TaskError::GaveUp { .. }) => Ok(self.abort("it was asked to stop while it waited for Kafka")),
+            Err(e) => Err(e),
+        };
+        report_end(&self.ctx.metrics, &self.labels, &result);
+        Some(result)
+    }
+
+    fn turn(&mut self, env: &mut KafkaEnv) -> Result<Option<TaskSummary>, TaskError> {
+        match self.ctx.control.request() {
+            Request::Run => {}
+            Request::Stop => return self.finish(env).map(Some),
+            Request::Abort => return Ok(Some(self.abort("asked to abort"))),
+        }
+        if !self.ctx.lease.valid() {
+            // Membership is uncertain: others may own this task by now. Do nothing until
+            // the worker renews the lease or aborts the task.
+            return Ok(None);
+        }
+        if !self.batch.is_empty() {
+            self.process_batch(env)?;
+        }
+        self.maybe_punctuate()?;
+        if self.last_commit.elapsed() >= self.ctx.settings.commit_interval {
+            match self.commit(env)? {
+                // Skipped: the lease ran out meanwhile; the task waits for it (above).
+                Commit::Done | Commit::Skipped => {}
+                Commit::Fenced => return Ok(Some(self.abort("another owner fenced it"))),
             }
         }
-        // Shutdown: the batch in flight is done; commit, then let the guest close and commit
-        // what closing emitted or wrote.
-        if self.commit()? != Commit::Done {
+        Ok(None)
+    }
+
+    /// Asked to stop: records fed but not processed are left for the next owner; commit,
+    /// then let the guest close and commit what closing emitted or wrote.
+    fn finish(&mut self, env: &mut KafkaEnv) -> Result<TaskSummary, TaskError> {
+        self.clear_batch();
+        if self.commit(env)? != Commit::Done {
             return Ok(self.abort("it could not make its final commit (lease expired or fenced)"));
         }
         let output = self.call("close", |i| i.close())?;
         self.produce(&output, now_ms(), "close")?;
-        if self.commit()? != Commit::Done {
+        if self.commit(env)? != Commit::Done {
             return Ok(self.abort("it could not make its final commit (lease expired or fenced)"));
         }
         tracing::info!(task = %self.id, records_in = self.summary.records_in, records_out = self.summary.records_out, "stopped");
         Ok(self.summary)
+    }
+
+    fn clear_batch(&mut self) {
+        self.writer.clear();
+        self.batch.clear();
     }
 
     /// Stops without committing: uncommitted state is dropped, an open transaction aborted.
@@ -397,32 +517,8 @@ impl Task {
         self.summary
     }
 
-    /// Takes what the consumer holds, up to a batch; waits briefly only when it has nothing.
-    fn fill_batch(&mut self) {
-        self.writer.clear();
-        self.batch.clear();
-        let consumer = self.consumer.take().expect("the task's consumer");
-        let mut wait = Duration::from_millis(100);
-        while self.batch.len() < self.ctx.settings.batch_size && self.writer.byte_len() < self.batch_bytes {
-            match consumer.poll(wait) {
-                Some(Ok(message)) => {
-                    let topics = &self.ctx.topology.binding.source_topics;
-                    match topics.iter().position(|t| t == message.topic()) {
-                        Some(source) => self.push(source as u32, &message),
-                        None => {
-                            tracing::warn!(task = %self.id, topic = message.topic(), "a record from a topic the task does not read")
-                        }
-                    }
-                }
-                Some(Err(e)) => tracing::warn!(task = %self.id, "consumer: {e}"),
-                None => break,
-            }
-            wait = Duration::ZERO;
-        }
-        self.consumer = Some(consumer);
-    }
-
-    fn push(&mut self, source: u32, m: &BorrowedMessage<'_>) {
+    /// Adds a record of source `source` to the batch (check [`is_full`](Self::is_full) first).
+    pub fn push<M: Message>(&mut self, source: u32, m: &M) {
         let timestamp = m.timestamp().to_millis().unwrap_or(-1);
         let headers: Vec<Header<'_>> = match m.headers() {
             Some(h) => h
@@ -447,7 +543,13 @@ impl Task {
         self.stream_time = self.stream_time.max(timestamp);
     }
 
-    fn process_batch(&mut self) -> Result<(), TaskError> {
+    fn process_batch(&mut self, env: &mut KafkaEnv) -> Result<(), TaskError> {
+        let result = self.process_batch_inner(env);
+        self.clear_batch();
+        result
+    }
+
+    fn process_batch_inner(&mut self, env: &mut KafkaEnv) -> Result<(), TaskError> {
         let started = Instant::now();
         let result = self.instance.process(self.writer.as_bytes());
         self.counters.calls.inc();
@@ -467,7 +569,7 @@ impl Task {
         // for the guest: find out which by processing parts of it in fresh instances.
         let whole = self.writer.as_bytes().to_vec();
         let batch = self.batch.clone();
-        self.isolate(&whole, &batch, 0..batch.len(), fault)
+        self.isolate(&whole, &batch, 0..batch.len(), fault, env)
     }
 
     /// Marks records `range` of the batch processed: their offsets may be committed.
@@ -491,9 +593,10 @@ impl Task {
         batch: &[(u32, i64)],
         range: std::ops::Range<usize>,
         fault: GuestFault,
+        env: &mut KafkaEnv,
     ) -> Result<(), TaskError> {
         if range.len() == 1 || matches!(fault, GuestFault::Instantiate { .. }) {
-            return self.reject(whole, batch, range, fault);
+            return self.reject(whole, batch, range, fault, env);
         }
         tracing::info!(task = %self.id, records = range.len(), "{fault}; processing the batch in parts to find the record");
         let parts = match fault.record_index().map(|i| range.start + i as usize) {
@@ -519,7 +622,7 @@ impl Task {
                     Some(fault) => fault,
                 },
             };
-            self.isolate(whole, batch, part, fault)?;
+            self.isolate(whole, batch, part, fault, env)?;
         }
         Ok(())
     }
@@ -588,6 +691,7 @@ impl Task {
         batch: &[(u32, i64)],
         range: std::ops::Range<usize>,
         fault: GuestFault,
+        env: &mut KafkaEnv,
     ) -> Result<(), TaskError> {
         let topics = &self.ctx.topology.binding.source_topics;
         let partition = self.ctx.partition;
@@ -607,7 +711,7 @@ impl Task {
         let policy = self.ctx.topology.on_error;
         if policy == OnError::Fail || range.len() != 1 {
             // Commit what was processed before it; nothing after.
-            match self.commit() {
+            match self.commit(env) {
                 Ok(Commit::Done) => {}
                 Ok(_) => {
                     tracing::warn!(task = %self.id, "not committing the records before the failure: no lease, or fenced")
@@ -778,7 +882,7 @@ impl Task {
     /// The commit protocol (see `task_state` for where a crash can fall). Commits nothing
     /// when the lease is not valid (skipped: the task waits for it) or another producer
     /// fenced the task (exactly-once: it is not ours any more).
-    fn commit(&mut self) -> Result<Commit, TaskError> {
+    fn commit(&mut self, env: &mut KafkaEnv) -> Result<Commit, TaskError> {
         self.last_commit = Instant::now();
         if !self.ctx.lease.valid() {
             return Ok(Commit::Skipped);
@@ -797,15 +901,10 @@ impl Task {
         // 2. Everything produced is acknowledged; source offsets are committed.
         if self.output.is_transactional() {
             let group = self
-                .consumer
+                .group_metadata
                 .as_ref()
-                .expect("the task's consumer")
-                .group_metadata()
-                .ok_or_else(|| TaskError::Transaction {
-                    task: self.id.clone(),
-                    detail: "the consumer has no group metadata".into(),
-                })?;
-            match self.output.commit(&offsets, &group) {
+                .expect("a transactional task has its group's metadata");
+            match self.output.commit(&offsets, group) {
                 Ok(()) => {}
                 Err(TransactionError::Fenced(detail)) => {
                     tracing::warn!(task = %self.id, "fenced by a newer owner of the task: {detail}");
@@ -841,13 +940,9 @@ impl Task {
             if !self.ctx.lease.valid() {
                 return Ok(Commit::Skipped);
             }
-            if offsets.count() > 0 {
-                match self
-                    .consumer
-                    .as_ref()
-                    .expect("the task's consumer")
-                    .commit(&offsets, CommitMode::Sync)
-                {
+            let positions = self.commit_positions();
+            if !positions.is_empty() {
+                match env.commit_offsets(&self.group, &positions) {
                     Ok(()) => {}
                     // Not fatal: the offsets are committed with the next commit, and until then
                     // a restart only reprocesses (at-least-once).
@@ -877,6 +972,22 @@ impl Task {
             }
         }
         tpl
+    }
+
+    /// The positions to commit, for the offsets client (sources that have one).
+    fn commit_positions(&self) -> Vec<Position> {
+        let topics = &self.ctx.topology.binding.source_topics;
+        self.positions
+            .iter()
+            .enumerate()
+            .filter_map(|(source, position)| {
+                position.map(|offset| Position {
+                    topic: topics[source].clone(),
+                    partition: self.ctx.partition,
+                    offset,
+                })
+            })
+            .collect()
     }
 
     fn commit_state(&mut self) -> Result<(), TaskError> {
