@@ -190,7 +190,9 @@ fn stream_consumer(bootstrap: &str, prefetch_bytes: usize) -> anyhow::Result<Bas
         .set("auto.offset.reset", "earliest")
         .set("enable.partition.eof", "false")
         .set("isolation.level", "read_committed")
-        .set("fetch.wait.max.ms", "100")
+        // How long the broker holds a fetch that finds nothing (it answers as soon as
+        // records arrive): long, so idle partitions cost few requests (Java's default).
+        .set("fetch.wait.max.ms", "500")
         .create_with_context(ConsumerEvents)?)
 }
 
