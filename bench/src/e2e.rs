@@ -29,9 +29,32 @@ pub struct E2eArgs {
     #[arg(long, default_value_t = 500)]
     batch: usize,
     /// Class path of bench/kafka-streams (its classes and dependencies): when given, the
-    /// same job runs on Kafka Streams afterwards, on the same input, and the ratio is printed.
+    /// same job runs on Kafka Streams too, on the same input, and the ratio is printed.
     #[arg(long)]
     kafka_streams_classpath: Option<String>,
+    /// Runs of each system, alternating (Sluice, Kafka Streams, native, Sluice, …); the
+    /// median is reported.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+}
+
+/// One run of one system.
+#[derive(Debug, Clone, Copy)]
+struct Measured {
+    /// Seconds from the process start to the last output.
+    total_s: f64,
+    /// Seconds from the first output to the last.
+    steady_s: f64,
+    peak_rss: u64,
+    cpu_s: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[v.len() / 2]
 }
 
 fn config(bootstrap: &str) -> ClientConfig {
@@ -42,12 +65,9 @@ fn config(bootstrap: &str) -> ClientConfig {
 
 pub async fn run(args: E2eArgs) -> anyhow::Result<()> {
     let id = uuid::Uuid::new_v4().simple().to_string();
-    let (input, output) = (format!("bench-in-{id}"), format!("bench-out-{id}"));
+    let input = format!("bench-in-{id}");
     let admin: AdminClient<DefaultClientContext> = config(&args.bootstrap).create()?;
-    let topics = [
-        NewTopic::new(&input, args.partitions, TopicReplication::Fixed(1)),
-        NewTopic::new(&output, args.partitions, TopicReplication::Fixed(1)),
-    ];
+    let topics = [NewTopic::new(&input, args.partitions, TopicReplication::Fixed(1))];
     for r in admin.create_topics(&topics, &AdminOptions::new()).await? {
         r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
     }
@@ -86,24 +106,110 @@ pub async fn run(args: E2eArgs) -> anyhow::Result<()> {
         args.records as f64 / produce_s
     );
 
-    // Run one worker over it.
     let dir = std::env::temp_dir().join(format!("sluice-bench-{id}"));
     std::fs::create_dir_all(&dir)?;
-    let manifest = dir.join("bench.toml");
-    std::fs::write(
-        &manifest,
-        format!(
-            "name = \"bench-{id}\"\ncomponent = {:?}\n[sources]\ninput = {input:?}\n[sinks]\noutput = {output:?}\n",
-            args.component.display().to_string()
-        ),
-    )?;
-    let mut worker = Command::new(crate::sluice_binary()?);
-    worker
-        .args(["worker", "--bootstrap", &args.bootstrap, "--topology"])
-        .arg(&manifest)
-        .args(["--batch-size", &args.batch.to_string()])
-        .env("SLUICE_LOG", "warn");
-    let sluice = measure("at-least-once", worker, &args, &output, &dir.join("worker.log"), &id)?;
+    // Each system reads the same input into an output of its own, in alternating rounds.
+    let mut systems: Vec<&str> = vec!["sluice"];
+    if args.kafka_streams_classpath.is_some() {
+        systems.push("kafka streams");
+    }
+    systems.push("native");
+    let mut results: Vec<(&str, Measured)> = Vec::new();
+    for round in 0..args.rounds {
+        for &system in &systems {
+            let run = format!("{}-{round}-{id}", system.replace(' ', "-"));
+            let output = format!("bench-out-{run}");
+            let topic = [NewTopic::new(&output, args.partitions, TopicReplication::Fixed(1))];
+            for r in admin.create_topics(&topic, &AdminOptions::new()).await? {
+                r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
+            }
+            let command = match system {
+                "sluice" => {
+                    let manifest = dir.join(format!("{run}.toml"));
+                    std::fs::write(
+                        &manifest,
+                        format!(
+                            "name = \"bench-{run}\"\ncomponent = {:?}\n[sources]\ninput = {input:?}\n[sinks]\noutput = {output:?}\n",
+                            args.component.display().to_string()
+                        ),
+                    )?;
+                    let mut worker = Command::new(crate::sluice_binary()?);
+                    worker
+                        .args(["worker", "--bootstrap", &args.bootstrap, "--topology"])
+                        .arg(&manifest)
+                        .arg("--state-dir")
+                        .arg(dir.join(format!("state-{run}")))
+                        .args(["--batch-size", &args.batch.to_string()])
+                        .env("SLUICE_LOG", "warn");
+                    worker
+                }
+                "kafka streams" => {
+                    let mut streams = Command::new("java");
+                    streams
+                        .args([
+                            "-Xmx1g",
+                            "-cp",
+                            args.kafka_streams_classpath.as_deref().unwrap_or_default(),
+                            "dev.sluice.bench.Uppercase",
+                            &args.bootstrap,
+                            &input,
+                            &output,
+                        ])
+                        .arg(format!("bench-streams-{run}"))
+                        // Stream threads = partitions, as a user would tune it.
+                        .arg(args.partitions.to_string());
+                    streams
+                }
+                _ => {
+                    let mut native = Command::new(std::env::current_exe()?);
+                    native.args([
+                        "native",
+                        "--bootstrap",
+                        &args.bootstrap,
+                        "--input",
+                        &input,
+                        "--output",
+                        &output,
+                        "--group",
+                        &format!("bench-native-{run}"),
+                    ]);
+                    native
+                }
+            };
+            let label = format!("{system} #{}", round + 1);
+            let measured = measure(&label, command, &args, &output, &dir.join(format!("{run}.log")), &id)?;
+            results.push((system, measured));
+        }
+    }
+    println!();
+    println!(
+        "  uppercase, {} records, {} partitions, median of {} alternating runs:",
+        args.records, args.partitions, args.rounds
+    );
+    println!(
+        "  {:<14} {:>14} {:>16} {:>14} {:>10}",
+        "system", "steady rec/s", "start-to-last/s", "CPU s per 1M", "peak RSS"
+    );
+    let mut medians = Vec::new();
+    for &system in &systems {
+        let runs: Vec<Measured> = results.iter().filter(|(s, _)| *s == system).map(|(_, m)| *m).collect();
+        let steady = median(runs.iter().map(|m| args.records as f64 / m.steady_s).collect());
+        let total = median(runs.iter().map(|m| args.records as f64 / m.total_s).collect());
+        let cpu = median(runs.iter().map(|m| m.cpu_s * 1e6 / args.records as f64).collect());
+        let rss = median(runs.iter().map(|m| m.peak_rss as f64 / (1 << 20) as f64).collect());
+        println!("  {system:<14} {steady:>14.0} {total:>16.0} {cpu:>14.2} {rss:>8.0} MB");
+        medians.push((system, steady, cpu, rss));
+    }
+    let sluice = medians[0];
+    for &(system, steady, cpu, rss) in &medians[1..] {
+        println!(
+            "  sluice / {system}: {:.2}x the steady throughput, {:.2}x the CPU per record, {:.2}x the peak RSS",
+            sluice.1 / steady,
+            sluice.2 / cpu,
+            sluice.3 / rss
+        );
+    }
+    println!();
 
     // The same job under exactly-once (transactions), into an output of its own.
     let eos_output = format!("bench-out-eos-{id}");
@@ -139,46 +245,15 @@ pub async fn run(args: E2eArgs) -> anyhow::Result<()> {
     // compare start to last.
     println!(
         "  exactly-once / at-least-once: {:.2}x the throughput (start to the last output; exactly-once output is visible only at each commit)",
-        sluice.0 / eos.0
+        (args.records as f64 / eos.total_s) / median(
+            results
+                .iter()
+                .filter(|(s, _)| *s == "sluice")
+                .map(|(_, m)| args.records as f64 / m.total_s)
+                .collect()
+        )
     );
 
-    if let Some(classpath) = &args.kafka_streams_classpath {
-        let streams_output = format!("bench-out-streams-{id}");
-        let topic = [NewTopic::new(
-            &streams_output,
-            args.partitions,
-            TopicReplication::Fixed(1),
-        )];
-        for r in admin.create_topics(&topic, &AdminOptions::new()).await? {
-            r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
-        }
-        let mut streams = Command::new("java");
-        streams
-            .args([
-                "-Xmx1g",
-                "-cp",
-                classpath,
-                "dev.sluice.bench.Uppercase",
-                &args.bootstrap,
-                &input,
-                &streams_output,
-            ])
-            .arg(format!("bench-streams-{id}"))
-            .arg(args.partitions.to_string());
-        let peer = measure(
-            "kafka streams",
-            streams,
-            &args,
-            &streams_output,
-            &dir.join("streams.log"),
-            &id,
-        )?;
-        println!(
-            "  sluice / kafka streams: {:.2}x (start-up included), {:.2}x (first output to last)",
-            peer.0 / sluice.0,
-            peer.1 / sluice.1
-        );
-    }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
@@ -192,7 +267,7 @@ fn measure(
     output: &str,
     log: &std::path::Path,
     id: &str,
-) -> anyhow::Result<(f64, f64)> {
+) -> anyhow::Result<Measured> {
     let log_file = std::fs::File::create(log)?;
     let consumer: BaseConsumer = config(&args.bootstrap)
         .set("group.id", format!("bench-reader-{id}-{output}"))
@@ -243,15 +318,19 @@ fn measure(
         "",
         args.records as f64 / steady_s
     );
-    if let Some((peak_rss, cpu_s)) = usage {
-        println!(
-            "  {:<15} peak RSS {} MB, CPU {cpu_s:.1} s ({:.2} µs per record)",
-            "",
-            peak_rss >> 20,
-            cpu_s * 1e6 / args.records as f64
-        );
-    }
-    Ok((total_s, steady_s))
+    let (peak_rss, cpu_s) = usage.unwrap_or((0, f64::NAN));
+    println!(
+        "  {:<15} peak RSS {} MB, CPU {cpu_s:.1} s ({:.2} µs per record)",
+        "",
+        peak_rss >> 20,
+        cpu_s * 1e6 / args.records as f64
+    );
+    Ok(Measured {
+        total_s,
+        steady_s,
+        peak_rss,
+        cpu_s,
+    })
 }
 
 /// Peak resident memory (bytes) and CPU time (user + system, seconds) of a live process.

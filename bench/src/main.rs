@@ -16,6 +16,7 @@ use sluice_guest::TaskInfo;
 
 mod density;
 mod e2e;
+mod native;
 mod state;
 
 #[derive(Parser)]
@@ -54,6 +55,9 @@ enum Command {
     WordCount(state::WordCountArgs),
     /// One worker holding many tasks: start time, idle threads, RSS and CPU, and flow.
     Density(density::DensityArgs),
+    /// The native baseline process `e2e` runs (a plain rdkafka uppercase program).
+    #[command(hide = true)]
+    Native(native::NativeArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -76,6 +80,7 @@ fn main() -> anyhow::Result<()> {
         Command::Restore(args) => tokio::runtime::Runtime::new()?.block_on(state::restore(args)),
         Command::WordCount(args) => tokio::runtime::Runtime::new()?.block_on(state::word_count(args)),
         Command::Density(args) => tokio::runtime::Runtime::new()?.block_on(density::run(args)),
+        Command::Native(args) => native::run(args),
     }
 }
 
