@@ -36,6 +36,12 @@ pub struct E2eArgs {
     /// median is reported.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// More arguments for `sluice worker` (repeat), e.g. `--sluice-arg=--prefetch=16MiB`.
+    #[arg(long = "sluice-arg", allow_hyphen_values = true)]
+    sluice_args: Vec<String>,
+    /// Skip the exactly-once run.
+    #[arg(long)]
+    no_exactly_once: bool,
 }
 
 /// One run of one system.
@@ -140,6 +146,7 @@ pub async fn run(args: E2eArgs) -> anyhow::Result<()> {
                         .arg("--state-dir")
                         .arg(dir.join(format!("state-{run}")))
                         .args(["--batch-size", &args.batch.to_string()])
+                        .args(&args.sluice_args)
                         .env("SLUICE_LOG", "warn");
                     worker
                 }
@@ -211,6 +218,10 @@ pub async fn run(args: E2eArgs) -> anyhow::Result<()> {
     }
     println!();
 
+    if args.no_exactly_once {
+        let _ = std::fs::remove_dir_all(&dir);
+        return Ok(());
+    }
     // The same job under exactly-once (transactions), into an output of its own.
     let eos_output = format!("bench-out-eos-{id}");
     let topic = [NewTopic::new(&eos_output, args.partitions, TopicReplication::Fixed(1))];
@@ -231,6 +242,7 @@ pub async fn run(args: E2eArgs) -> anyhow::Result<()> {
         .arg(&eos_manifest)
         .args(["--batch-size", &args.batch.to_string()])
         .args(["--processing-guarantee", "exactly-once"])
+        .args(&args.sluice_args)
         .env("SLUICE_LOG", "warn");
     let eos = measure(
         "exactly-once",

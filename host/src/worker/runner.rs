@@ -69,7 +69,9 @@ pub struct TaskRunner {
     retry_counts: BTreeMap<TaskId, u32>,
     /// Give a task a guest fault stopped back to the group instead of keeping it failed.
     release_failed: bool,
-    standbys: BTreeMap<TaskId, RunningStandby>,
+    /// Standby tasks, kept warm on the state-updater thread.
+    standbys: std::collections::BTreeSet<TaskId>,
+    updater: standby::StandbyUpdater,
     finished: WorkerReport,
     streams: StreamThreads,
 }
@@ -82,12 +84,6 @@ pub struct Reaped {
     pub rejoin: bool,
 }
 
-/// A standby thread and the flag that asks it to stop.
-type RunningStandby = (
-    Arc<std::sync::atomic::AtomicBool>,
-    std::thread::JoinHandle<Result<u64, String>>,
-);
-
 impl TaskRunner {
     pub fn new(
         lease: Arc<Lease>,
@@ -99,8 +95,10 @@ impl TaskRunner {
         deployed: Vec<DeployedTopology>,
     ) -> anyhow::Result<TaskRunner> {
         let streams = StreamThreads::start(settings.threads, &bootstrap, settings.prefetch_bytes)?;
+        let updater = standby::StandbyUpdater::start(&bootstrap, state.clone())?;
         Ok(TaskRunner {
             streams,
+            updater,
             lease,
             producer,
             settings,
@@ -113,7 +111,7 @@ impl TaskRunner {
             retrying: BTreeMap::new(),
             retry_counts: BTreeMap::new(),
             release_failed: false,
-            standbys: BTreeMap::new(),
+            standbys: Default::default(),
             finished: WorkerReport::default(),
         })
     }
@@ -344,7 +342,7 @@ impl TaskRunner {
 
     /// The standby tasks running now.
     pub fn standbys(&self) -> Vec<TaskId> {
-        self.standbys.keys().cloned().collect()
+        self.standbys.iter().cloned().collect()
     }
 
     /// Offset sums of the local state of every task this worker has state for.
@@ -355,37 +353,25 @@ impl TaskRunner {
 
     pub fn start_standbys(&mut self, tasks: &[TaskId]) -> anyhow::Result<()> {
         for task in tasks {
-            if self.standbys.contains_key(task) || self.running.contains_key(task) {
+            if self.standbys.contains(task) || self.running.contains_key(task) {
                 continue;
             }
             let Some(topology) = self.topologies.get(&*task.topology).cloned() else {
                 continue;
             };
-            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let (flag, bootstrap, state, partition) =
-                (stop.clone(), self.bootstrap.clone(), self.state.clone(), task.partition);
-            let name = format!("standby-{}-{}", task.topology, task.partition);
-            let handle = std::thread::Builder::new()
-                .name(name)
-                .spawn(move || standby::run(topology, partition as i32, &bootstrap, &state, &flag))?;
-            self.standbys.insert(task.clone(), (stop, handle));
+            self.updater.add(topology, task.partition as i32);
+            self.standbys.insert(task.clone());
         }
         Ok(())
     }
 
+    /// Stops standbys; their progress is checkpointed and their stores closed on return.
     pub fn stop_standbys(&mut self, tasks: &[TaskId]) {
-        let mut stopping = Vec::new();
         for task in tasks {
-            if let Some((stop, handle)) = self.standbys.remove(task) {
-                stop.store(true, std::sync::atomic::Ordering::Relaxed);
-                stopping.push((task.clone(), handle));
-            }
-        }
-        for (task, handle) in stopping {
-            match handle.join() {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => tracing::warn!(%task, "standby failed: {e}"),
-                Err(_) => tracing::warn!(%task, "standby thread panicked"),
+            if self.standbys.remove(task) {
+                if let Err(e) = self.updater.remove(task) {
+                    tracing::warn!(%task, "standby failed: {e}");
+                }
             }
         }
     }

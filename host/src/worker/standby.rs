@@ -1,81 +1,348 @@
 //! Standby tasks: keep a task's stores warm on another worker by tailing their changelogs,
 //! and vouch for what was applied with the same checkpoint an active task uses. Promoted to
 //! active, the task then replays only what the standby had not read yet.
+//!
+//! Every standby of a worker runs on one state-updater thread with one consumer for all
+//! their changelog partitions: a standby costs its open stores, not a thread and a
+//! connection. As on stream threads, a partition whose standby leaves is paused, not
+//! unassigned, and sought when a standby of it comes back.
 
-use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::task_state::{offsets_hint, open_store, task_dir, OpenedStore, StateEnv};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::task_state::{offsets_hint, prepare_store, task_dir, Changelog, StateEnv};
 use super::DeployedTopology;
 use crate::group::TaskId;
 use crate::state::checkpoint::{self, Checkpoint};
-use crate::state::restore::ChangelogReader;
-use crate::state::rocks;
+use crate::state::rocks::{self, Marker};
 
 /// How often a standby makes its progress durable.
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(2);
+/// Most changelog records applied in one round.
+const ROUND_RECORDS: usize = 20_000;
 
-/// Runs a standby until `stop` is set. Errors are logged by the caller; a standby failing
-/// never affects active tasks.
-pub fn run(
-    topology: Arc<DeployedTopology>,
-    partition: i32,
-    bootstrap: &str,
-    env: &StateEnv,
-    stop: &AtomicBool,
-) -> Result<u64, String> {
-    let task = TaskId::new(&topology.name, partition as u32);
-    let label = task.to_string();
-    let dir = task_dir(&env.dir, &topology.name, partition);
-    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    let mut stores = Vec::new();
-    for changelog in &topology.changelogs {
-        let OpenedStore { db, reader } = open_store(env, bootstrap, &label, &dir, changelog, partition)?;
-        stores.push((changelog.clone(), db, reader));
-    }
-    tracing::info!(task = %task, stores = stores.len(), "standby started");
-    let mut applied = 0u64;
-    let mut last_checkpoint = Instant::now();
-    let wait = Duration::from_millis(100 / stores.len().max(1) as u64);
-    while !stop.load(Ordering::Relaxed) {
-        for (changelog, db, reader) in &mut stores {
-            let records = reader.poll(5_000, wait)?;
-            if records.is_empty() {
-                continue;
-            }
-            // Replayable, so no WAL: the marker goes in the same batch and is flushed with it.
-            rocks::write_with_marker(
-                db,
-                rocks::as_slices(&records),
-                &reader.marker(&changelog.topic_id),
-                false,
-            )
-            .map_err(|e| format!("standby {task}: {e}"))?;
-            applied += records.len() as u64;
-        }
-        if last_checkpoint.elapsed() >= CHECKPOINT_EVERY {
-            write_checkpoint(&dir, &mut stores)?;
-            last_checkpoint = Instant::now();
-        }
-    }
-    write_checkpoint(&dir, &mut stores)?;
-    tracing::info!(task = %task, applied, "standby stopped");
-    Ok(applied)
+enum Command {
+    Add(Arc<DeployedTopology>, i32),
+    /// Checkpoint and close; the reply says how many records it applied.
+    Remove(TaskId, Sender<Result<u64, String>>),
 }
 
-type StandbyStore = (super::task_state::Changelog, Arc<rocksdb::DB>, ChangelogReader);
+/// The worker's state-updater thread.
+pub struct StandbyUpdater {
+    commands: Option<Sender<Command>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl StandbyUpdater {
+    pub fn start(bootstrap: &str, env: Arc<StateEnv>) -> anyhow::Result<StandbyUpdater> {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("client.id", "sluice-standby")
+            .set("group.id", "sluice.restore")
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("enable.partition.eof", "false")
+            .set("isolation.level", "read_committed")
+            .create()?;
+        let (tx, rx) = mpsc::channel();
+        let thread = std::thread::Builder::new().name("standbys".into()).spawn(move || {
+            Updater {
+                consumer,
+                env,
+                standbys: HashMap::new(),
+                routes: HashMap::new(),
+                assigned: HashSet::new(),
+            }
+            .run(rx)
+        })?;
+        Ok(StandbyUpdater {
+            commands: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    /// Starts keeping `partition` of `topology` warm (failures are logged: a standby never
+    /// affects active tasks).
+    pub fn add(&self, topology: Arc<DeployedTopology>, partition: i32) {
+        if let Some(tx) = &self.commands {
+            let _ = tx.send(Command::Add(topology, partition));
+        }
+    }
+
+    /// Stops a standby: its progress is checkpointed and its stores closed before this
+    /// returns (the task may become active here next). Records applied, or why it failed.
+    pub fn remove(&self, task: &TaskId) -> Result<u64, String> {
+        let (tx, rx) = mpsc::channel();
+        let Some(commands) = &self.commands else { return Ok(0) };
+        commands
+            .send(Command::Remove(task.clone(), tx))
+            .map_err(|_| "the standby thread has ended".to_string())?;
+        rx.recv().map_err(|_| "the standby thread has ended".to_string())?
+    }
+}
+
+impl Drop for StandbyUpdater {
+    fn drop(&mut self) {
+        self.commands = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One store of a standby: its database and the next changelog offset to apply.
+struct WarmStore {
+    changelog: Changelog,
+    db: Arc<rocksdb::DB>,
+    position: i64,
+    pending: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+}
+
+struct Standby {
+    dir: PathBuf,
+    partition: i32,
+    stores: Vec<WarmStore>,
+    applied: u64,
+    last_checkpoint: Instant,
+    /// The first failure; the standby stops applying and reports it when removed.
+    failed: Option<String>,
+}
+
+struct Updater {
+    consumer: BaseConsumer,
+    env: Arc<StateEnv>,
+    standbys: HashMap<TaskId, Standby>,
+    /// (changelog, partition) → (standby, store index).
+    routes: HashMap<(String, i32), (TaskId, usize)>,
+    assigned: HashSet<(String, i32)>,
+}
+
+impl Updater {
+    fn run(mut self, commands: Receiver<Command>) {
+        loop {
+            loop {
+                let command = if self.standbys.is_empty() {
+                    match commands.recv_timeout(Duration::from_millis(100)) {
+                        Ok(c) => c,
+                        Err(RecvTimeoutError::Timeout) => continue,
+                        Err(RecvTimeoutError::Disconnected) => return,
+                    }
+                } else {
+                    match commands.try_recv() {
+                        Ok(c) => c,
+                        Err(mpsc::TryRecvError::Empty) => break,
+                        Err(mpsc::TryRecvError::Disconnected) => {
+                            let all: Vec<TaskId> = self.standbys.keys().cloned().collect();
+                            for task in all {
+                                let _ = self.remove(&task);
+                            }
+                            return;
+                        }
+                    }
+                };
+                match command {
+                    Command::Add(topology, partition) => {
+                        let task = TaskId::new(&topology.name, partition as u32);
+                        if let Err(e) = self.add(&topology, partition) {
+                            tracing::warn!(%task, "standby failed to start: {e}");
+                        }
+                    }
+                    Command::Remove(task, reply) => {
+                        let _ = reply.send(self.remove(&task));
+                    }
+                }
+            }
+            self.round();
+        }
+    }
+
+    fn add(&mut self, topology: &DeployedTopology, partition: i32) -> Result<(), String> {
+        let task = TaskId::new(&topology.name, partition as u32);
+        if self.standbys.contains_key(&task) {
+            return Ok(());
+        }
+        let label = task.to_string();
+        let dir = task_dir(&self.env.dir, &topology.name, partition);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let mut stores = Vec::new();
+        for changelog in &topology.changelogs {
+            let bounds = self
+                .consumer
+                .fetch_watermarks(&changelog.topic, partition, Duration::from_secs(15))
+                .map_err(|e| format!("reading the offsets of changelog {}/{partition}: {e}", changelog.topic))?;
+            let (db, from) = prepare_store(&self.env, &label, &dir, changelog, partition, bounds)?;
+            stores.push(WarmStore {
+                changelog: changelog.clone(),
+                db,
+                position: from,
+                pending: Vec::new(),
+            });
+        }
+        let mut fresh = TopicPartitionList::new();
+        for (index, store) in stores.iter().enumerate() {
+            let key = (store.changelog.topic.clone(), partition);
+            self.routes.insert(key.clone(), (task.clone(), index));
+            let offset = Offset::Offset(store.position);
+            if self.assigned.contains(&key) {
+                let mut one = TopicPartitionList::new();
+                let _ = one.add_partition(&key.0, partition);
+                self.consumer
+                    .seek(&key.0, partition, offset, Duration::from_secs(10))
+                    .and_then(|()| self.consumer.resume(&one))
+                    .map_err(|e| format!("positioning changelog {}/{partition}: {e}", key.0))?;
+            } else {
+                let _ = fresh.add_partition_offset(&key.0, partition, offset);
+                self.assigned.insert(key);
+            }
+        }
+        if fresh.count() > 0 {
+            self.consumer
+                .incremental_assign(&fresh)
+                .map_err(|e| format!("assigning changelogs: {e}"))?;
+        }
+        tracing::info!(task = %task, stores = stores.len(), "standby started");
+        self.standbys.insert(
+            task,
+            Standby {
+                dir,
+                partition,
+                stores,
+                applied: 0,
+                last_checkpoint: Instant::now(),
+                failed: None,
+            },
+        );
+        Ok(())
+    }
+
+    fn remove(&mut self, task: &TaskId) -> Result<u64, String> {
+        let Some(mut standby) = self.standbys.remove(task) else {
+            return Ok(0);
+        };
+        let mut paused = TopicPartitionList::new();
+        for store in &standby.stores {
+            let key = (store.changelog.topic.clone(), standby.partition);
+            self.routes.remove(&key);
+            let _ = paused.add_partition(&key.0, key.1);
+        }
+        let _ = self.consumer.pause(&paused);
+        if let Some(e) = standby.failed.take() {
+            return Err(e);
+        }
+        self.apply(&mut standby)?;
+        checkpoint_standby(&self.consumer, &mut standby)?;
+        tracing::info!(task = %task, applied = standby.applied, "standby stopped");
+        Ok(standby.applied)
+        // The stores close here, before the reply: the task may be opened as active next.
+    }
+
+    /// Reads what the changelogs hold (up to a round) and applies it to the stores.
+    fn round(&mut self) {
+        let mut wait = Duration::from_millis(100);
+        let mut read = 0;
+        while read < ROUND_RECORDS {
+            let Some(polled) = self.consumer.poll(wait) else { break };
+            wait = Duration::ZERO;
+            read += 1;
+            let m = match polled {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::debug!("standby consumer: {e}");
+                    break;
+                }
+            };
+            let Some((task, index)) = self.routes.get(&(m.topic().to_string(), m.partition())) else {
+                continue;
+            };
+            let Some(standby) = self.standbys.get_mut(task) else {
+                continue;
+            };
+            let store = &mut standby.stores[*index];
+            store.position = m.offset() + 1;
+            if let Some(key) = m.key() {
+                store.pending.push((key.to_vec(), m.payload().map(<[u8]>::to_vec)));
+            }
+        }
+        let tasks: Vec<TaskId> = self.standbys.keys().cloned().collect();
+        for task in tasks {
+            let standby = self.standbys.get_mut(&task).expect("listed above");
+            if standby.failed.is_some() {
+                continue;
+            }
+            let mut result = apply_standby(standby);
+            if result.is_ok() && standby.last_checkpoint.elapsed() >= CHECKPOINT_EVERY {
+                result = checkpoint_standby(&self.consumer, standby);
+            }
+            if let Err(e) = result {
+                tracing::warn!(%task, "standby failed: {e}");
+                standby.failed = Some(e);
+            }
+        }
+    }
+
+    fn apply(&self, standby: &mut Standby) -> Result<(), String> {
+        apply_standby(standby)
+    }
+}
+
+/// Writes what was read for each store, with the marker of how far it got (replayable, so
+/// no WAL: the marker goes in the same batch and is flushed with it).
+fn apply_standby(standby: &mut Standby) -> Result<(), String> {
+    for store in &mut standby.stores {
+        if store.pending.is_empty() {
+            continue;
+        }
+        let marker = marker(store);
+        let changes = std::mem::take(&mut store.pending);
+        rocks::write_with_marker(
+            &store.db,
+            changes.iter().map(|(k, v)| (k.as_slice(), v.as_deref())),
+            &marker,
+            false,
+        )
+        .map_err(|e| format!("store {}: {e}", store.changelog.store))?;
+        standby.applied += changes.len() as u64;
+    }
+    Ok(())
+}
+
+fn marker(store: &WarmStore) -> Marker {
+    Marker {
+        topic: store.changelog.topic.clone(),
+        topic_id: store.changelog.topic_id.clone(),
+        next_offset: store.position,
+    }
+}
 
 /// Flushes data and markers together and updates the offsets hint the worker reports.
-fn write_checkpoint(dir: &Path, stores: &mut [StandbyStore]) -> Result<(), String> {
+/// Offsets can have gaps (compaction, transaction markers): the consumer's position says
+/// how far a partition has been read.
+fn checkpoint_standby(consumer: &BaseConsumer, standby: &mut Standby) -> Result<(), String> {
+    let positions = consumer.position().ok();
     let mut hint = Checkpoint::new();
-    for (changelog, db, reader) in stores.iter_mut() {
-        rocks::write_with_marker(db, std::iter::empty(), &reader.marker(&changelog.topic_id), false)?;
-        rocks::flush(db).map_err(|e| format!("standby store {}: {e}", changelog.store))?;
-        hint.insert(changelog.store.clone(), reader.position());
+    for store in &mut standby.stores {
+        if let Some(Offset::Offset(p)) = positions
+            .as_ref()
+            .and_then(|tpl| tpl.find_partition(&store.changelog.topic, standby.partition))
+            .map(|p| p.offset())
+        {
+            store.position = store.position.max(p);
+        }
+        rocks::write_with_marker(&store.db, std::iter::empty(), &marker(store), false)?;
+        rocks::flush(&store.db).map_err(|e| format!("standby store {}: {e}", store.changelog.store))?;
+        hint.insert(store.changelog.store.clone(), store.position);
     }
-    checkpoint::write(&dir.join("checkpoint.json"), &hint)
+    standby.last_checkpoint = Instant::now();
+    checkpoint::write(&standby.dir.join("checkpoint.json"), &hint)
 }
 
 /// Changelog offset sums of the state this worker holds on disk, per task (from the

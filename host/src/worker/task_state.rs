@@ -70,10 +70,25 @@ pub fn open_store(
     changelog: &Changelog,
     partition: i32,
 ) -> Result<OpenedStore, String> {
+    let mut reader = ChangelogReader::new(bootstrap, &changelog.topic, partition)?;
+    let (db, from) = prepare_store(env, task, dir, changelog, partition, reader.bounds())?;
+    reader.seek(from)?;
+    Ok(OpenedStore { db, reader })
+}
+
+/// Opens a store's database for reading its changelog partition, whose first offset and end
+/// are `bounds`: returns it with the offset to read from. A store whose local data cannot be
+/// trusted (see [`distrust`]) is wiped first and read from the start.
+pub fn prepare_store(
+    env: &StateEnv,
+    task: &str,
+    dir: &Path,
+    changelog: &Changelog,
+    partition: i32,
+    (low, high): (i64, i64),
+) -> Result<(Arc<DB>, i64), String> {
     let path = dir.join(&changelog.store);
     let mut db = rocks::open(&path, &env.memory)?;
-    let mut reader = ChangelogReader::new(bootstrap, &changelog.topic, partition)?;
-    let (low, high) = reader.bounds();
     let marker = rocks::read_marker(&db)?;
     let distrust = distrust(
         marker.as_ref(),
@@ -92,11 +107,7 @@ pub fn open_store(
         std::fs::remove_dir_all(&path).map_err(|e| format!("removing {}: {e}", path.display()))?;
         db = rocks::open(&path, &env.memory)?;
     }
-    reader.seek(from)?;
-    Ok(OpenedStore {
-        db: Arc::new(db),
-        reader,
-    })
+    Ok((Arc::new(db), from))
 }
 
 /// Why a store's local data cannot be trusted, if it cannot: `marker` is what the store says
