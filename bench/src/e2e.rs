@@ -346,7 +346,7 @@ fn measure(
 }
 
 /// Peak resident memory (bytes) and CPU time (user + system, seconds) of a live process.
-fn process_usage(pid: u32) -> Option<(u64, f64)> {
+pub(crate) fn process_usage(pid: u32) -> Option<(u64, f64)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let hwm_kib: u64 = status
         .lines()

@@ -37,6 +37,13 @@ pub struct WordCountArgs {
     /// Input lines of five words each.
     #[arg(long, default_value_t = 200_000)]
     lines: usize,
+    /// Class path of bench/kafka-streams: when given, the same count runs on Kafka Streams
+    /// (Processor API, a cached RocksDB store per partition) too, alternating with Sluice.
+    #[arg(long)]
+    kafka_streams_classpath: Option<String>,
+    /// Runs of each system, alternating; the median is reported.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
 }
 
 fn config(bootstrap: &str) -> ClientConfig {
@@ -127,13 +134,8 @@ pub async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
 
 pub async fn word_count(args: WordCountArgs) -> anyhow::Result<()> {
     let id = uuid::Uuid::new_v4().simple().to_string();
-    let (input, output, name) = (
-        format!("bench-wc-in-{id}"),
-        format!("bench-wc-out-{id}"),
-        format!("bench-wc-{id}"),
-    );
+    let input = format!("bench-wc-in-{id}");
     create(&args.bootstrap, &input, 4, false).await?;
-    create(&args.bootstrap, &output, 4, false).await?;
     let lines = args.lines;
     let words = lines * 5;
     produce_all(
@@ -148,40 +150,126 @@ pub async fn word_count(args: WordCountArgs) -> anyhow::Result<()> {
     )?;
     let dir = std::env::temp_dir().join(format!("sluice-bench-wc-{id}"));
     std::fs::create_dir_all(&dir)?;
-    let manifest = dir.join("wc.toml");
-    std::fs::write(
-        &manifest,
-        format!(
-            "name = {name:?}\ncomponent = {:?}\n[sources]\nlines = {input:?}\n[sinks]\ncounts = {output:?}\n",
-            args.component.display().to_string()
-        ),
-    )?;
-    let log = std::fs::File::create(dir.join("worker.log"))?;
+    println!("word-count benchmark: {lines} lines ({words} words), 4 partitions, one process per system");
+    let mut systems = vec!["sluice"];
+    if args.kafka_streams_classpath.is_some() {
+        systems.push("kafka streams");
+    }
+    let mut results: Vec<(&str, f64, u64, f64)> = Vec::new();
+    for round in 0..args.rounds {
+        for &system in &systems {
+            let run = format!("{}-{round}-{id}", system.replace(' ', "-"));
+            let output = format!("bench-wc-out-{run}");
+            create(&args.bootstrap, &output, 4, false).await?;
+            // The group whose committed offsets say how far the system has come.
+            let (group, command) = if system == "sluice" {
+                let name = format!("bench-wc-{run}");
+                let manifest = dir.join(format!("{run}.toml"));
+                std::fs::write(
+                    &manifest,
+                    format!(
+                        "name = {name:?}\ncomponent = {:?}\n[sources]\nlines = {input:?}\n[sinks]\ncounts = {output:?}\n",
+                        args.component.display().to_string()
+                    ),
+                )?;
+                let mut worker = Command::new(crate::sluice_binary()?);
+                worker
+                    .args(["worker", "--bootstrap", &args.bootstrap, "--topology"])
+                    .arg(&manifest)
+                    .arg("--state-dir")
+                    .arg(dir.join(format!("state-{run}")))
+                    .env("SLUICE_LOG", "warn");
+                (format!("sluice-{name}"), worker)
+            } else {
+                let app = format!("bench-wc-streams-{run}");
+                let mut streams = Command::new("java");
+                streams.args([
+                    "-Xmx1g",
+                    "-cp",
+                    args.kafka_streams_classpath.as_deref().unwrap_or_default(),
+                    "dev.sluice.bench.WordCount",
+                    &args.bootstrap,
+                    &input,
+                    &output,
+                    &app,
+                    "4",
+                ]);
+                (app, streams)
+            };
+            let (s, rss, cpu) = until_committed(
+                command,
+                &args.bootstrap,
+                &group,
+                &input,
+                lines,
+                &dir.join(format!("{run}.log")),
+            )?;
+            println!(
+                "  {system:<14} #{}: {:>10.0} words/s, {s:.1} s from start to the last commit, peak RSS {} MB, \
+                 CPU {cpu:.1} s ({:.2} µs per word)",
+                round + 1,
+                words as f64 / s,
+                rss >> 20,
+                cpu * 1e6 / words as f64
+            );
+            results.push((system, s, rss, cpu));
+        }
+    }
+    let mut medians = Vec::new();
+    for &system in &systems {
+        let runs: Vec<&(&str, f64, u64, f64)> = results.iter().filter(|r| r.0 == system).collect();
+        let rate = median(runs.iter().map(|r| words as f64 / r.1).collect());
+        let cpu = median(runs.iter().map(|r| r.3 * 1e6 / words as f64).collect());
+        let rss = median(runs.iter().map(|r| r.2 as f64 / (1 << 20) as f64).collect());
+        println!("  {system:<14} median: {rate:>10.0} words/s, {cpu:.2} µs CPU per word, peak RSS {rss:.0} MB");
+        medians.push((rate, cpu, rss));
+    }
+    if medians.len() == 2 {
+        println!(
+            "  sluice / kafka streams: {:.2}x the words/s, {:.2}x the CPU per word, {:.2}x the peak RSS",
+            medians[0].0 / medians[1].0,
+            medians[0].1 / medians[1].1,
+            medians[0].2 / medians[1].2
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Runs `command` until `group` has committed all `records` of `input` (4 partitions; the
+/// outputs and changelogs are acknowledged before a commit). Seconds from start, peak RSS
+/// and CPU seconds of the process.
+fn until_committed(
+    mut command: Command,
+    bootstrap: &str,
+    group: &str,
+    input: &str,
+    records: usize,
+    log: &std::path::Path,
+) -> anyhow::Result<(f64, u64, f64)> {
+    let log_file = std::fs::File::create(log)?;
     let started = Instant::now();
-    let mut worker = Command::new(crate::sluice_binary()?)
-        .args(["worker", "--bootstrap", &args.bootstrap, "--topology"])
-        .arg(&manifest)
-        .arg("--state-dir")
-        .arg(dir.join("state"))
-        .env("SLUICE_LOG", "warn")
+    let mut child = command
         .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
+        .stdout(log_file.try_clone()?)
+        .stderr(log_file)
         .spawn()
-        .context("starting sluice worker")?;
-    // Done when every input record is committed: outputs and changelog acknowledged first.
-    let consumer: BaseConsumer = config(&args.bootstrap)
-        .set("group.id", format!("sluice-{name}"))
-        .create()?;
+        .context("starting the system under test")?;
+    let consumer: BaseConsumer = config(bootstrap).set("group.id", group).create()?;
     let mut tpl = TopicPartitionList::new();
     for p in 0..4 {
-        tpl.add_partition(&input, p);
+        tpl.add_partition(input, p);
     }
-    let check = crate::deadline("word count to commit its input", Duration::from_secs(900));
-    loop {
+    let check = crate::deadline("the input to be committed", Duration::from_secs(900));
+    let result = (|| loop {
         check()?;
-        if let Some(status) = worker.try_wait()? {
-            bail!("the worker exited ({status}); see {}", dir.join("worker.log").display());
+        if let Some(status) = child.try_wait()? {
+            bail!("the process exited ({status}); see {}", log.display());
         }
         let committed = consumer.committed_offsets(tpl.clone(), Duration::from_secs(10))?;
         let done: i64 = committed
@@ -192,20 +280,15 @@ pub async fn word_count(args: WordCountArgs) -> anyhow::Result<()> {
                 _ => 0,
             })
             .sum();
-        if done as usize >= lines {
-            break;
+        if done as usize >= records {
+            return Ok(());
         }
         std::thread::sleep(Duration::from_millis(100));
-    }
+    })();
     let s = started.elapsed().as_secs_f64();
-    let _ = Command::new("kill").args(["-TERM", &worker.id().to_string()]).status();
-    let _ = worker.wait();
-    let _ = std::fs::remove_dir_all(&dir);
-    println!("word-count benchmark: {lines} lines ({words} words), 4 partitions, one worker");
-    println!(
-        "  {:>10.0} lines/s, {:>10.0} words/s (store get+put and one output per word), {s:.1} s from worker start to the last commit",
-        lines as f64 / s,
-        words as f64 / s
-    );
-    Ok(())
+    let (rss, cpu) = crate::e2e::process_usage(child.id()).unwrap_or((0, f64::NAN));
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let _ = child.wait();
+    result?;
+    Ok((s, rss, cpu))
 }
