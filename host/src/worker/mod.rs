@@ -290,15 +290,16 @@ pub(crate) fn base_config(bootstrap: &str) -> ClientConfig {
     config
 }
 
-/// A consumer of a topology's sources: offsets in the topology's group `sluice-<topology>`,
-/// committed by hand, from the beginning where nothing is committed.
+/// A consumer in a topology's group `sluice-<topology>`, for its metadata at deploy and,
+/// under exactly-once, the group's metadata for offsets committed in transactions. Records
+/// are read by the stream threads' consumers (see `stream`).
 pub(crate) fn source_consumer(
     bootstrap: &str,
     topology: &str,
     prefetch_bytes: usize,
 ) -> rdkafka::error::KafkaResult<BaseConsumer<ConsumerEvents>> {
     base_config(bootstrap)
-        // Prefetch per consumer (librdkafka's default is 64 MiB; see --prefetch-per-task).
+        // Used for metadata and the exactly-once group metadata only: a small prefetch.
         .set("queued.max.messages.kbytes", (prefetch_bytes / 1024).max(1).to_string())
         .set("group.id", format!("sluice-{topology}"))
         .set("enable.auto.commit", "false")

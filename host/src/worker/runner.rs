@@ -1,4 +1,5 @@
-//! Starts, stops and watches task and standby threads. A task that ends on its own is
+//! Starts, stops and watches tasks (run by the stream threads) and standbys (the state
+//! updater). A task that ends on its own is
 //! reaped: a guest fault keeps it failed (reported, its slot kept so the group does not hand
 //! the poison to another worker unless told to release it); anything else — Kafka or state
 //! trouble — restarts it after a backoff.
@@ -49,7 +50,7 @@ impl Stopping {
     }
 }
 
-/// Starts and stops task threads; knows every deployed topology.
+/// Starts and stops tasks (on the stream threads) and standbys; knows every deployed topology.
 pub struct TaskRunner {
     /// Whether tasks may process and commit (renewed by the group membership).
     lease: Arc<Lease>,
@@ -167,7 +168,7 @@ impl TaskRunner {
         self.failed.iter().map(|(t, e)| (t.clone(), e.clone())).collect()
     }
 
-    /// Joins task threads that ended on their own and restarts transient failures whose
+    /// Collects tasks that ended on their own and restarts transient failures whose
     /// backoff has passed (only while the lease holds).
     pub fn reap(&mut self) -> anyhow::Result<Reaped> {
         let mut reaped = Reaped::default();

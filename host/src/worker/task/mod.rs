@@ -104,7 +104,7 @@ impl TaskError {
     }
 }
 
-/// Everything a task thread needs.
+/// Everything a task needs to start and run.
 pub struct TaskContext {
     pub topology: Arc<DeployedTopology>,
     pub partition: i32,
