@@ -71,10 +71,8 @@ pub struct WorkerArgs {
     /// Deadline of one guest call; a manifest may change it.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     call_timeout: Duration,
-    /// Most task instances this worker can hold (slots of address space the pooling
-    /// allocator reserves). Twice the tasks a worker is meant to hold: a task whose batch
-    /// faulted takes a fresh instance before it lets the old one go.
-    #[arg(long, default_value_t = 2000)]
+    /// Most task instances this worker can hold (slots reserved by the pooling allocator).
+    #[arg(long, default_value_t = 1000)]
     max_instances: u32,
     /// Allocate instances on demand instead of from the pooling allocator.
     #[arg(long)]
