@@ -25,6 +25,32 @@ pub enum ConnectionError {
     Protocol { addr: String, detail: String },
 }
 
+/// The FindCoordinator version both group clients (membership, offsets) speak.
+pub const FIND_COORDINATOR_VERSION: i16 = 3;
+
+/// Kafka error codes the group clients act on.
+pub mod code {
+    pub const NONE: i16 = 0;
+    pub const REQUEST_TIMED_OUT: i16 = 7;
+    pub const COORDINATOR_LOAD_IN_PROGRESS: i16 = 14;
+    pub const COORDINATOR_NOT_AVAILABLE: i16 = 15;
+    pub const NOT_COORDINATOR: i16 = 16;
+    pub const ILLEGAL_GENERATION: i16 = 22;
+    pub const UNKNOWN_MEMBER_ID: i16 = 25;
+    pub const REBALANCE_IN_PROGRESS: i16 = 27;
+    pub const MEMBER_ID_REQUIRED: i16 = 79;
+    pub const FENCED_INSTANCE_ID: i16 = 82;
+    pub const UNSTABLE_OFFSET_COMMIT: i16 = 88;
+}
+
+/// A Kafka error code, named.
+pub fn describe(code: i16) -> String {
+    match kafka_protocol::ResponseError::try_from_code(code) {
+        Some(e) => format!("{e:?} ({code})"),
+        None => format!("error code {code}"),
+    }
+}
+
 /// A request this client sends, with its API key and response type. (kafka-protocol ties
 /// these together only when built with its `broker` feature, which we do not need.)
 pub trait Call: Encodable + HeaderVersion {

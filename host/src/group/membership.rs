@@ -22,30 +22,13 @@ pub const PROTOCOL_TYPE: &str = "sluice";
 /// The one protocol (assignment strategy) name members advertise.
 pub const PROTOCOL_NAME: &str = "sluice-v1";
 
-const FIND_COORDINATOR_VERSION: i16 = 3;
+use super::connection::FIND_COORDINATOR_VERSION;
 const JOIN_GROUP_VERSION: i16 = 7;
 const SYNC_GROUP_VERSION: i16 = 5;
 const HEARTBEAT_VERSION: i16 = 4;
 const LEAVE_GROUP_VERSION: i16 = 4;
 
-mod code {
-    pub const NONE: i16 = 0;
-    pub const COORDINATOR_LOAD_IN_PROGRESS: i16 = 14;
-    pub const COORDINATOR_NOT_AVAILABLE: i16 = 15;
-    pub const NOT_COORDINATOR: i16 = 16;
-    pub const ILLEGAL_GENERATION: i16 = 22;
-    pub const UNKNOWN_MEMBER_ID: i16 = 25;
-    pub const REBALANCE_IN_PROGRESS: i16 = 27;
-    pub const MEMBER_ID_REQUIRED: i16 = 79;
-    pub const FENCED_INSTANCE_ID: i16 = 82;
-}
-
-fn describe(code: i16) -> String {
-    match kafka_protocol::ResponseError::try_from_code(code) {
-        Some(e) => format!("{e:?} ({code})"),
-        None => format!("error code {code}"),
-    }
-}
+use super::connection::{code, describe};
 
 /// Why membership failed; transient coordinator trouble is retried inside.
 #[derive(Debug, thiserror::Error)]

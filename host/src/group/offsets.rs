@@ -16,30 +16,12 @@ use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
 use kafka_protocol::messages::{FindCoordinatorRequest, GroupId, OffsetCommitRequest, OffsetFetchRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
 
-use super::connection::Connection;
+use super::connection::{code, describe, Connection, FIND_COORDINATOR_VERSION};
 
-const FIND_COORDINATOR_VERSION: i16 = 3;
 const OFFSET_COMMIT_VERSION: i16 = 8;
 const OFFSET_FETCH_VERSION: i16 = 7;
 /// One request's deadline.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
-
-/// Kafka error codes this client acts on.
-mod code {
-    pub const NONE: i16 = 0;
-    pub const COORDINATOR_LOAD_IN_PROGRESS: i16 = 14;
-    pub const COORDINATOR_NOT_AVAILABLE: i16 = 15;
-    pub const NOT_COORDINATOR: i16 = 16;
-    pub const REQUEST_TIMED_OUT: i16 = 7;
-    pub const UNSTABLE_OFFSET_COMMIT: i16 = 88;
-}
-
-fn describe(code: i16) -> String {
-    match kafka_protocol::ResponseError::try_from_code(code) {
-        Some(e) => format!("{e:?} ({code})"),
-        None => format!("error code {code}"),
-    }
-}
 
 /// An error worth trying again after finding the coordinator anew.
 fn retriable(code: i16) -> bool {

@@ -897,9 +897,9 @@ impl Task {
         if self.positions == self.committed && !logged && !self.output.in_transaction() && !idle_due {
             return Ok(Commit::Done);
         }
-        let offsets = self.offsets();
         // 2. Everything produced is acknowledged; source offsets are committed.
         if self.output.is_transactional() {
+            let offsets = self.offsets();
             let group = self
                 .group_metadata
                 .as_ref()
