@@ -92,6 +92,30 @@ impl WordCount {
             .await
     }
 
+    /// Waits until every task's checkpoint names a changelog offset above 0: each has
+    /// committed state at least once.
+    async fn wait_checkpointed(&self, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = std::time::Instant::now() + timeout;
+        let state = self.dir.path().join("state").join(&self.name);
+        loop {
+            let positions: Vec<Option<i64>> = (0..4)
+                .map(|p| {
+                    let text = std::fs::read_to_string(state.join(p.to_string()).join("checkpoint.json")).ok()?;
+                    let map: BTreeMap<String, i64> = serde_json::from_str(&text).ok()?;
+                    map.get("counts").copied()
+                })
+                .collect();
+            if positions.iter().all(|p| p.is_some_and(|o| o > 0)) {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "not every task checkpointed within {timeout:?}: {positions:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// The counts in the store of one task (its worker stopped), decoded.
     fn store_counts(&self, partition: i32) -> anyhow::Result<Counts> {
         dump_counts(&self.dir.path().join("state"), &self.name, partition, "counts")
@@ -179,9 +203,12 @@ async fn after_sigkill_no_count_is_below_the_truth_and_state_restores_from_the_c
             anyhow::Ok(positions)
         })
     };
-    // Kill once state has been written for a while, with input still arriving.
+    // Kill once state has been written for a while, with input still arriving, and every
+    // task has checkpointed at least once (a task that started late may not have yet).
     kafka().consume(&wc.output, 25_000, Duration::from_secs(60)).await?;
+    wc.wait_checkpointed(Duration::from_secs(60)).await?;
     worker.kill()?;
+    let killed_log = worker.log();
     let positions = producing.await??;
 
     let mut worker = wc.start(&args)?;
@@ -189,7 +216,11 @@ async fn after_sigkill_no_count_is_below_the_truth_and_state_restores_from_the_c
     // Every task restored from its checkpoint, not from the start of its changelog.
     let restored = restored_from(&worker.log(), &wc.name);
     assert_eq!(restored.len(), 4, "restore lines: {restored:?}\n{}", worker.log());
-    assert!(restored.values().all(|&from| from > 0), "restored from {restored:?}");
+    assert!(
+        restored.values().all(|&from| from > 0),
+        "restored from {restored:?}\n--- killed worker ---\n{killed_log}\n--- restarted worker ---\n{}",
+        worker.log()
+    );
     assert!(worker.terminate(Duration::from_secs(60))?.success());
     let truth = truth(&lines(0..total), &positions);
     for p in 0..4 {
