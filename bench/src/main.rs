@@ -43,8 +43,8 @@ enum Command {
         size: usize,
         #[arg(long, default_value_t = 500)]
         batch: usize,
-        /// Repetitions; the median is reported.
-        #[arg(long, default_value_t = 3)]
+        /// Repetitions (Wasm and native alternate); the median is reported.
+        #[arg(long, default_value_t = 7)]
         runs: usize,
     },
     /// End to end on a broker: produce, run `sluice worker`, read the sink.
@@ -181,13 +181,20 @@ fn guest(component: PathBuf, records: usize, size: usize, batch: usize, runs: us
     let per_call_ns = started.elapsed().as_nanos() as f64 / calls as f64;
 
     // A new store and instance (what starting a task costs).
-    let started = Instant::now();
-    let n = 1_000;
+    let n = 5_000;
+    let (mut create, mut init) = (Duration::ZERO, Duration::ZERO);
     for _ in 0..n {
+        let started = Instant::now();
         let mut i = topology.instantiate_in_memory("bench/0")?;
+        let created = Instant::now();
         i.init(&task)?;
+        let done = Instant::now();
+        drop(i);
+        create += created - started;
+        init += done - created;
     }
-    let instantiate_us = started.elapsed().as_secs_f64() * 1e6 / n as f64;
+    let us = |d: Duration| d.as_secs_f64() * 1e6 / n as f64;
+    let instantiate_us = us(create + init);
 
     let wasm_s = median(wasm);
     let native_s = median(native);
@@ -210,7 +217,11 @@ fn guest(component: PathBuf, records: usize, size: usize, batch: usize, runs: us
         "  empty call:     {per_call_ns:>7.0} ns/call  = {:.1} ns/record at batches of {batch}",
         per_call_ns / batch as f64
     );
-    println!("  new instance:   {instantiate_us:>7.1} µs (store + instance + init)");
+    println!(
+        "  new instance:   {instantiate_us:>7.1} µs (store + instance {:.1} µs, init {:.1} µs)",
+        us(create),
+        us(init)
+    );
     Ok(())
 }
 
@@ -227,10 +238,12 @@ fn boundary(component: PathBuf, records: usize, size: usize, batch: usize, runs:
         source_topics: vec!["in".into()],
         sink_topics: vec!["out".into()],
     };
-    let mut wasm = Vec::new();
+    // Wasm and native runs alternate, so a slow spell of the machine hits both alike.
+    let (mut wasm, mut native) = (Vec::new(), Vec::new());
+    let mut writer = Writer::new();
+    let mut instance = topology.instantiate_in_memory("bench/0")?;
+    instance.init(&task)?;
     for _ in 0..runs {
-        let mut instance = topology.instantiate_in_memory("bench/0")?;
-        instance.init(&task)?;
         let started = Instant::now();
         let mut n = 0;
         for b in &input {
@@ -240,10 +253,7 @@ fn boundary(component: PathBuf, records: usize, size: usize, batch: usize, runs:
         if n != records {
             bail!("the pass-through guest emitted {n} of {records} records");
         }
-    }
-    let mut native = Vec::new();
-    let mut writer = Writer::new();
-    for _ in 0..runs {
+
         let started = Instant::now();
         let mut n = 0usize;
         for b in &input {
@@ -261,11 +271,12 @@ fn boundary(component: PathBuf, records: usize, size: usize, batch: usize, runs:
         native.push(started.elapsed().as_secs_f64());
     }
     let per = |s: f64| s * 1e9 / records as f64;
+    let paired = median(wasm.iter().zip(&native).map(|(w, n)| per(w - n)).collect());
     let (w, n) = (per(median(wasm)), per(median(native)));
     println!("pass-through ({}): the boundary alone", component.display());
     println!("  wasm guest:     {:>12.0} records/s  {w:>7.1} ns/record", 1e9 / w);
     println!("  native closure: {:>12.0} records/s  {n:>7.1} ns/record", 1e9 / n);
-    println!("  boundary cost:  {:>7.1} ns/record", w - n);
+    println!("  boundary cost:  {paired:>7.1} ns/record (median over {runs} back-to-back pairs of runs)");
     Ok(())
 }
 

@@ -117,7 +117,7 @@ impl Context {
     }
 
     fn sink_index(&mut self, sink: &str) -> Result<u32, Error> {
-        match self.sinks.iter().position(|s| s == sink) {
+        match self.sinks.iter().position(|s| same_name(s, sink)) {
             Some(i) => Ok(i as u32),
             None => {
                 let message = format!(
@@ -136,6 +136,21 @@ impl Context {
         self.out.end_field(at);
         Ok(())
     }
+}
+
+/// Whether two (short) names are equal, compared in place: in Wasm a `memcmp` is a real
+/// call, and this runs for every emitted record.
+#[inline]
+fn same_name(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut differ = 0u8;
+    for i in 0..a.len() {
+        differ |= a[i] ^ b[i];
+    }
+    differ == 0
 }
 
 struct State<T> {

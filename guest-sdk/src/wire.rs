@@ -134,6 +134,7 @@ impl<'a> Reader<'a> {
         Reader { buf, pos: 0 }
     }
 
+    #[inline]
     fn take(&mut self, n: usize, expected: &'static str) -> Result<&'a [u8], WireError> {
         let end = self.pos.checked_add(n).filter(|&end| end <= self.buf.len());
         match end {
@@ -149,18 +150,22 @@ impl<'a> Reader<'a> {
         }
     }
 
+    #[inline]
     pub fn u32(&mut self) -> Result<u32, WireError> {
         Ok(u32::from_le_bytes(self.take(4, "a u32")?.try_into().unwrap()))
     }
 
+    #[inline]
     pub fn i32(&mut self) -> Result<i32, WireError> {
         Ok(i32::from_le_bytes(self.take(4, "an s32")?.try_into().unwrap()))
     }
 
+    #[inline]
     pub fn i64(&mut self) -> Result<i64, WireError> {
         Ok(i64::from_le_bytes(self.take(8, "an s64")?.try_into().unwrap()))
     }
 
+    #[inline]
     pub fn bytes(&mut self) -> Result<&'a [u8], WireError> {
         let len = self.u32()?;
         if len == NONE {
@@ -172,6 +177,7 @@ impl<'a> Reader<'a> {
         self.take(len as usize, "as many bytes as the length says")
     }
 
+    #[inline]
     pub fn opt_bytes(&mut self) -> Result<Option<&'a [u8]>, WireError> {
         match self.u32()? {
             NONE => Ok(None),
@@ -179,6 +185,7 @@ impl<'a> Reader<'a> {
         }
     }
 
+    #[inline]
     fn headers(&mut self) -> Result<Headers<'a>, WireError> {
         let count = self.u32()?;
         check_count(
@@ -203,11 +210,18 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// A record kind of the wire format: how one decodes, and the fewest bytes it takes.
+pub trait Decode<'a>: Sized {
+    /// The fewest bytes one record takes (a count is checked against it).
+    const MIN_BYTES: usize;
+    fn decode(reader: &mut Reader<'a>) -> Result<Self, WireError>;
+}
+
 /// Iterates over the records of a buffer, validating as it goes.
 pub struct Records<'a, T> {
     reader: Reader<'a>,
     left: u32,
-    decode: fn(&mut Reader<'a>) -> Result<T, WireError>,
+    kind: std::marker::PhantomData<T>,
 }
 
 impl<'a, T> Records<'a, T> {
@@ -217,9 +231,11 @@ impl<'a, T> Records<'a, T> {
     }
 }
 
-impl<T> Iterator for Records<'_, T> {
+impl<'a, T: Decode<'a>> Iterator for Records<'a, T> {
     type Item = Result<T, WireError>;
 
+    // Decoding is static (no function pointer), so it inlines into the caller's loop.
+    #[inline]
     fn next(&mut self) -> Option<Self::Item> {
         if self.left == 0 {
             return if self.reader.is_at_end() {
@@ -233,7 +249,7 @@ impl<T> Iterator for Records<'_, T> {
             };
         }
         self.left -= 1;
-        let item = (self.decode)(&mut self.reader);
+        let item = T::decode(&mut self.reader);
         if item.is_err() {
             self.left = 0;
             self.reader.pos = self.reader.buf.len();
@@ -262,25 +278,26 @@ fn check_count(reader: &Reader<'_>, count: u32, each: usize, expected: &'static 
     Ok(())
 }
 
-fn records<'a, T>(
-    buf: &'a [u8],
-    min_bytes: usize,
-    decode: fn(&mut Reader<'a>) -> Result<T, WireError>,
-) -> Result<Records<'a, T>, WireError> {
+fn records<'a, T: Decode<'a>>(buf: &'a [u8]) -> Result<Records<'a, T>, WireError> {
     let mut reader = Reader::new(buf);
     let left = reader.u32()?;
     check_count(
         &reader,
         left,
-        min_bytes,
+        T::MIN_BYTES,
         "a record count that the bytes after it can hold",
     )?;
-    Ok(Records { reader, left, decode })
+    Ok(Records {
+        reader,
+        left,
+        kind: std::marker::PhantomData,
+    })
 }
 
-/// Decodes a batch of inputs (host → guest).
-pub fn inputs(buf: &[u8]) -> Result<Records<'_, Input<'_>>, WireError> {
-    records(buf, MIN_INPUT_BYTES, |r| {
+impl<'a> Decode<'a> for Input<'a> {
+    const MIN_BYTES: usize = MIN_INPUT_BYTES;
+    #[inline]
+    fn decode(r: &mut Reader<'a>) -> Result<Self, WireError> {
         Ok(Input {
             key: r.opt_bytes()?,
             value: r.opt_bytes()?,
@@ -290,12 +307,13 @@ pub fn inputs(buf: &[u8]) -> Result<Records<'_, Input<'_>>, WireError> {
             offset: r.i64()?,
             headers: r.headers()?,
         })
-    })
+    }
 }
 
-/// Decodes emitted records (guest → host).
-pub fn emitted(buf: &[u8]) -> Result<Records<'_, Emitted<'_>>, WireError> {
-    records(buf, MIN_EMITTED_BYTES, |r| {
+impl<'a> Decode<'a> for Emitted<'a> {
+    const MIN_BYTES: usize = MIN_EMITTED_BYTES;
+    #[inline]
+    fn decode(r: &mut Reader<'a>) -> Result<Self, WireError> {
         Ok(Emitted {
             sink: r.u32()?,
             key: r.opt_bytes()?,
@@ -303,7 +321,17 @@ pub fn emitted(buf: &[u8]) -> Result<Records<'_, Emitted<'_>>, WireError> {
             timestamp: r.i64()?,
             headers: r.headers()?,
         })
-    })
+    }
+}
+
+/// Decodes a batch of inputs (host → guest).
+pub fn inputs(buf: &[u8]) -> Result<Records<'_, Input<'_>>, WireError> {
+    records(buf)
+}
+
+/// Decodes emitted records (guest → host).
+pub fn emitted(buf: &[u8]) -> Result<Records<'_, Emitted<'_>>, WireError> {
+    records(buf)
 }
 
 /// Writes a buffer of records; reusable across batches.
@@ -358,13 +386,17 @@ impl Writer {
 
     /// The finished buffer, taken out; the writer starts over empty.
     pub fn take(&mut self) -> Vec<u8> {
-        let out = std::mem::take(&mut self.buf);
+        // The next buffer starts as large as this one: a batch is usually like the last,
+        // and growing from empty again would copy it over and over.
+        let next = Vec::with_capacity(self.buf.capacity());
+        let out = std::mem::replace(&mut self.buf, next);
         self.clear();
         out
     }
 
     /// Appends one input record; the arguments follow the wire layout field by field.
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub fn push_input<'h>(
         &mut self,
         key: Option<&[u8]>,
@@ -385,6 +417,7 @@ impl Writer {
         self.bump();
     }
 
+    #[inline]
     pub fn push_emitted<'h>(
         &mut self,
         sink: u32,
@@ -443,11 +476,13 @@ impl Writer {
         self.bump();
     }
 
+    #[inline]
     fn bump(&mut self) {
         self.count += 1;
         self.buf[..4].copy_from_slice(&self.count.to_le_bytes());
     }
 
+    #[inline]
     fn opt_bytes(&mut self, bytes: Option<&[u8]>) {
         match bytes {
             Some(b) => {
@@ -458,6 +493,7 @@ impl Writer {
         }
     }
 
+    #[inline]
     fn headers<'h>(&mut self, headers: impl ExactSizeIterator<Item = Header<'h>>) {
         self.buf.extend_from_slice(&(headers.len() as u32).to_le_bytes());
         for h in headers {

@@ -258,11 +258,19 @@ fn deny_blocking(linker: &mut Linker<TaskData>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Bytes of a released pool slot's memory (and table) kept resident and reset in place:
+/// what a small topology touches (its stack, data and a first heap); the rest is given back.
+const KEEP_RESIDENT: usize = 256 << 10;
+
 fn engine_config(config: &RuntimeConfig, pooling: bool) -> Config {
     let mut c = Config::new();
     c.wasm_component_model(true);
     c.epoch_interruption(true);
     c.cranelift_opt_level(wasmtime::OptLevel::Speed);
+    // `SLUICE_WASM_PROFILER=perfmap` names guest code in `perf` profiles (/tmp/perf-PID.map).
+    if std::env::var("SLUICE_WASM_PROFILER").as_deref() == Ok("perfmap") {
+        c.profiler(wasmtime::ProfilingStrategy::PerfMap);
+    }
     if pooling {
         let mut pool = PoolingAllocationConfig::default();
         let n = config.max_instances;
@@ -273,6 +281,15 @@ fn engine_config(config: &RuntimeConfig, pooling: bool) -> Config {
         pool.total_tables(n.saturating_mul(4));
         pool.total_stacks(n);
         pool.max_memory_size(config.memory_limit);
+        // A slot given back keeps the pages its instance touched: with PAGEMAP_SCAN (Linux
+        // 6.7+) only those are reset, by memset, so the next instance in the slot takes no
+        // page faults and the release no madvise (and no TLB shootdown across threads).
+        pool.pagemap_scan(wasmtime::Enabled::Auto);
+        pool.linear_memory_keep_resident(KEEP_RESIDENT);
+        pool.table_keep_resident(KEEP_RESIDENT);
+        // Reuse released slots before fresh ones, so the slots ever used (and what they keep
+        // resident) never outnumber the most instances alive at once.
+        pool.max_unused_warm_slots(0);
         c.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     }
     c
