@@ -34,8 +34,10 @@ pub struct WorkerArgs {
     /// (default: the number of cores).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
     threads: Option<u32>,
-    /// Bytes of records this worker may fetch ahead of processing, shared by its stream
-    /// threads. Lower it to bound memory under a backlog, at some cost in throughput.
+    /// Memory this worker may spend on records fetched ahead of processing, shared by its
+    /// stream threads (half for record bytes, half for the client's per-record overhead;
+    /// besides, at most 5,000 records per partition and 128 KiB per partition and fetch).
+    /// Lower it to bound memory under a backlog, at some cost in throughput.
     #[arg(long, default_value = "64MiB", value_parser = parse_size)]
     prefetch: usize,
     /// How often each task commits its source offsets (after flushing what it produced).
