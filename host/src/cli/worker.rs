@@ -6,10 +6,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
+use sluice::group::assignor::LearnerPolicy;
 use sluice::manifest::parse_size;
 use sluice::runtime::RuntimeConfig;
 use sluice::worker::changelog::ChangelogSettings;
-use sluice::worker::group_runner::ClusterConfig;
+use sluice::worker::group_runner::{ClusterConfig, LearnerRejoin};
 use sluice::worker::{self, Guarantee, TaskSettings, WorkerConfig};
 
 #[derive(Debug, Args)]
@@ -105,6 +106,18 @@ pub struct WorkerArgs {
     /// Standby replicas per stateful task, on other workers.
     #[arg(long, default_value_t = 0)]
     standby_replicas: u32,
+    /// Learner tasks at once in the cluster: a stateful task that moves to another live
+    /// worker stays active where it is until a learner there has restored its state. 0
+    /// moves tasks at once (the new owner restores before processing).
+    #[arg(long, default_value_t = 8)]
+    max_learner_tasks: u32,
+    /// A learner this many changelog records (or fewer) behind is caught up: its task moves.
+    #[arg(long, default_value_t = 10_000)]
+    acceptable_recovery_lag: u64,
+    /// When a worker with learners rejoins to take their tasks: `each` as soon as one has
+    /// caught up, `all` once all of them have.
+    #[arg(long, value_enum, default_value = "each")]
+    learner_rejoin: LearnerRejoin,
     /// The group metadata version to speak (tests of rolling upgrades).
     #[arg(long, hide = true, default_value_t = sluice::group::metadata::CURRENT_VERSION)]
     metadata_version: u16,
@@ -140,6 +153,11 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         state_dir: args.state_dir.clone(),
         metadata_version: args.metadata_version,
         release_failed_tasks: args.release_failed_tasks,
+        learners: LearnerPolicy {
+            max_learners: args.max_learner_tasks as usize,
+            acceptable_lag: args.acceptable_recovery_lag.min(i64::MAX as u64) as i64,
+        },
+        learner_rejoin: args.learner_rejoin,
     });
     let config = WorkerConfig {
         cluster,

@@ -4,6 +4,12 @@
 //! one generation and handed to its new owner in the next (the assignment asks everyone to
 //! rejoin), so no task is ever active on two workers and tasks that stay never stop.
 //! `eager` reassigns everything from scratch: the stop-the-world baseline.
+//!
+//! With learners (`LearnerPolicy`), a stateful task that must leave a live owner does not
+//! move at once: it stays active there while a *learner* on its new member restores its
+//! state from the changelogs; once the learner's lag (changelog end offsets, read by the
+//! leader, less the offsets the member reports) is acceptable, the task is revoked from its
+//! owner and, in the next generation, made active on the learner's member.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
@@ -25,6 +31,26 @@ pub struct AssignorInput<'a> {
     /// Per stateful task, the sum of its changelogs' end offsets (lag = this − a member's sum).
     pub end_offsets: &'a HashMap<TaskId, i64>,
     pub standby_replicas: u32,
+    pub learners: LearnerPolicy,
+}
+
+/// How stateful tasks move between live workers (the `sticky` assignor).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LearnerPolicy {
+    /// Learner tasks at once in the whole group; 0: a task moves at once and its new owner
+    /// restores before processing (no learners).
+    pub max_learners: usize,
+    /// A learner this close to the changelogs' end (records, summed over its stores) is
+    /// caught up: its task moves to it.
+    pub acceptable_lag: i64,
+}
+
+impl LearnerPolicy {
+    /// No learners: tasks move at once.
+    pub const NONE: LearnerPolicy = LearnerPolicy {
+        max_learners: 0,
+        acceptable_lag: 0,
+    };
 }
 
 /// Places tasks on members. Implementations must be pure and deterministic.
@@ -93,6 +119,7 @@ fn finish(members: &BTreeMap<String, MemberMetadata>, mut out: Vec<Assignment>) 
         a.active.sort();
         a.standby.sort();
         a.revoked.sort();
+        a.learner.sort();
     }
     members.keys().cloned().zip(out).collect()
 }
@@ -136,21 +163,6 @@ impl Assignor for Sticky {
         }
         let capacities: Vec<u32> = metas.iter().map(|m| m.capacity).collect();
         let quota = quotas_keeping(&capacities, tasks.len(), &held);
-        // Keep up to the quota of what each member owns; revoke the rest (it moves next round).
-        let mut load = vec![0usize; metas.len()];
-        let mut moving = vec![NONE; tasks.len()];
-        for (i, mine) in claimed.iter_mut().enumerate() {
-            mine.sort_unstable_by(|&a, &b| tasks[a].cmp(&tasks[b]));
-            for &x in mine.iter() {
-                if load[i] < quota[i] {
-                    out[i].active.push(tasks[x].clone());
-                    load[i] += 1;
-                } else {
-                    out[i].revoked.push(tasks[x].clone());
-                    moving[x] = i;
-                }
-            }
-        }
         // Where each stateful task's state already is (standby or any local state), least lag first.
         let mut end: Vec<Option<i64>> = vec![None; tasks.len()];
         for (t, &e) in input.end_offsets {
@@ -162,6 +174,8 @@ impl Assignor for Sticky {
         // a counting sort: `warm(x)` is task x's list. No allocation per task or member.
         let mut claims: Vec<(usize, i64, usize)> = Vec::new();
         let mut has_sum = vec![NONE; tasks.len()];
+        // The member learning each task (the first to say so, in id order).
+        let mut learner_of = vec![NONE; tasks.len()];
         for (i, m) in metas.iter().enumerate() {
             for (t, sum) in &m.offset_sums {
                 if let Some(x) = lookup(t) {
@@ -169,10 +183,18 @@ impl Assignor for Sticky {
                     has_sum[x] = i;
                 }
             }
-            for t in &m.standby {
+            for t in m.standby.iter().chain(&m.learner) {
                 if let Some(x) = lookup(t) {
                     if has_sum[x] != i {
                         claims.push((x, i64::MAX, i));
+                        has_sum[x] = i;
+                    }
+                }
+            }
+            for t in &m.learner {
+                if let Some(x) = lookup(t) {
+                    if learner_of[x] == NONE {
+                        learner_of[x] = i;
                     }
                 }
             }
@@ -197,6 +219,84 @@ impl Assignor for Sticky {
             }
         }
         let warm = |x: usize| &warm_flat[starts[x]..starts[x + 1]];
+        // A member's lag on a task, if the leader knows the changelogs' end.
+        let lag_of = |x: usize, i: usize| -> Option<i64> {
+            end[x]?;
+            warm(x)
+                .iter()
+                .find(|&&(_, j)| j == i)
+                .map(|&(lag, _)| lag)
+                .filter(|&l| l != i64::MAX)
+        };
+
+        // Keep up to the quota of what each member owns; the rest must move.
+        let mut load = vec![0usize; metas.len()];
+        let mut moving = vec![NONE; tasks.len()];
+        let mut over: Vec<(usize, usize)> = Vec::new();
+        for (i, mine) in claimed.iter_mut().enumerate() {
+            mine.sort_unstable_by(|&a, &b| tasks[a].cmp(&tasks[b]));
+            for &x in mine.iter() {
+                if load[i] < quota[i] {
+                    out[i].active.push(tasks[x].clone());
+                    load[i] += 1;
+                } else {
+                    over.push((x, i));
+                }
+            }
+        }
+        // A task that must move is revoked now and handed out next generation — unless it is
+        // stateful and learners are on: then it stays active on its owner until a learner
+        // elsewhere has caught up. Tasks with a learner already go first (they keep it).
+        let policy = input.learners;
+        let mut learner_at = vec![NONE; tasks.len()];
+        let mut incoming = vec![0usize; metas.len()];
+        let mut learners_left = policy.max_learners;
+        over.sort_by_key(|&(x, i)| (learner_of[x] == NONE || learner_of[x] == i, x));
+        for (x, i) in over {
+            let learns = policy.max_learners > 0 && input.stateful.contains(&tasks[x].topology);
+            if !learns {
+                out[i].revoked.push(tasks[x].clone());
+                moving[x] = i;
+                continue;
+            }
+            let holder = Some(learner_of[x]).filter(|&j| j != NONE && j != i);
+            let destination = match holder {
+                Some(j) => Some(j),
+                None if learners_left == 0 => None,
+                // A member already holding the task's state first, then the one with most room.
+                None => {
+                    let room = |j: usize| quota[j].saturating_sub(load[j] + incoming[j]);
+                    warm(x)
+                        .iter()
+                        .map(|&(_, j)| j)
+                        .find(|&j| j != i && room(j) > 0)
+                        .or_else(|| {
+                            (0..metas.len())
+                                .filter(|&j| j != i && room(j) > 0)
+                                .max_by_key(|&j| (room(j), Reverse(j)))
+                        })
+                }
+            };
+            let Some(j) = destination else {
+                // No learner possible yet: the task stays where it is.
+                out[i].active.push(tasks[x].clone());
+                load[i] += 1;
+                continue;
+            };
+            learners_left = learners_left.saturating_sub(1);
+            incoming[j] += 1;
+            learner_at[x] = j;
+            out[j].learner.push(tasks[x].clone());
+            let caught_up = lag_of(x, j).is_some_and(|lag| lag <= policy.acceptable_lag);
+            if caught_up {
+                // Revoked now; the learner (kept until then) becomes active next generation.
+                out[i].revoked.push(tasks[x].clone());
+                moving[x] = i;
+            } else {
+                out[i].active.push(tasks[x].clone());
+                load[i] += 1;
+            }
+        }
         // Unowned tasks go to members with room: a warm one if it has room, else the emptiest.
         let mut room: BinaryHeap<(usize, Reverse<usize>)> = (0..metas.len())
             .filter(|&i| quota[i] > load[i])
@@ -209,7 +309,9 @@ impl Assignor for Sticky {
             if owner[x] != NONE {
                 continue;
             }
-            let warm_pick = warm(x).iter().map(|&(_, i)| i).find(|&i| load[i] < quota[i]);
+            // A task handed over from a learner goes to that learner's member.
+            let learned = Some(learner_of[x]).filter(|&i| i != NONE && load[i] < quota[i]);
+            let warm_pick = learned.or_else(|| warm(x).iter().map(|&(_, i)| i).find(|&i| load[i] < quota[i]));
             let pick = match warm_pick {
                 Some(i) => Some(i),
                 None => loop {
@@ -222,6 +324,7 @@ impl Assignor for Sticky {
                 },
             };
             let Some(i) = pick else { continue };
+            out[i].learner.retain(|l| l != t);
             out[i].active.push(t.clone());
             load[i] += 1;
             active_owner[x] = i;
@@ -256,7 +359,7 @@ impl Assignor for Sticky {
                     if chosen.len() >= replicas {
                         break;
                     }
-                    if Some(i) != active && !chosen.contains(&i) {
+                    if Some(i) != active && i != learner_at[x] && !chosen.contains(&i) {
                         chosen.push(i);
                     }
                 }
@@ -272,7 +375,7 @@ impl Assignor for Sticky {
                         by_load.push((Reverse(standby_load[i]), Reverse(i)));
                         continue;
                     }
-                    if Some(i) == active || chosen.contains(&i) {
+                    if Some(i) == active || i == learner_at[x] || chosen.contains(&i) {
                         skipped.push((Reverse(l), Reverse(i)));
                         continue;
                     }

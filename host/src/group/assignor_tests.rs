@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::assignor::{by_name, quotas, Assignor, AssignorInput, Sticky};
+use super::assignor::{by_name, quotas, Assignor, AssignorInput, LearnerPolicy, Sticky};
 use super::metadata::{Assignment, MemberMetadata, CURRENT_VERSION};
 use super::TaskId;
 
@@ -90,6 +90,7 @@ impl Group {
             stateful: &self.stateful,
             end_offsets: &self.end_offsets,
             standby_replicas: self.replicas,
+            learners: LearnerPolicy::NONE,
         })
     }
 
@@ -330,4 +331,96 @@ fn duplicate_and_unknown_claims_are_revoked() {
     assert!(assignments
         .values()
         .all(|a| a.revoked.contains(&TaskId::new("gone", 0))));
+}
+
+/// Scale 1 → 2 with learners: the joining member learns first and takes over only what it
+/// has caught up on; no task is ever active twice or without an owner.
+#[test]
+fn a_joining_member_learns_first_and_takes_over_once_caught_up() {
+    let tasks: Vec<TaskId> = (0..8).map(|p| TaskId::new("counts", p)).collect();
+    let end_offsets: HashMap<TaskId, i64> = tasks.iter().map(|t| (t.clone(), 1000)).collect();
+    let member = |active: &[TaskId], learner: &[TaskId], sums: &[(TaskId, i64)]| MemberMetadata {
+        version: CURRENT_VERSION,
+        supported: CURRENT_VERSION,
+        capacity: 1,
+        active: active.to_vec(),
+        learner: learner.to_vec(),
+        offset_sums: sums.to_vec(),
+        ..Default::default()
+    };
+    let caught_up = |list: &[TaskId], sum: i64| list.iter().map(|t| (t.clone(), sum)).collect::<Vec<_>>();
+    let assign = |members: &BTreeMap<String, MemberMetadata>, max_learners: usize| {
+        let group = Group {
+            members: members.clone(),
+            tasks: tasks.clone(),
+            stateful: [Arc::from("counts")].into(),
+            end_offsets: end_offsets.clone(),
+            replicas: 0,
+        };
+        let out = Sticky.assign(&AssignorInput {
+            members,
+            tasks: &tasks,
+            stateful: &group.stateful,
+            end_offsets: &end_offsets,
+            standby_replicas: 0,
+            learners: LearnerPolicy {
+                max_learners,
+                acceptable_lag: 100,
+            },
+        });
+        check_round(&group, &out);
+        out
+    };
+
+    // b joins: a keeps all 8 active; b learns 4; nothing is revoked, nobody rejoins.
+    let mut members: BTreeMap<String, MemberMetadata> = [
+        ("a".to_string(), member(&tasks, &[], &caught_up(&tasks, 1000))),
+        ("b".to_string(), member(&[], &[], &[])),
+    ]
+    .into();
+    let out = assign(&members, 8);
+    assert_eq!(out["a"].active, tasks);
+    assert!(out["a"].revoked.is_empty());
+    assert_eq!(out["b"].learner.len(), 4);
+    assert!(out["b"].active.is_empty());
+    assert!(!out["a"].rejoin);
+    let learning = out["b"].learner.clone();
+
+    // At most `max_learners` at once.
+    assert_eq!(assign(&members, 2)["b"].learner.len(), 2);
+
+    // Halfway (lag 500): still learning, the same tasks.
+    members.insert("b".into(), member(&[], &learning, &caught_up(&learning, 500)));
+    let out = assign(&members, 8);
+    assert_eq!(out["b"].learner, learning);
+    assert_eq!(out["a"].active, tasks);
+
+    // Caught up on two of them (lag 50 ≤ 100): those two are revoked from a, b keeps
+    // learning all four, and everyone rejoins.
+    let mut sums = caught_up(&learning[..2], 950);
+    sums.extend(caught_up(&learning[2..], 500));
+    members.insert("b".into(), member(&[], &learning, &sums));
+    let out = assign(&members, 8);
+    assert_eq!(out["a"].revoked, learning[..2].to_vec());
+    assert_eq!(out["a"].active.len(), 6);
+    assert_eq!(out["b"].learner, learning);
+    assert!(out["a"].rejoin && out["b"].rejoin);
+
+    // Next generation: the two go to b (its learners), the other two are still learned.
+    let a_active = out["a"].active.clone();
+    members.insert("a".into(), member(&a_active, &[], &caught_up(&a_active, 1000)));
+    let out = assign(&members, 8);
+    assert_eq!(out["b"].active, learning[..2].to_vec());
+    assert_eq!(out["b"].learner, learning[2..].to_vec());
+    assert_eq!(out["a"].active, a_active);
+
+    // Without learners the same join moves 4 tasks at once (revoked now, owned next).
+    let members: BTreeMap<String, MemberMetadata> = [
+        ("a".to_string(), member(&tasks, &[], &caught_up(&tasks, 1000))),
+        ("b".to_string(), member(&[], &[], &[])),
+    ]
+    .into();
+    let out = assign(&members, 0);
+    assert_eq!(out["a"].revoked.len(), 4);
+    assert!(out["b"].learner.is_empty());
 }

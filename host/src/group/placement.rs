@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use super::assignor::{Assignor, AssignorInput};
+use super::assignor::{Assignor, AssignorInput, LearnerPolicy};
 use super::metadata::{Assignment, MemberMetadata, TopologyInfo, CURRENT_VERSION};
 use super::TaskId;
 
@@ -111,6 +111,7 @@ pub fn assign(
     placement: &Placement,
     end_offsets: &HashMap<TaskId, i64>,
     standby_replicas: u32,
+    learners: LearnerPolicy,
 ) -> BTreeMap<String, Assignment> {
     let mut out: BTreeMap<String, Assignment> = members
         .keys()
@@ -171,6 +172,7 @@ pub fn assign(
             stateful: &placement.stateful,
             end_offsets,
             standby_replicas,
+            learners,
         });
         for (id, a) in result {
             let merged = out.get_mut(&id).expect("an eligible member is a member");
@@ -254,7 +256,14 @@ mod tests {
         assert_eq!(placement.tasks.len(), 6);
         assert!(placement.problems.is_empty());
         for name in ["sticky", "eager"] {
-            let out = assign(&*by_name(name).unwrap(), &members, &placement, &HashMap::new(), 0);
+            let out = assign(
+                &*by_name(name).unwrap(),
+                &members,
+                &placement,
+                &HashMap::new(),
+                0,
+                LearnerPolicy::NONE,
+            );
             let o = owners(&out);
             assert!(o["c"].is_empty(), "{name}: c runs no topology: {o:?}");
             assert!(o["b"].iter().all(|t| t.starts_with("orders/")), "{name}: {o:?}");
@@ -281,7 +290,14 @@ mod tests {
         let placement = plan(&members, &[]);
         assert_eq!(placement.problems.len(), 1, "{:?}", placement.problems);
         assert!(placement.problems[0].contains("members disagree"));
-        let out = assign(&*by_name("sticky").unwrap(), &members, &placement, &HashMap::new(), 0);
+        let out = assign(
+            &*by_name("sticky").unwrap(),
+            &members,
+            &placement,
+            &HashMap::new(),
+            0,
+            LearnerPolicy::NONE,
+        );
         // a runs the losing variant: its tasks are revoked and given to nobody this round.
         assert_eq!(out["a"].revoked.len(), 2);
         assert!(out["a"].active.is_empty());
@@ -303,7 +319,14 @@ mod tests {
         ]
         .into();
         let placement = plan(&members, &[]);
-        let out = assign(&*by_name("sticky").unwrap(), &members, &placement, &HashMap::new(), 0);
+        let out = assign(
+            &*by_name("sticky").unwrap(),
+            &members,
+            &placement,
+            &HashMap::new(),
+            0,
+            LearnerPolicy::NONE,
+        );
         assert_eq!(out["a"].active.len(), 2);
         assert_eq!(out["old"].active.len(), 2);
     }
@@ -316,7 +339,14 @@ mod tests {
             [("old1".to_string(), old.clone()), ("old2".to_string(), old)].into();
         let placement = plan(&members, &[info("orders", 4, 1)]);
         assert_eq!(placement.tasks.len(), 4);
-        let out = assign(&*by_name("sticky").unwrap(), &members, &placement, &HashMap::new(), 0);
+        let out = assign(
+            &*by_name("sticky").unwrap(),
+            &members,
+            &placement,
+            &HashMap::new(),
+            0,
+            LearnerPolicy::NONE,
+        );
         assert_eq!(out["old1"].active.len() + out["old2"].active.len(), 4);
         assert!(placement.problems.is_empty());
     }

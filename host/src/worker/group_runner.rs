@@ -12,7 +12,10 @@ use anyhow::Context as _;
 
 use super::control::Lease;
 use super::{Stopping, TaskRunner, WorkerReport};
-use crate::group::assignor::by_name;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+use crate::group::assignor::{by_name, LearnerPolicy};
 use crate::group::membership::{Heartbeat, Membership, MembershipConfig, MembershipError};
 use crate::group::metadata::{AssignmentError, MemberMetadata, CURRENT_VERSION, OLDEST_VERSION};
 use crate::group::placement;
@@ -36,6 +39,58 @@ pub struct ClusterConfig {
     /// Give a task that a guest fault stopped back to the group (which may place it on
     /// another worker) instead of keeping it failed on this one.
     pub release_failed_tasks: bool,
+    /// How stateful tasks move (the leader's policy is the one that counts).
+    pub learners: LearnerPolicy,
+    /// When a worker with learners rejoins to take their tasks over.
+    pub learner_rejoin: LearnerRejoin,
+}
+
+/// When a worker rejoins the group to take over tasks its learners caught up on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LearnerRejoin {
+    /// As soon as any learner has caught up (each task moves as early as it can).
+    Each,
+    /// Once all of this worker's learners have caught up (fewer rebalances).
+    All,
+}
+
+/// How often a worker with learners compares their progress with the changelogs' end.
+const LEARNER_CHECK_EVERY: Duration = Duration::from_millis(200);
+/// A caught-up learner asks for its task again after this long if it did not get it.
+const LEARNER_REJOIN_AGAIN: Duration = Duration::from_secs(3);
+
+/// The end offsets of the changelogs of `tasks`, summed per task, in one ListOffsets round
+/// (the last stable offsets: transactions in flight do not count). Tasks whose offsets
+/// could not be read are left out (their lag is then unknown).
+fn changelog_ends(consumer: &BaseConsumer, tasks: &[(TaskId, Vec<(String, i32)>)]) -> HashMap<TaskId, i64> {
+    let mut ends = HashMap::new();
+    if tasks.is_empty() {
+        return ends;
+    }
+    let mut list = TopicPartitionList::new();
+    for (_, parts) in tasks {
+        for (topic, p) in parts {
+            let _ = list.add_partition_offset(topic, *p, Offset::End);
+        }
+    }
+    let found = match consumer.offsets_for_times(list, Duration::from_secs(5)) {
+        Ok(found) => found,
+        Err(e) => {
+            tracing::warn!("reading the changelogs' end offsets: {e}");
+            return ends;
+        }
+    };
+    'task: for (task, parts) in tasks {
+        let mut sum = 0;
+        for (topic, p) in parts {
+            match found.find_partition(topic, *p).map(|e| (e.error(), e.offset())) {
+                Some((Ok(()), Offset::Offset(o))) => sum += o,
+                _ => continue 'task,
+            }
+        }
+        ends.insert(task.clone(), sum);
+    }
+    ends
 }
 
 /// The Kafka group of a cluster. `sluice.`, not `sluice-`: a topology's offsets live in the
@@ -150,8 +205,20 @@ pub async fn run(
         "metadata version {} is not one this worker speaks ({OLDEST_VERSION} to {CURRENT_VERSION})",
         cluster.metadata_version
     );
-    let ends = HashMap::new();
     let topologies = runner.topology_infos();
+    // Reads changelog end offsets (for the leader's lag figures and for learners' progress).
+    let offsets: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &cluster.bootstrap)
+        .set("client.id", "sluice-lag")
+        .set("group.id", "sluice.lag")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()
+        .context("creating the changelog offsets client")?;
+    let stateful = runner.changelog_partitions();
+    // Learners that caught up and asked for their task (when), so a worker does not rejoin
+    // for the same learner over and over.
+    let mut asked: HashMap<TaskId, Instant> = HashMap::new();
     let mut membership = Membership::new(MembershipConfig {
         bootstrap: cluster.bootstrap.clone(),
         group: group_id(&cluster.name),
@@ -182,13 +249,21 @@ pub async fn run(
                 tracing::warn!(cluster = %cluster.name, "{why}: the tasks stopped without committing");
             }
         }
+        // Every member reads them (any may be the leader): one request per rebalance.
+        let ends = tokio::task::block_in_place(|| changelog_ends(&offsets, &stateful));
+        let learners = runner.learners();
         let metadata = MemberMetadata {
             version: cluster.metadata_version,
             supported: cluster.metadata_version,
             worker_id,
             capacity: cluster.capacity,
             active: runner.owned(),
-            standby: runner.standbys(),
+            standby: runner
+                .standbys()
+                .into_iter()
+                .filter(|t| !learners.contains(t))
+                .collect(),
+            learner: learners,
             offset_sums: runner.local_offset_sums(),
             topologies: Some(topologies.clone()),
             failed: runner.failed(),
@@ -200,7 +275,14 @@ pub async fn run(
             for problem in &placement.problems {
                 tracing::warn!(cluster = %cluster.name, "{problem}");
             }
-            placement::assign(&*assignor, members, &placement, &ends, cluster.standby_replicas)
+            placement::assign(
+                &*assignor,
+                members,
+                &placement,
+                &ends,
+                cluster.standby_replicas,
+                cluster.learners,
+            )
         };
         // While the join waits (for a slow member, up to the rebalance timeout), a probe
         // keeps the session — and so the lease — alive, so tasks keep processing through a
@@ -246,10 +328,13 @@ pub async fn run(
         }
         tracing::info!(
             cluster = %cluster.name, generation = joined.generation, leader = joined.leader,
-            active = a.active.len(), standby = a.standby.len(), revoked = a.revoked.len(), rejoin = a.rejoin,
+            active = a.active.len(), standby = a.standby.len(), learner = a.learner.len(),
+            revoked = a.revoked.len(), rejoin = a.rejoin,
             tasks = %a.active.iter().map(TaskId::to_string).collect::<Vec<_>>().join(","),
+            learners = %a.learner.iter().map(TaskId::to_string).collect::<Vec<_>>().join(","),
             "assignment"
         );
+        asked.retain(|t, _| a.learner.contains(t));
         // Revoked (and anything no longer ours) stops first: commit, flush, close. Standbys
         // no longer wanted (or promoted) stop next and checkpoint what they applied, so a
         // promoted task replays only the rest.
@@ -257,7 +342,7 @@ pub async fn run(
         let stop_standby: Vec<TaskId> = runner
             .standbys()
             .into_iter()
-            .filter(|t| !a.standby.contains(t))
+            .filter(|t| !a.standby.contains(t) && !a.learner.contains(t))
             .collect();
         let stopping = runner.begin_stop(&stop, false);
         if let Kept::Lost(why) = heartbeats.wait_for(&mut membership, &mut runner, stopping).await? {
@@ -265,14 +350,21 @@ pub async fn run(
             continue 'member;
         }
         tokio::task::block_in_place(|| runner.stop_standbys(&stop_standby));
+        for t in a.active.iter().filter(|t| runner.learners().contains(t)) {
+            tracing::info!(task = %t, "learner promoted: the task is active here now");
+        }
         runner.start(&a.active)?;
-        runner.start_standbys(&a.standby)?;
+        runner.set_standbys(&a.standby, &a.learner)?;
         if a.rejoin {
             continue 'member;
         }
         let mut next_beat = Instant::now() + cluster.heartbeat_interval;
+        let mut next_learner_check = Instant::now() + LEARNER_CHECK_EVERY;
         loop {
-            let wake = next_beat.min(Instant::now() + super::REAP_EVERY);
+            let mut wake = next_beat.min(Instant::now() + super::REAP_EVERY);
+            if !runner.learners().is_empty() {
+                wake = wake.min(next_learner_check);
+            }
             tokio::select! {
                 _ = tokio::time::sleep_until(wake.into()) => {}
                 _ = &mut shutdown => break 'member,
@@ -280,6 +372,12 @@ pub async fn run(
             if runner.reap()?.rejoin {
                 tracing::warn!(cluster = %cluster.name, "a task was fenced by another owner, or released: rejoining");
                 continue 'member;
+            }
+            if !runner.learners().is_empty() && Instant::now() >= next_learner_check {
+                next_learner_check = Instant::now() + LEARNER_CHECK_EVERY;
+                if learners_caught_up(cluster, &runner, &offsets, &stateful, &mut asked) {
+                    continue 'member;
+                }
             }
             if Instant::now() < next_beat {
                 continue;
@@ -307,6 +405,48 @@ pub async fn run(
         tracing::warn!("leaving the group: {e}");
     }
     Ok(report)
+}
+
+/// Whether this worker's learners are far enough along to take their tasks over (by the
+/// rejoin policy); if so the worker rejoins, and the leader moves the caught-up tasks.
+fn learners_caught_up(
+    cluster: &ClusterConfig,
+    runner: &TaskRunner,
+    offsets: &BaseConsumer,
+    stateful: &[(TaskId, Vec<(String, i32)>)],
+    asked: &mut HashMap<TaskId, Instant>,
+) -> bool {
+    let learners = runner.learners();
+    let mine: Vec<(TaskId, Vec<(String, i32)>)> =
+        stateful.iter().filter(|(t, _)| learners.contains(t)).cloned().collect();
+    let ends = tokio::task::block_in_place(|| changelog_ends(offsets, &mine));
+    let positions = runner.standby_positions();
+    let lag = |t: &TaskId| Some((ends.get(t)? - positions.get(t)?).max(0));
+    let ready: Vec<(TaskId, i64)> = learners
+        .iter()
+        .filter_map(|t| lag(t).map(|l| (t.clone(), l)))
+        .filter(|(_, l)| *l <= cluster.learners.acceptable_lag)
+        .collect();
+    let now = Instant::now();
+    let fresh: Vec<&(TaskId, i64)> = ready
+        .iter()
+        .filter(|(t, _)| {
+            asked
+                .get(t)
+                .is_none_or(|&at| now.duration_since(at) >= LEARNER_REJOIN_AGAIN)
+        })
+        .collect();
+    let go = match cluster.learner_rejoin {
+        LearnerRejoin::Each => !fresh.is_empty(),
+        LearnerRejoin::All => ready.len() == learners.len() && !fresh.is_empty(),
+    };
+    if go {
+        for (t, l) in &fresh {
+            tracing::info!(task = %t, lag = l, "learner caught up: rejoining to take the task over");
+            asked.insert(t.clone(), now);
+        }
+    }
+    go
 }
 
 /// How much earlier than the coordinator a member gives up its tasks: a fifth of the session

@@ -72,6 +72,8 @@ pub struct TaskRunner {
     release_failed: bool,
     /// Standby tasks, kept warm on the state-updater thread.
     standbys: std::collections::BTreeSet<TaskId>,
+    /// Which of the standbys are learners (restoring to take the task over).
+    learners: std::collections::BTreeSet<TaskId>,
     updater: standby::StandbyUpdater,
     finished: WorkerReport,
     streams: StreamThreads,
@@ -113,6 +115,7 @@ impl TaskRunner {
             retry_counts: BTreeMap::new(),
             release_failed: false,
             standbys: Default::default(),
+            learners: Default::default(),
             finished: WorkerReport::default(),
         })
     }
@@ -346,10 +349,60 @@ impl TaskRunner {
         self.standbys.iter().cloned().collect()
     }
 
-    /// Offset sums of the local state of every task this worker has state for.
+    /// The learner tasks running now (a subset of [`Self::standbys`]).
+    pub fn learners(&self) -> Vec<TaskId> {
+        self.learners.iter().cloned().collect()
+    }
+
+    /// Offset sums of the local state of every task this worker has state for: from the
+    /// checkpoints, and for standbys and learners how far they have read now.
     pub fn local_offset_sums(&self) -> Vec<(TaskId, i64)> {
         let topologies: Vec<Arc<DeployedTopology>> = self.topologies.values().cloned().collect();
-        standby::local_offset_sums(&self.state.dir, &topologies)
+        let mut sums = standby::local_offset_sums(&self.state.dir, &topologies);
+        let live = self.updater.positions();
+        for (task, sum) in &mut sums {
+            if let Some(&now) = live.get(task) {
+                *sum = (*sum).max(now);
+            }
+        }
+        for (task, &now) in &live {
+            if !sums.iter().any(|(t, _)| t == task) {
+                sums.push((task.clone(), now));
+            }
+        }
+        sums
+    }
+
+    /// How far each standby and learner has read (changelog offset sums).
+    pub fn standby_positions(&self) -> std::collections::HashMap<TaskId, i64> {
+        self.updater.positions()
+    }
+
+    /// The changelog partitions of each stateful task (for their end offsets).
+    pub fn changelog_partitions(&self) -> Vec<(TaskId, Vec<(String, i32)>)> {
+        let mut out = Vec::new();
+        for t in self.topologies.values().filter(|t| !t.changelogs.is_empty()) {
+            for p in 0..t.partitions {
+                let parts = t.changelogs.iter().map(|c| (c.topic.clone(), p)).collect();
+                out.push((TaskId::new(&t.name, p as u32), parts));
+            }
+        }
+        out
+    }
+
+    /// Runs `standbys` and `learners` (both on the state-updater thread) and stops every
+    /// other standby first; a learner that becomes a standby, or the reverse, keeps going.
+    pub fn set_standbys(&mut self, standbys: &[TaskId], learners: &[TaskId]) -> anyhow::Result<()> {
+        let wanted: std::collections::BTreeSet<&TaskId> = standbys.iter().chain(learners).collect();
+        let stop: Vec<TaskId> = self.standbys.iter().filter(|t| !wanted.contains(t)).cloned().collect();
+        self.stop_standbys(&stop);
+        self.learners = learners
+            .iter()
+            .filter(|t| !self.running.contains_key(*t))
+            .cloned()
+            .collect();
+        let all: Vec<TaskId> = wanted.into_iter().cloned().collect();
+        self.start_standbys(&all)
     }
 
     pub fn start_standbys(&mut self, tasks: &[TaskId]) -> anyhow::Result<()> {
@@ -369,6 +422,7 @@ impl TaskRunner {
     /// Stops standbys; their progress is checkpointed and their stores closed on return.
     pub fn stop_standbys(&mut self, tasks: &[TaskId]) {
         for task in tasks {
+            self.learners.remove(task);
             if self.standbys.remove(task) {
                 if let Err(e) = self.updater.remove(task) {
                     tracing::warn!(%task, "standby failed: {e}");

@@ -10,7 +10,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
@@ -35,10 +35,15 @@ enum Command {
     Remove(TaskId, Sender<Result<u64, String>>),
 }
 
+/// How far each standby (or learner) has read: the sum of its stores' next changelog
+/// offsets, updated every round (what its lag is measured from).
+pub type Positions = Arc<Mutex<HashMap<TaskId, i64>>>;
+
 /// The worker's state-updater thread.
 pub struct StandbyUpdater {
     commands: Option<Sender<Command>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    positions: Positions,
 }
 
 impl StandbyUpdater {
@@ -54,6 +59,8 @@ impl StandbyUpdater {
             .set("isolation.level", "read_committed")
             .create()?;
         let (tx, rx) = mpsc::channel();
+        let positions = Positions::default();
+        let shared = positions.clone();
         let thread = std::thread::Builder::new().name("standbys".into()).spawn(move || {
             Updater {
                 consumer,
@@ -61,13 +68,20 @@ impl StandbyUpdater {
                 standbys: HashMap::new(),
                 routes: HashMap::new(),
                 assigned: HashSet::new(),
+                positions: shared,
             }
             .run(rx)
         })?;
         Ok(StandbyUpdater {
             commands: Some(tx),
             thread: Some(thread),
+            positions,
         })
+    }
+
+    /// How far each standby has read (changelog offset sums), as of its last round.
+    pub fn positions(&self) -> HashMap<TaskId, i64> {
+        self.positions.lock().expect("positions lock").clone()
     }
 
     /// Starts keeping `partition` of `topology` warm (failures are logged: a standby never
@@ -124,6 +138,7 @@ struct Updater {
     /// (changelog, partition) → (standby, store index).
     routes: HashMap<(String, i32), (TaskId, usize)>,
     assigned: HashSet<(String, i32)>,
+    positions: Positions,
 }
 
 impl Updater {
@@ -287,6 +302,32 @@ impl Updater {
                 standby.failed = Some(e);
             }
         }
+        self.publish_positions();
+    }
+
+    /// Shares how far each standby has read. Offsets can have gaps (compaction,
+    /// transaction markers): the consumer's position says how far a partition was read.
+    fn publish_positions(&mut self) {
+        let consumed = self.consumer.position().ok();
+        let mut out = HashMap::with_capacity(self.standbys.len());
+        for (task, standby) in &mut self.standbys {
+            let mut sum = 0;
+            for store in &mut standby.stores {
+                if let Some(Offset::Offset(p)) = consumed
+                    .as_ref()
+                    .and_then(|tpl| tpl.find_partition(&store.changelog.topic, standby.partition))
+                    .map(|p| p.offset())
+                {
+                    // Applied already, or applied next (pending goes in with this round).
+                    if store.pending.is_empty() {
+                        store.position = store.position.max(p);
+                    }
+                }
+                sum += store.position;
+            }
+            out.insert(task.clone(), sum);
+        }
+        *self.positions.lock().expect("positions lock") = out;
     }
 
     fn apply(&self, standby: &mut Standby) -> Result<(), String> {
