@@ -335,6 +335,20 @@ pub async fn run(
             "assignment"
         );
         asked.retain(|t, _| a.learner.contains(t));
+        // Learners made active now: how far behind they were (as of the join), then stopped
+        // as learners below and started as active tasks, which replay only the rest.
+        let positions = runner.standby_positions();
+        let promoted: Vec<(TaskId, Option<i64>)> = a
+            .active
+            .iter()
+            .filter(|t| runner.learners().contains(t))
+            .map(|t| {
+                (
+                    t.clone(),
+                    ends.get(t).zip(positions.get(t)).map(|(e, p)| (e - p).max(0)),
+                )
+            })
+            .collect();
         // Revoked (and anything no longer ours) stops first: commit, flush, close. Standbys
         // no longer wanted (or promoted) stop next and checkpoint what they applied, so a
         // promoted task replays only the rest.
@@ -350,8 +364,9 @@ pub async fn run(
             continue 'member;
         }
         tokio::task::block_in_place(|| runner.stop_standbys(&stop_standby));
-        for t in a.active.iter().filter(|t| runner.learners().contains(t)) {
-            tracing::info!(task = %t, "learner promoted: the task is active here now");
+        for (t, lag) in &promoted {
+            let lag = lag.map_or("unknown".to_string(), |l| l.to_string());
+            tracing::info!(task = %t, lag = %lag, "learner promoted: the task is active here now");
         }
         runner.start(&a.active)?;
         runner.set_standbys(&a.standby, &a.learner)?;

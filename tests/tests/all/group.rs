@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
-use sluice::group::assignor::{Assignor, AssignorInput, Sticky};
+use sluice::group::assignor::{Assignor, AssignorInput, LearnerPolicy, Sticky};
 use sluice::group::membership::{Heartbeat, Membership, MembershipConfig};
 use sluice::group::metadata::{Assignment, MemberMetadata};
 use sluice::group::TaskId;
@@ -56,6 +56,7 @@ async fn a_new_and_an_old_worker_share_a_group_and_only_moved_tasks_are_revoked(
             stateful: &stateful,
             end_offsets: &ends,
             standby_replicas: 0,
+            learners: LearnerPolicy::NONE,
         })
     };
 

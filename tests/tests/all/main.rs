@@ -8,6 +8,7 @@ mod group;
 mod hostile;
 mod kafka_roundtrip;
 mod kills;
+mod learners;
 mod ownership;
 mod policies;
 mod runtime;
