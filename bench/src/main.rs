@@ -4,6 +4,7 @@
 //!   Wasm boundary beside a native Rust closure doing the same work.
 //! - `e2e`: records/s through `uppercase` on a real broker: one worker process, 4 partitions.
 //! - `density`: one worker holding 1,000 tasks: start time, idle threads, RSS, CPU.
+//! - `scaling`: a stateful topology scaled 1 → 2 → 3 → 1 workers: pauses per policy.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -17,6 +18,7 @@ use sluice_guest::TaskInfo;
 mod density;
 mod e2e;
 mod native;
+mod scaling;
 mod state;
 
 #[derive(Parser)]
@@ -55,6 +57,8 @@ enum Command {
     WordCount(state::WordCountArgs),
     /// One worker holding many tasks: start time, idle threads, RSS and CPU, and flow.
     Density(density::DensityArgs),
+    /// A stateful topology scaled 1 -> 2 -> 3 -> 1 workers under eager, sticky and learners.
+    Scaling(scaling::ScalingArgs),
     /// The native baseline process `e2e` runs (a plain rdkafka uppercase program).
     #[command(hide = true)]
     Native(native::NativeArgs),
@@ -80,6 +84,7 @@ fn main() -> anyhow::Result<()> {
         Command::Restore(args) => tokio::runtime::Runtime::new()?.block_on(state::restore(args)),
         Command::WordCount(args) => tokio::runtime::Runtime::new()?.block_on(state::word_count(args)),
         Command::Density(args) => tokio::runtime::Runtime::new()?.block_on(density::run(args)),
+        Command::Scaling(args) => tokio::runtime::Runtime::new()?.block_on(scaling::run(args)),
         Command::Native(args) => native::run(args),
     }
 }

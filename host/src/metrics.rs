@@ -136,24 +136,48 @@ impl Metrics {
     }
 
     /// Serves `GET /metrics` on `addr` until the process ends; returns the bound address.
-    pub async fn serve(self, addr: SocketAddr) -> anyhow::Result<SocketAddr> {
-        use axum::routing::get;
+    /// With `drain`, also `POST /drain`: it calls `drain`, which says whether the worker
+    /// will drain (409 Conflict when it cannot: not in a cluster, or already stopping).
+    pub async fn serve(
+        self,
+        addr: SocketAddr,
+        drain: Option<std::sync::Arc<dyn Fn() -> Result<(), String> + Send + Sync>>,
+    ) -> anyhow::Result<SocketAddr> {
+        use axum::http::StatusCode;
+        use axum::routing::{get, post};
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen for metrics on {addr}: {e}"))?;
         let bound = listener.local_addr()?;
-        let app = axum::Router::new().route(
-            "/metrics",
-            get(move || {
-                let metrics = self.clone();
-                async move {
-                    (
-                        [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
-                        metrics.render(),
-                    )
-                }
-            }),
-        );
+        let app = axum::Router::new()
+            .route(
+                "/metrics",
+                get(move || {
+                    let metrics = self.clone();
+                    async move {
+                        (
+                            [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
+                            metrics.render(),
+                        )
+                    }
+                }),
+            )
+            .route(
+                "/drain",
+                post(move || {
+                    let drain = drain.clone();
+                    async move {
+                        match drain.as_deref().map(|d| d()) {
+                            Some(Ok(())) => (StatusCode::ACCEPTED, "draining\n".to_string()),
+                            Some(Err(why)) => (StatusCode::CONFLICT, format!("{why}\n")),
+                            None => (
+                                StatusCode::CONFLICT,
+                                "this worker is not in a cluster: there is nobody to drain to\n".to_string(),
+                            ),
+                        }
+                    }
+                }),
+            );
         tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
                 tracing::error!("metrics endpoint stopped: {e}");

@@ -23,7 +23,9 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run topologies: one task per source partition, until SIGINT or SIGTERM.
+    /// Run topologies: one task per source partition, until SIGINT or SIGTERM
+    /// (`sluice worker drain` drains a running one).
+    #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     Worker(Box<worker::WorkerArgs>),
     /// Show a cluster: generation, workers, and every task with its role, owner and lag.
     Status(status::StatusArgs),

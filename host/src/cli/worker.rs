@@ -5,16 +5,34 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Args;
+use anyhow::Context as _;
+use clap::{Args, Subcommand};
 use sluice::group::assignor::LearnerPolicy;
 use sluice::manifest::parse_size;
 use sluice::runtime::RuntimeConfig;
 use sluice::worker::changelog::ChangelogSettings;
-use sluice::worker::group_runner::{ClusterConfig, LearnerRejoin};
+use sluice::worker::group_runner::{ClusterConfig, LearnerRejoin, Stop};
 use sluice::worker::{self, Guarantee, TaskSettings, WorkerConfig};
+
+/// What `sluice worker` does besides running topologies.
+#[derive(Debug, Subcommand)]
+pub enum WorkerAction {
+    /// Drain a running worker of a cluster: the others take its tasks (stateful ones once
+    /// their learners caught up) and it exits 0 once it owns nothing.
+    Drain(DrainArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DrainArgs {
+    /// The worker's admin address: what it was started with as `--metrics`.
+    #[arg(long, value_name = "HOST:PORT")]
+    admin: String,
+}
 
 #[derive(Debug, Args)]
 pub struct WorkerArgs {
+    #[command(subcommand)]
+    action: Option<WorkerAction>,
     /// Kafka bootstrap servers, `host:port[,host:port…]`.
     #[arg(long, env = "KAFKA_BOOTSTRAP")]
     bootstrap: String,
@@ -94,7 +112,9 @@ pub struct WorkerArgs {
     /// A worker not heard from for this long loses its tasks to the others.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     session_timeout: Duration,
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    /// How often a worker heartbeats: also how soon it learns that the group rebalances (a
+    /// task moving to or from it waits for that).
+    #[arg(long, default_value = "300ms", value_parser = humantime::parse_duration)]
     heartbeat_interval: Duration,
     /// How tasks are placed: `sticky` (cooperative) or `eager` (stop-the-world baseline).
     #[arg(long, default_value = "sticky")]
@@ -118,6 +138,15 @@ pub struct WorkerArgs {
     /// caught up, `all` once all of them have.
     #[arg(long, value_enum, default_value = "each")]
     learner_rejoin: LearnerRejoin,
+    /// In a cluster, SIGTERM (or SIGINT) drains instead of stopping at once: the worker asks
+    /// the others to take its tasks (stateful ones once their learners caught up), and exits
+    /// 0 when it owns nothing. A second signal stops it at once. SIGUSR1 always drains.
+    #[arg(long)]
+    drain_on_stop: bool,
+    /// A draining worker that still owns tasks after this long stops them and leaves
+    /// anyway (default: no limit).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    scale_down_timeout: Option<Duration>,
     /// The group metadata version to speak (tests of rolling upgrades).
     #[arg(long, hide = true, default_value_t = sluice::group::metadata::CURRENT_VERSION)]
     metadata_version: u16,
@@ -137,10 +166,18 @@ pub struct WorkerArgs {
 }
 
 pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
+    if let Some(WorkerAction::Drain(drain)) = &args.action {
+        return ask_to_drain(&drain.admin).await;
+    }
     let threads = args
         .threads
         .map(|t| t as usize)
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+    // Stop requests from signals: a drain first (in a cluster, when asked), then a stop.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(Stop::Run);
+    let stop_tx = std::sync::Arc::new(stop_tx);
+    let in_cluster = args.cluster.is_some();
+    tokio::spawn(signals(stop_tx.clone(), in_cluster && args.drain_on_stop, in_cluster));
     let cluster = args.cluster.map(|name| ClusterConfig {
         name,
         capacity: args.capacity.unwrap_or(threads as u32),
@@ -158,6 +195,8 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
             acceptable_lag: args.acceptable_recovery_lag.min(i64::MAX as u64) as i64,
         },
         learner_rejoin: args.learner_rejoin,
+        drain: Some(stop_tx.clone()),
+        scale_down_timeout: args.scale_down_timeout,
     });
     let config = WorkerConfig {
         cluster,
@@ -192,7 +231,11 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         state_write_buffers: args.state_write_buffers,
         state_limit: args.state_limit as u64,
     };
-    let report = worker::run(config, shutdown_signal()).await?;
+    let mut stop_rx = stop_rx;
+    let shutdown = async move {
+        let _ = stop_rx.wait_for(|s| *s == Stop::Now).await;
+    };
+    let report = worker::run(config, shutdown).await?;
     let out: u64 = report.stopped.iter().map(|(_, s)| s.records_out).sum();
     let read: u64 = report.stopped.iter().map(|(_, s)| s.records_in).sum();
     tracing::info!(
@@ -228,18 +271,62 @@ fn parse_guarantee(s: &str) -> Result<Guarantee, String> {
     s.parse()
 }
 
-async fn shutdown_signal() {
+/// Turns signals into stop requests. SIGTERM and SIGINT stop the worker, or with
+/// `drain_first` drain it (a second one stops it); SIGUSR1 drains a worker in a cluster.
+async fn signals(stop: std::sync::Arc<tokio::sync::watch::Sender<Stop>>, drain_first: bool, in_cluster: bool) {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!("cannot listen for SIGTERM: {e}");
+    let (mut term, mut usr1) = match (signal(SignalKind::terminate()), signal(SignalKind::user_defined1())) {
+        (Ok(t), Ok(u)) => (t, u),
+        (Err(e), _) | (_, Err(e)) => {
+            tracing::warn!("cannot listen for SIGTERM and SIGUSR1: {e}");
             let _ = tokio::signal::ctrl_c().await;
+            stop.send_replace(Stop::Now);
             return;
         }
     };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
-        _ = term.recv() => tracing::info!("SIGTERM received"),
+    loop {
+        // Whether the signal asks for a stop (else for a drain).
+        let stop_now = tokio::select! {
+            _ = tokio::signal::ctrl_c() => { tracing::info!("SIGINT received"); true }
+            _ = term.recv() => { tracing::info!("SIGTERM received"); true }
+            _ = usr1.recv() => { tracing::info!("SIGUSR1 received"); false }
+        };
+        let running = *stop.borrow() == Stop::Run;
+        let drain = running && if stop_now { drain_first } else { in_cluster };
+        if drain {
+            tracing::info!("draining: the other workers take this worker's tasks, then it exits");
+            stop.send_replace(Stop::Drain);
+        } else if stop_now {
+            stop.send_replace(Stop::Now);
+            return;
+        }
+    }
+}
+
+/// `sluice worker drain`: asks a worker, through its admin endpoint, to drain.
+async fn ask_to_drain(admin: &str) -> anyhow::Result<ExitCode> {
+    use http_body_util::BodyExt as _;
+    let stream = tokio::net::TcpStream::connect(admin)
+        .await
+        .with_context(|| format!("cannot reach the worker's admin endpoint at {admin}"))?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+        .await
+        .with_context(|| format!("talking HTTP to {admin}"))?;
+    tokio::spawn(connection);
+    let request = hyper::Request::post("/drain")
+        .header("host", admin)
+        .body(http_body_util::Empty::<bytes::Bytes>::new())?;
+    let response = sender
+        .send_request(request)
+        .await
+        .with_context(|| format!("POST http://{admin}/drain"))?;
+    let status = response.status();
+    let body = response.into_body().collect().await?.to_bytes();
+    let text = String::from_utf8_lossy(&body);
+    if status.is_success() {
+        println!("{admin}: {}", text.trim());
+        Ok(ExitCode::SUCCESS)
+    } else {
+        anyhow::bail!("{admin} refused to drain ({status}): {}", text.trim())
     }
 }

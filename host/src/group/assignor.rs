@@ -77,14 +77,17 @@ pub fn quotas(capacities: &[u32], total: usize) -> Vec<usize> {
 /// As [`quotas`], but the rounding-up goes first to members that already hold more than
 /// their rounded-down share, so a balanced assignment needs as few moves as possible.
 pub fn quotas_keeping(capacities: &[u32], total: usize, held: &[usize]) -> Vec<usize> {
-    let sum: u64 = capacities.iter().map(|&c| c.max(1) as u64).sum();
+    // Capacity 0 (a leaving member) gets nothing, unless every member has 0.
+    let all_zero = capacities.iter().all(|&c| c == 0);
+    let weight = |c: u32| if all_zero { 1 } else { c as u64 };
+    let sum: u64 = capacities.iter().map(|&c| weight(c)).sum();
     if sum == 0 {
         return Vec::new();
     }
     let exact: Vec<(usize, u64)> = capacities
         .iter()
         .map(|&c| {
-            let scaled = total as u64 * c.max(1) as u64;
+            let scaled = total as u64 * weight(c);
             ((scaled / sum) as usize, scaled % sum)
         })
         .collect();
@@ -161,7 +164,7 @@ impl Assignor for Sticky {
                 }
             }
         }
-        let capacities: Vec<u32> = metas.iter().map(|m| m.capacity).collect();
+        let capacities = capacities(&metas);
         let quota = quotas_keeping(&capacities, tasks.len(), &held);
         // Where each stateful task's state already is (standby or any local state), least lag first.
         let mut end: Vec<Option<i64>> = vec![None; tasks.len()];
@@ -398,6 +401,14 @@ impl Assignor for Sticky {
     }
 }
 
+/// Each member's capacity for the quotas: a leaving member's is 0 (its tasks move away).
+fn capacities(metas: &[&MemberMetadata]) -> Vec<u32> {
+    metas
+        .iter()
+        .map(|m| if m.leaving { 0 } else { m.capacity.max(1) })
+        .collect()
+}
+
 /// No member (in the per-task vectors of [`Sticky`]).
 const NONE: usize = usize::MAX;
 
@@ -415,7 +426,7 @@ impl Assignor for Eager {
         if metas.is_empty() {
             return BTreeMap::new();
         }
-        let quota = quotas(&metas.iter().map(|m| m.capacity).collect::<Vec<_>>(), input.tasks.len());
+        let quota = quotas(&capacities(&metas), input.tasks.len());
         let mut tasks: Vec<&TaskId> = input.tasks.iter().collect();
         tasks.sort();
         let mut next = tasks.into_iter();

@@ -43,6 +43,22 @@ pub struct ClusterConfig {
     pub learners: LearnerPolicy,
     /// When a worker with learners rejoins to take their tasks over.
     pub learner_rejoin: LearnerRejoin,
+    /// Asks this worker to drain (hand its tasks to the others, then leave): signals and
+    /// the admin endpoint send [`Stop::Drain`] here.
+    pub drain: Option<std::sync::Arc<tokio::sync::watch::Sender<Stop>>>,
+    /// How long a drain may take before the worker stops its remaining tasks and leaves.
+    pub scale_down_timeout: Option<Duration>,
+}
+
+/// What a worker has been asked to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    Run,
+    /// Hand every task to the other workers (stateful ones once their learners caught up),
+    /// then leave the group and exit.
+    Drain,
+    /// Stop every task now (committing what was processed) and leave.
+    Now,
 }
 
 /// When a worker rejoins the group to take over tasks its learners caught up on.
@@ -73,7 +89,7 @@ fn changelog_ends(consumer: &BaseConsumer, tasks: &[(TaskId, Vec<(String, i32)>)
             let _ = list.add_partition_offset(topic, *p, Offset::End);
         }
     }
-    let found = match consumer.offsets_for_times(list, Duration::from_secs(5)) {
+    let found = match consumer.offsets_for_times(list, Duration::from_secs(2)) {
         Ok(found) => found,
         Err(e) => {
             tracing::warn!("reading the changelogs' end offsets: {e}");
@@ -219,6 +235,9 @@ pub async fn run(
     // Learners that caught up and asked for their task (when), so a worker does not rejoin
     // for the same learner over and over.
     let mut asked: HashMap<TaskId, Instant> = HashMap::new();
+    // Since when this worker drains (marked leaving in its metadata), if it does.
+    let mut leaving_since: Option<Instant> = None;
+    let drain_requested = || cluster.drain.as_ref().is_some_and(|d| *d.borrow() == Stop::Drain);
     let mut membership = Membership::new(MembershipConfig {
         bootstrap: cluster.bootstrap.clone(),
         group: group_id(&cluster.name),
@@ -249,6 +268,16 @@ pub async fn run(
                 tracing::warn!(cluster = %cluster.name, "{why}: the tasks stopped without committing");
             }
         }
+        if leaving_since.is_none() && drain_requested() {
+            tracing::info!(
+                tasks = runner.owned().len(),
+                "draining: asking the group to move this worker's tasks away"
+            );
+            leaving_since = Some(Instant::now());
+        }
+        if drain_timed_out(cluster, leaving_since) {
+            break 'member;
+        }
         // Every member reads them (any may be the leader): one request per rebalance.
         let ends = tokio::task::block_in_place(|| changelog_ends(&offsets, &stateful));
         let learners = runner.learners();
@@ -267,6 +296,7 @@ pub async fn run(
             offset_sums: runner.local_offset_sums(),
             topologies: Some(topologies.clone()),
             failed: runner.failed(),
+            leaving: leaving_since.is_some(),
             ..Default::default()
         };
         // The leader places what the members say they run, not what it runs itself.
@@ -370,6 +400,13 @@ pub async fn run(
         }
         runner.start(&a.active)?;
         runner.set_standbys(&a.standby, &a.learner)?;
+        if leaving_since.is_some() && runner.owned().is_empty() {
+            tracing::info!(
+                seconds = %format!("{:.1}", leaving_since.map_or(0.0, |t| t.elapsed().as_secs_f64())),
+                "drained: every task runs elsewhere now; leaving the group"
+            );
+            break 'member;
+        }
         if a.rejoin {
             continue 'member;
         }
@@ -386,6 +423,9 @@ pub async fn run(
             }
             if runner.reap()?.rejoin {
                 tracing::warn!(cluster = %cluster.name, "a task was fenced by another owner, or released: rejoining");
+                continue 'member;
+            }
+            if (leaving_since.is_none() && drain_requested()) || drain_timed_out(cluster, leaving_since) {
                 continue 'member;
             }
             if !runner.learners().is_empty() && Instant::now() >= next_learner_check {
@@ -420,6 +460,22 @@ pub async fn run(
         tracing::warn!("leaving the group: {e}");
     }
     Ok(report)
+}
+
+/// Whether a drain has gone on longer than `--scale-down-timeout` (then the worker stops
+/// what it still owns and leaves).
+fn drain_timed_out(cluster: &ClusterConfig, leaving_since: Option<Instant>) -> bool {
+    let (Some(since), Some(limit)) = (leaving_since, cluster.scale_down_timeout) else {
+        return false;
+    };
+    let out = since.elapsed() >= limit;
+    if out {
+        tracing::warn!(
+            timeout = ?limit,
+            "the drain did not finish within the scale-down timeout: stopping the remaining tasks and leaving"
+        );
+    }
+    out
 }
 
 /// Whether this worker's learners are far enough along to take their tasks over (by the

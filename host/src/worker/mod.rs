@@ -161,8 +161,27 @@ pub async fn run(
 
     let metrics = Metrics::new();
     if let Some(addr) = config.metrics_addr {
-        let bound = metrics.clone().serve(addr).await?;
-        tracing::info!("metrics on http://{bound}/metrics");
+        let drain = config.cluster.as_ref().and_then(|c| c.drain.clone()).map(|tx| {
+            let drain: std::sync::Arc<dyn Fn() -> Result<(), String> + Send + Sync> = std::sync::Arc::new(move || {
+                let mut accepted = Ok(());
+                tx.send_if_modified(|s| match s {
+                    group_runner::Stop::Run => {
+                        *s = group_runner::Stop::Drain;
+                        tracing::info!("drain requested through the admin endpoint");
+                        true
+                    }
+                    group_runner::Stop::Drain => false,
+                    group_runner::Stop::Now => {
+                        accepted = Err("this worker is stopping already".to_string());
+                        false
+                    }
+                });
+                accepted
+            });
+            drain
+        });
+        let bound = metrics.clone().serve(addr, drain).await?;
+        tracing::info!("metrics on http://{bound}/metrics; POST http://{bound}/drain drains this worker");
     }
 
     let bootstrap = config.bootstrap.clone();

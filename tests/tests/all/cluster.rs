@@ -128,10 +128,11 @@ async fn workers_share_tasks_a_joiner_takes_only_moved_ones_and_a_killed_workers
     // A task logs "started" once it has restored its state and initialised, which under load
     // can come after the assignment settled: wait for it, then expect exactly one start and
     // no stop.
+    // (A learner's lines — "standby started/stopped" — are not the task's.)
     let count = |log: &str, task: &str| {
         let stops = log
             .lines()
-            .filter(|l| l.contains(" stopped ") && l.contains(&format!("task={task} ")))
+            .filter(|l| l.contains(" stopped ") && !l.contains("standby") && l.contains(&format!("task={task} ")))
             .count();
         let starts = log
             .lines()

@@ -4,8 +4,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use sluice_tests::worker::{dump_counts, guest, manifest, TempDir, WorkerProcess};
-use sluice_tests::{kafka, unique_name};
+use sluice_tests::worker::{dump_counts, guest, manifest, sluice_binary, TempDir, WorkerProcess};
+use sluice_tests::{free_port, kafka, unique_name};
 
 use crate::cluster::until_settled;
 
@@ -64,28 +64,31 @@ async fn a_joining_worker_learns_then_takes_over_caught_up_tasks_and_state_equal
     );
     let cluster = unique_name("c");
     let acceptable_lag = 2_000;
+    // The first worker's admin endpoint (`sluice worker drain` talks to it).
+    let admin = format!("127.0.0.1:{}", free_port());
     let start = |n: usize| {
         let state = dir.path().join(format!("state-{n}"));
-        WorkerProcess::start(
-            kafka.bootstrap(),
-            dir.path(),
-            &[
-                "--topology",
-                m.to_str().unwrap(),
-                "--cluster",
-                &cluster,
-                "--state-dir",
-                state.to_str().unwrap(),
-                "--heartbeat-interval",
-                "200ms",
-                "--session-timeout",
-                "6s",
-                "--commit-interval",
-                "200ms",
-                "--acceptable-recovery-lag",
-                &acceptable_lag.to_string(),
-            ],
-        )
+        let lag = acceptable_lag.to_string();
+        let args = [
+            "--metrics",
+            &admin,
+            "--topology",
+            m.to_str().unwrap(),
+            "--cluster",
+            &cluster,
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--heartbeat-interval",
+            "200ms",
+            "--session-timeout",
+            "6s",
+            "--commit-interval",
+            "200ms",
+            "--acceptable-recovery-lag",
+            &lag,
+        ];
+        // Only the first worker has an admin endpoint.
+        WorkerProcess::start(kafka.bootstrap(), dir.path(), &args[if n == 0 { 0 } else { 2 }..])
     };
 
     // State first: 60,000 lines (about 3,000 distinct words per partition, so changelogs of
@@ -181,10 +184,68 @@ async fn a_joining_worker_learns_then_takes_over_caught_up_tasks_and_state_equal
         );
     }
 
-    // Stop both, then each partition's store (on its final owner) equals the truth.
-    for w in &mut workers {
-        assert!(w.terminate(Duration::from_secs(60))?.success(), "{}", w.log());
+    // Drain 2 -> 1 under steady input: the first worker hands its tasks to the second (whose
+    // learners catch up first) and exits 0 once it owns nothing.
+    let producing = {
+        let input = input.clone();
+        tokio::spawn(async move {
+            let mut positions = Vec::new();
+            for chunk in 0..50 {
+                let from = 70_000 + chunk * 200;
+                positions.extend(kafka.produce(&input, &lines(from..from + 200)).await?);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            anyhow::Ok(positions)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let asked = std::process::Command::new(sluice_binary())
+        .args(["worker", "drain", "--admin", &admin])
+        .output()?;
+    assert!(
+        asked.status.success(),
+        "sluice worker drain: {}{}",
+        String::from_utf8_lossy(&asked.stdout),
+        String::from_utf8_lossy(&asked.stderr)
+    );
+    let drained = workers[0].wait(Duration::from_secs(120))?;
+    let old = workers[0].log();
+    assert!(drained.success(), "the drained worker exited with {drained}:\n{old}");
+    assert!(old.contains("drained: every task runs elsewhere now"), "{old}");
+    let mut survivor: Vec<WorkerProcess> = workers.drain(1..).collect();
+    let all = until_settled(&mut survivor, 4).await?;
+    positions.extend(producing.await??);
+    sent.extend(lines(70_000..80_000));
+    let total = sent.len() as i64;
+    kafka
+        .wait_committed(&format!("sluice-{name}"), &input, 4, total, Duration::from_secs(120))
+        .await?;
+    let new = survivor[0].log();
+    for task in &settled[0] {
+        let tag = format!("task={task}");
+        let promoted = first(&new, &["learner promoted", &tag])
+            .ok_or_else(|| anyhow::anyhow!("{task} was not promoted from a learner in the drain:\n{new}"))?;
+        let lag: i64 = field(promoted, "lag").unwrap_or("-1").parse()?;
+        assert!((0..=acceptable_lag).contains(&lag), "{task}: promoted at lag {lag}");
+        let stopped = first(&old, &[" stopped ", &format!("{tag} ")])
+            .ok_or_else(|| anyhow::anyhow!("{task} never stopped on the drained worker:\n{old}"))?;
+        assert!(
+            at(stopped) <= at(promoted),
+            "{task} promoted before it stopped on the drained worker"
+        );
+        let restored = first(&new, &[" restored ", &format!("{tag} ")])
+            .ok_or_else(|| anyhow::anyhow!("{task} never restored as active:\n{new}"))?;
+        let from: i64 = field(restored, "from_offset").unwrap_or("0").parse()?;
+        eprintln!("drain: {task} promoted at lag {lag}, restored on top of offset {from}");
+        assert!(from > 0, "{task}: restored from offset 0 after the drain");
     }
+    assert!(survivor[0].terminate(Duration::from_secs(60))?.success(), "{new}");
+
+    // Each partition's store (on its final owner) equals the truth.
+    let settled = [
+        std::collections::BTreeSet::new(),
+        all.into_iter().next().unwrap_or_default(),
+    ];
     let mut truth: HashMap<i32, BTreeMap<String, u64>> = HashMap::new();
     for ((_, line), (partition, _)) in sent.iter().zip(&positions) {
         for word in std::str::from_utf8(line)?.split(' ') {
@@ -205,6 +266,232 @@ async fn a_joining_worker_learns_then_takes_over_caught_up_tasks_and_state_equal
                 "{task}: the store on its owner differs from the truth"
             );
         }
+    }
+    Ok(())
+}
+
+/// A draining worker whose tasks' learners cannot catch up in time (a large state to
+/// restore) stops them and leaves after `--scale-down-timeout`; the other worker takes them.
+#[tokio::test(flavor = "multi_thread")]
+async fn scale_down_timeout_forces_a_draining_worker_out() -> anyhow::Result<()> {
+    let kafka = kafka();
+    let (input, output) = (unique_name("timeout-in"), unique_name("timeout-out"));
+    kafka.create_topic(&input, 2).await?;
+    kafka.create_topic(&output, 2).await?;
+    let name = unique_name("wc");
+    // A large state, written to the changelog before anything starts: 600,000 keys per task.
+    fill_changelog(&name, 2, 1_200_000).await?;
+
+    let dir = TempDir::new("scale-down-timeout");
+    let m = dir.write(
+        "wc.toml",
+        &manifest(
+            &name,
+            &guest("word-count"),
+            &[("lines", &input)],
+            &[("counts", &output)],
+            "",
+        ),
+    );
+    let cluster = unique_name("c");
+    let start = |n: usize| {
+        let state = dir.path().join(format!("state-{n}"));
+        WorkerProcess::start(
+            kafka.bootstrap(),
+            dir.path(),
+            &[
+                "--topology",
+                m.to_str().unwrap(),
+                "--cluster",
+                &cluster,
+                "--state-dir",
+                state.to_str().unwrap(),
+                "--heartbeat-interval",
+                "200ms",
+                "--session-timeout",
+                "6s",
+                "--commit-interval",
+                "200ms",
+                "--drain-on-stop",
+                "--scale-down-timeout",
+                "1s",
+            ],
+        )
+    };
+    let mut first = start(0)?;
+    for p in 0..2 {
+        first.wait_for_line(&[" started ", &format!("task={name}/{p}")], Duration::from_secs(120))?;
+    }
+    kafka.produce(&input, &lines(0..1_000)).await?;
+    // A second worker joins and starts learning; the first is told to stop (it drains) while
+    // the learners are far from done.
+    let mut second = start(1)?;
+    second.wait_for_line(&[" assignment ", "learner=1"], Duration::from_secs(60))?;
+    let asked_at = std::time::Instant::now();
+    let status = first.terminate(Duration::from_secs(60))?;
+    let took = asked_at.elapsed();
+    let log = first.log();
+    assert!(status.success(), "the drained worker exited with {status}:\n{log}");
+    assert!(
+        log.contains("did not finish within the scale-down timeout"),
+        "the worker left without the timeout forcing it:\n{log}"
+    );
+    eprintln!("the draining worker was forced out {took:?} after SIGTERM (timeout 1s)");
+    // The second worker owns both tasks and processes everything.
+    let mut rest = vec![second];
+    until_settled(&mut rest, 2).await?;
+    kafka.produce(&input, &lines(1_000..2_000)).await?;
+    kafka
+        .wait_committed(&format!("sluice-{name}"), &input, 2, 2_000, Duration::from_secs(120))
+        .await?;
+    assert!(rest[0].terminate(Duration::from_secs(60))?.success());
+    Ok(())
+}
+
+/// Fills `{topology}-counts-changelog` (created here) with `keys` records spread over
+/// `partitions`: state for word-count tasks to restore.
+async fn fill_changelog(topology: &str, partitions: i32, keys: u64) -> anyhow::Result<()> {
+    use rdkafka::producer::Producer as _;
+    let kafka = kafka();
+    let changelog = format!("{topology}-counts-changelog");
+    kafka
+        .create_topic_with(&changelog, partitions, 1, &[("cleanup.policy", "compact")])
+        .await?;
+    let producer: rdkafka::producer::ThreadedProducer<rdkafka::producer::DefaultProducerContext> = kafka
+        .config()
+        .set("linger.ms", "20")
+        .set("queue.buffering.max.messages", "1000000")
+        .create()?;
+    for i in 0..keys {
+        let key = format!("old{i}");
+        let value = 1u64.to_be_bytes();
+        loop {
+            let record = rdkafka::producer::BaseRecord::to(&changelog)
+                .partition((i % partitions as u64) as i32)
+                .key(&key)
+                .payload(&value[..]);
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((e, _)) if e.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::QueueFull) => {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err((e, _)) => anyhow::bail!("filling the changelog: {e}"),
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(120))?;
+    Ok(())
+}
+
+/// The leader is killed while a joining worker's learners restore: the next leader carries
+/// the migration on from what the members report. Learners are not restarted, every task
+/// ends active exactly once, and no input is lost.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_leader_killed_in_a_migration_and_the_migration_completes() -> anyhow::Result<()> {
+    let kafka = kafka();
+    let (input, output) = (unique_name("failover-in"), unique_name("failover-out"));
+    kafka.create_topic(&input, 4).await?;
+    kafka.create_topic(&output, 4).await?;
+    let name = unique_name("wc");
+    fill_changelog(&name, 4, 1_200_000).await?;
+    let dir = TempDir::new("leader-failover");
+    let m = dir.write(
+        "wc.toml",
+        &manifest(
+            &name,
+            &guest("word-count"),
+            &[("lines", &input)],
+            &[("counts", &output)],
+            "",
+        ),
+    );
+    let cluster = unique_name("c");
+    let start = |n: usize| {
+        let state = dir.path().join(format!("state-{n}"));
+        WorkerProcess::start(
+            kafka.bootstrap(),
+            dir.path(),
+            &[
+                "--topology",
+                m.to_str().unwrap(),
+                "--cluster",
+                &cluster,
+                "--state-dir",
+                state.to_str().unwrap(),
+                "--heartbeat-interval",
+                "200ms",
+                "--session-timeout",
+                "6s",
+                "--commit-interval",
+                "200ms",
+            ],
+        )
+    };
+    let mut workers = vec![start(0)?, start(1)?];
+    until_settled(&mut workers, 2).await?;
+    for p in 0..4 {
+        let tag = format!("task={name}/{p}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while !workers
+            .iter()
+            .any(|w| w.log().lines().any(|l| l.contains(" started ") && l.ends_with(&tag)))
+        {
+            anyhow::ensure!(std::time::Instant::now() < deadline, "{tag} never started");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let producing = {
+        let input = input.clone();
+        tokio::spawn(async move {
+            for chunk in 0..60 {
+                kafka.produce(&input, &lines(chunk * 100..(chunk + 1) * 100)).await?;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            anyhow::Ok(())
+        })
+    };
+    // A third worker joins and starts learning; the leader dies at once.
+    workers.push(start(2)?);
+    let learning = workers[2].wait_for_line(&[" assignment ", "learner=", "learners=wc"], Duration::from_secs(60))?;
+    let learned: Vec<String> = field(&learning, "learners")
+        .unwrap_or_default()
+        .split(',')
+        .filter(|t| !t.is_empty())
+        .map(str::to_string)
+        .collect();
+    let leader = (0..2)
+        .find(|&i| {
+            workers[i]
+                .log()
+                .lines()
+                .rfind(|l| l.contains(" assignment "))
+                .is_some_and(|l| l.contains("leader=true"))
+        })
+        .ok_or_else(|| anyhow::anyhow!("neither old worker says it leads"))?;
+    workers[leader].kill()?;
+    eprintln!("killed the leader (worker {leader}) while worker 2 learned {learned:?}");
+    let mut alive: Vec<WorkerProcess> = workers
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| *i != leader)
+        .map(|(_, w)| w)
+        .collect();
+    until_settled(&mut alive, 2).await?;
+    producing.await??;
+    kafka
+        .wait_committed(&format!("sluice-{name}"), &input, 4, 6_000, Duration::from_secs(120))
+        .await?;
+    // Learners that had started were carried on, not started over.
+    let newcomer = alive[1].log();
+    for task in &learned {
+        let starts = newcomer
+            .lines()
+            .filter(|l| l.contains("standby started") && l.contains(&format!("task={task} ")))
+            .count();
+        assert!(starts <= 1, "{task}: its learner started {starts} times:\n{newcomer}");
+    }
+    for w in &mut alive {
+        assert!(w.terminate(Duration::from_secs(60))?.success(), "{}", w.log());
     }
     Ok(())
 }

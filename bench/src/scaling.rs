@@ -1,0 +1,457 @@
+//! Scaling: a stateful topology under steady input while the cluster grows from one worker
+//! to two and three and shrinks back to one, under three policies — `eager` (stop the
+//! world), `sticky` without learners (a task moves at once and restores on its new worker)
+//! and `learners` (it moves once a learner there caught up). Pauses are measured from
+//! outside: for each input partition, the gaps between consecutive outputs as the bench's
+//! own consumer sees them.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use clap::Args;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::Message;
+
+#[derive(Args)]
+pub struct ScalingArgs {
+    #[arg(long, env = "KAFKA_BOOTSTRAP")]
+    bootstrap: String,
+    /// The word-count component.
+    #[arg(long)]
+    component: PathBuf,
+    /// Keys of state (in the changelog before the first worker starts).
+    #[arg(long, default_value_t = 500_000)]
+    keys: u64,
+    #[arg(long, default_value_t = 8)]
+    partitions: i32,
+    /// Input records per second, spread over the partitions.
+    #[arg(long, default_value_t = 2_000)]
+    rate: u64,
+    /// Policies to run, in order.
+    #[arg(long, value_delimiter = ',', default_value = "eager,sticky,learners")]
+    policies: Vec<String>,
+    /// How long each step holds after the cluster settled.
+    #[arg(long, default_value_t = 3)]
+    hold_secs: u64,
+}
+
+fn config(bootstrap: &str) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", bootstrap);
+    c
+}
+
+/// A worker process of the run, logging to a file.
+struct Worker {
+    child: Child,
+    log: PathBuf,
+    started: Instant,
+}
+
+impl Worker {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// The last assignment a worker logged: (active tasks, learners, rejoin).
+fn last_assignment(log: &str) -> Option<(BTreeSet<String>, usize, bool)> {
+    let line = log.lines().rfind(|l| l.contains(" assignment "))?;
+    let field = |key: &str| {
+        line.split(&format!(" {key}="))
+            .nth(1)
+            .map(|r| r.split(' ').next().unwrap_or(""))
+    };
+    let tasks = field("tasks")?
+        .split(',')
+        .filter(|t| !t.is_empty())
+        .map(str::to_string)
+        .collect();
+    let learners = field("learner").and_then(|n| n.parse().ok()).unwrap_or(0);
+    Some((tasks, learners, field("rejoin") == Some("true")))
+}
+
+/// Waits until `workers` hold every task, balanced (within one), with no learner left and
+/// no rejoin pending. Returns when that was first seen.
+fn until_balanced(workers: &mut [Worker], tasks: usize, timeout: Duration) -> anyhow::Result<Instant> {
+    let deadline = Instant::now() + timeout;
+    let (low, high) = (tasks / workers.len(), tasks.div_ceil(workers.len()));
+    loop {
+        let states: Vec<_> = workers.iter().map(|w| last_assignment(&w.log())).collect();
+        let union: BTreeSet<&String> = states.iter().flatten().flat_map(|(t, _, _)| t).collect();
+        let balanced = states.iter().all(|s| {
+            s.as_ref()
+                .is_some_and(|(t, learners, rejoin)| (low..=high).contains(&t.len()) && *learners == 0 && !rejoin)
+        });
+        if balanced && union.len() == tasks {
+            return Ok(Instant::now());
+        }
+        for w in workers.iter_mut() {
+            if let Some(status) = w.child.try_wait()? {
+                bail!("a worker exited ({status}); see {}", w.log.display());
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("the cluster did not balance within {timeout:?}: {states:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// What the output consumer saw: arrival times per input partition, outputs per word.
+#[derive(Default)]
+struct Seen {
+    arrivals: HashMap<i32, Vec<Instant>>,
+    outputs: HashMap<String, u32>,
+}
+
+/// One policy's figures.
+struct Figures {
+    policy: String,
+    moved_max: f64,
+    moved_p99: f64,
+    unmoved_max: f64,
+    to_balanced: Vec<f64>,
+    rebalances: usize,
+    lost: usize,
+    duplicated: usize,
+}
+
+pub async fn run(args: ScalingArgs) -> anyhow::Result<()> {
+    println!(
+        "scaling benchmark: word count, {} keys of state over {} partitions, {} records/s, 1 -> 2 -> 3 -> 1 workers, Kafka at {}",
+        args.keys, args.partitions, args.rate, args.bootstrap
+    );
+    let mut all = Vec::new();
+    for policy in &args.policies {
+        let figures = one_policy(&args, policy)
+            .await
+            .with_context(|| format!("policy {policy}"))?;
+        println!(
+            "  {policy:<9} moved tasks: largest pause {:.2} s, p99 {:.2} s; unmoved: largest {:.2} s; \
+             to balanced after a start: {}; {} rebalances; {} lost, {} duplicated",
+            figures.moved_max,
+            figures.moved_p99,
+            figures.unmoved_max,
+            figures
+                .to_balanced
+                .iter()
+                .map(|s| format!("{s:.1} s"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            figures.rebalances,
+            figures.lost,
+            figures.duplicated
+        );
+        all.push(figures);
+    }
+    println!();
+    println!(
+        "  {:<9} {:>14} {:>12} {:>16} {:>22} {:>11} {:>5} {:>10}",
+        "policy",
+        "moved max (s)",
+        "moved p99",
+        "unmoved max (s)",
+        "start -> balanced (s)",
+        "rebalances",
+        "lost",
+        "duplicated"
+    );
+    for f in &all {
+        println!(
+            "  {:<9} {:>14.2} {:>12.2} {:>16.2} {:>22} {:>11} {:>5} {:>10}",
+            f.policy,
+            f.moved_max,
+            f.moved_p99,
+            f.unmoved_max,
+            f.to_balanced
+                .iter()
+                .map(|s| format!("{s:.1}"))
+                .collect::<Vec<_>>()
+                .join(" / "),
+            f.rebalances,
+            f.lost,
+            f.duplicated
+        );
+    }
+    Ok(())
+}
+
+async fn one_policy(args: &ScalingArgs, policy: &str) -> anyhow::Result<Figures> {
+    let policy_args: &[&str] = match policy {
+        "eager" => &["--assignor", "eager", "--max-learner-tasks", "0"],
+        "sticky" => &["--max-learner-tasks", "0"],
+        "learners" => &["--drain-on-stop"],
+        other => bail!("unknown policy {other:?} (eager, sticky, learners)"),
+    };
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let (input, output, name) = (
+        format!("scale-in-{id}"),
+        format!("scale-out-{id}"),
+        format!("scale-{id}"),
+    );
+    let changelog = format!("{name}-counts-changelog");
+    let admin: AdminClient<DefaultClientContext> = config(&args.bootstrap).create()?;
+    let p = args.partitions;
+    let topics = [
+        NewTopic::new(&input, p, TopicReplication::Fixed(1)),
+        NewTopic::new(&output, p, TopicReplication::Fixed(1)),
+        NewTopic::new(&changelog, p, TopicReplication::Fixed(1)).set("cleanup.policy", "compact"),
+    ];
+    for r in admin.create_topics(&topics, &AdminOptions::new()).await? {
+        r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
+    }
+    // The state, straight into the changelog: the first worker restores it.
+    let producer: ThreadedProducer<DefaultProducerContext> = config(&args.bootstrap)
+        .set("linger.ms", "20")
+        .set("queue.buffering.max.messages", "1000000")
+        .create()?;
+    for i in 0..args.keys {
+        let key = format!("old-{i}");
+        let value = 1u64.to_be_bytes();
+        loop {
+            let record = BaseRecord::to(&changelog)
+                .partition((i % p as u64) as i32)
+                .key(&key)
+                .payload(&value[..]);
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((e, _)) if e.rdkafka_error_code() == Some(RDKafkaErrorCode::QueueFull) => {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err((e, _)) => bail!("filling the changelog: {e}"),
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(120))?;
+
+    let dir = std::env::temp_dir().join(format!("sluice-scaling-{id}"));
+    std::fs::create_dir_all(&dir)?;
+    let manifest = dir.join("wc.toml");
+    std::fs::write(
+        &manifest,
+        format!(
+            "name = {name:?}\ncomponent = {:?}\n[sources]\nlines = {input:?}\n[sinks]\ncounts = {output:?}\n",
+            args.component.display().to_string()
+        ),
+    )?;
+    let cluster = format!("scale-{id}");
+    let start = |n: usize| -> anyhow::Result<Worker> {
+        let log = dir.join(format!("worker-{n}.log"));
+        let child = Command::new(crate::sluice_binary()?)
+            .args(["worker", "--bootstrap", &args.bootstrap, "--cluster", &cluster])
+            .arg("--topology")
+            .arg(&manifest)
+            .arg("--state-dir")
+            .arg(dir.join(format!("state-{n}")))
+            .args(["--threads", "1", "--capacity", "1", "--session-timeout", "10s"])
+            .args(policy_args)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()?;
+        Ok(Worker {
+            child,
+            log,
+            started: Instant::now(),
+        })
+    };
+
+    // The output, read as it comes: the key is the word (`p<partition>x<sequence>`, one
+    // word as the guest splits text), which names its input partition.
+    let seen: Arc<Mutex<Seen>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (seen, stop) = (seen.clone(), stop.clone());
+        let consumer: BaseConsumer = config(&args.bootstrap)
+            .set("group.id", format!("scaling-reader-{id}"))
+            .set("auto.offset.reset", "earliest")
+            .set("isolation.level", "read_committed")
+            .create()?;
+        consumer.subscribe(&[&output])?;
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let Some(Ok(m)) = consumer.poll(Duration::from_millis(20)) else {
+                    continue;
+                };
+                let now = Instant::now();
+                let Some(word) = m.key().and_then(|k| std::str::from_utf8(k).ok()) else {
+                    continue;
+                };
+                let Some(partition) = word
+                    .strip_prefix('p')
+                    .and_then(|r| r.split('x').next())
+                    .and_then(|n| n.parse().ok())
+                else {
+                    continue;
+                };
+                let mut seen = seen.lock().unwrap();
+                seen.arrivals.entry(partition).or_default().push(now);
+                *seen.outputs.entry(word.to_string()).or_default() += 1;
+            }
+        })
+    };
+
+    let mut workers = vec![start(0)?];
+    until_balanced(&mut workers, p as usize, Duration::from_secs(300))?;
+    // Wait for the restore: the first outputs of every partition come after it.
+    let sending = Arc::new(AtomicBool::new(true));
+    let writer = {
+        let sending = sending.clone();
+        let (bootstrap, input, rate) = (args.bootstrap.clone(), input.clone(), args.rate);
+        std::thread::spawn(move || -> anyhow::Result<u64> {
+            let producer: ThreadedProducer<DefaultProducerContext> =
+                config(&bootstrap).set("linger.ms", "1").create()?;
+            let started = Instant::now();
+            let mut sent = 0u64;
+            while sending.load(Ordering::Relaxed) {
+                let due = (started.elapsed().as_secs_f64() * rate as f64) as u64;
+                while sent < due {
+                    let partition = (sent % p as u64) as i32;
+                    let word = format!("p{partition}x{sent}");
+                    producer
+                        .send(BaseRecord::to(&input).partition(partition).key(&word).payload(&word))
+                        .map_err(|(e, _)| e)?;
+                    sent += 1;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            producer.flush(Duration::from_secs(30))?;
+            Ok(sent)
+        })
+    };
+    // Every partition flowing before the first step.
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while seen.lock().unwrap().arrivals.len() < p as usize {
+        if Instant::now() > deadline {
+            bail!("not every partition produced output within 300 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let window_start = Instant::now();
+    let hold = Duration::from_secs(args.hold_secs);
+
+    // 1 -> 2 -> 3.
+    let mut to_balanced = Vec::new();
+    for n in 1..3 {
+        workers.push(start(n)?);
+        let at = until_balanced(&mut workers, p as usize, Duration::from_secs(300))?;
+        to_balanced.push(at.duration_since(workers[n].started).as_secs_f64());
+        std::thread::sleep(hold);
+    }
+    // 3 -> 1: the two newer workers are told to stop (with learners, they drain).
+    for w in &workers[1..] {
+        Command::new("kill")
+            .args(["-TERM", &w.child.id().to_string()])
+            .status()?;
+    }
+    let leaving: Vec<Worker> = workers.drain(1..).collect();
+    for mut w in leaving {
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while w.child.try_wait()?.is_none() {
+            if Instant::now() > deadline {
+                bail!("a stopped worker did not exit within 300 s; see {}", w.log.display());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        workers.push(w);
+    }
+    let mut last = vec![workers.remove(0)];
+    until_balanced(&mut last, p as usize, Duration::from_secs(300))?;
+    std::thread::sleep(hold);
+    sending.store(false, Ordering::Relaxed);
+    let window_end = Instant::now();
+    let sent = writer
+        .join()
+        .map_err(|_| anyhow::anyhow!("the input writer panicked"))??;
+    // Everything sent comes out (or 60 s pass).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while (seen.lock().unwrap().outputs.len() as u64) < sent && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let _ = reader.join();
+    Command::new("kill")
+        .args(["-TERM", &last[0].child.id().to_string()])
+        .status()?;
+    let _ = last[0].child.wait();
+
+    // Which tasks moved: started on more than one worker (or more than once).
+    let mut logs: Vec<String> = workers.iter().map(Worker::log).collect();
+    logs.push(last[0].log());
+    let mut starts: BTreeMap<i32, usize> = BTreeMap::new();
+    for log in &logs {
+        for line in log
+            .lines()
+            .filter(|l| l.contains(" started ") && !l.contains("standby"))
+        {
+            if let Some(task) = line.rsplit("task=").next() {
+                if let Some(partition) = task.strip_prefix(&format!("{name}/")).and_then(|p| p.parse().ok()) {
+                    *starts.entry(partition).or_default() += 1;
+                }
+            }
+        }
+    }
+    let generations: BTreeSet<i64> = logs
+        .iter()
+        .flat_map(|l| l.lines())
+        .filter(|l| l.contains(" assignment "))
+        .filter_map(|l| l.split(" generation=").nth(1)?.split(' ').next()?.parse().ok())
+        .collect();
+    let seen = seen.lock().unwrap();
+    let mut moved_gaps = Vec::new();
+    let (mut moved_max, mut unmoved_max) = (0f64, 0f64);
+    for partition in 0..p {
+        let times = seen.arrivals.get(&partition).map(Vec::as_slice).unwrap_or(&[]);
+        let inside: Vec<Instant> = times
+            .iter()
+            .copied()
+            .filter(|t| *t >= window_start && *t <= window_end)
+            .collect();
+        let gaps: Vec<f64> = inside.windows(2).map(|w| (w[1] - w[0]).as_secs_f64()).collect();
+        let largest = gaps.iter().copied().fold(0.0, f64::max);
+        if starts.get(&partition).copied().unwrap_or(0) > 1 {
+            moved_max = moved_max.max(largest);
+            moved_gaps.extend(gaps);
+        } else {
+            unmoved_max = unmoved_max.max(largest);
+        }
+    }
+    moved_gaps.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let moved_p99 = moved_gaps
+        .get((moved_gaps.len() as f64 * 0.99) as usize)
+        .copied()
+        .unwrap_or(0.0);
+    let lost = (0..sent)
+        .filter(|s| !seen.outputs.contains_key(&format!("p{}x{s}", s % p as u64)))
+        .count();
+    let duplicated = seen.outputs.values().map(|&n| n.saturating_sub(1) as usize).sum();
+    if lost == 0 && duplicated == 0 {
+        let _ = std::fs::remove_dir_all(&dir);
+    } else {
+        eprintln!(
+            "  {policy}: {lost} records lost, {duplicated} duplicated; the workers' logs are in {}",
+            dir.display()
+        );
+    }
+    Ok(Figures {
+        policy: policy.to_string(),
+        moved_max,
+        moved_p99,
+        unmoved_max,
+        to_balanced,
+        rebalances: generations.len().saturating_sub(1),
+        lost,
+        duplicated,
+    })
+}
