@@ -43,6 +43,9 @@ pub struct ScalingArgs {
     /// How long each step holds after the cluster settled.
     #[arg(long, default_value_t = 3)]
     hold_secs: u64,
+    /// Keep the workers' logs and state (their directory is printed).
+    #[arg(long)]
+    keep: bool,
 }
 
 fn config(bootstrap: &str) -> ClientConfig {
@@ -343,13 +346,16 @@ async fn one_policy(args: &ScalingArgs, policy: &str) -> anyhow::Result<Figures>
 
     // 1 -> 2 -> 3.
     let mut to_balanced = Vec::new();
+    let mut steps = Vec::new();
     for n in 1..3 {
+        steps.push((format!("start worker {n}"), window_start.elapsed().as_secs_f64()));
         workers.push(start(n)?);
         let at = until_balanced(&mut workers, p as usize, Duration::from_secs(300))?;
         to_balanced.push(at.duration_since(workers[n].started).as_secs_f64());
         std::thread::sleep(hold);
     }
     // 3 -> 1: the two newer workers are told to stop (with learners, they drain).
+    steps.push(("stop workers 1 and 2".to_string(), window_start.elapsed().as_secs_f64()));
     for w in &workers[1..] {
         Command::new("kill")
             .args(["-TERM", &w.child.id().to_string()])
@@ -410,6 +416,7 @@ async fn one_policy(args: &ScalingArgs, policy: &str) -> anyhow::Result<Figures>
         .collect();
     let seen = seen.lock().unwrap();
     let mut moved_gaps = Vec::new();
+    let mut details = Vec::new();
     let (mut moved_max, mut unmoved_max) = (0f64, 0f64);
     for partition in 0..p {
         let times = seen.arrivals.get(&partition).map(Vec::as_slice).unwrap_or(&[]);
@@ -420,6 +427,10 @@ async fn one_policy(args: &ScalingArgs, policy: &str) -> anyhow::Result<Figures>
             .collect();
         let gaps: Vec<f64> = inside.windows(2).map(|w| (w[1] - w[0]).as_secs_f64()).collect();
         let largest = gaps.iter().copied().fold(0.0, f64::max);
+        if let Some(i) = gaps.iter().position(|&g| g == largest) {
+            let at = (inside[i] - window_start).as_secs_f64();
+            details.push(format!("p{partition} {largest:.2} s at +{at:.1} s"));
+        }
         if starts.get(&partition).copied().unwrap_or(0) > 1 {
             moved_max = moved_max.max(largest);
             moved_gaps.extend(gaps);
@@ -427,6 +438,15 @@ async fn one_policy(args: &ScalingArgs, policy: &str) -> anyhow::Result<Figures>
             unmoved_max = unmoved_max.max(largest);
         }
     }
+    println!(
+        "  {policy}: steps {}; largest pause per partition: {}",
+        steps
+            .iter()
+            .map(|(what, at)| format!("{what} at +{at:.1} s"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        details.join(", ")
+    );
     moved_gaps.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let moved_p99 = moved_gaps
         .get((moved_gaps.len() as f64 * 0.99) as usize)
@@ -436,7 +456,9 @@ async fn one_policy(args: &ScalingArgs, policy: &str) -> anyhow::Result<Figures>
         .filter(|s| !seen.outputs.contains_key(&format!("p{}x{s}", s % p as u64)))
         .count();
     let duplicated = seen.outputs.values().map(|&n| n.saturating_sub(1) as usize).sum();
-    if lost == 0 && duplicated == 0 {
+    if args.keep {
+        println!("  {policy}: logs and state kept in {}", dir.display());
+    } else if lost == 0 && duplicated == 0 {
         let _ = std::fs::remove_dir_all(&dir);
     } else {
         eprintln!(

@@ -235,6 +235,9 @@ pub async fn run(
     // Learners that caught up and asked for their task (when), so a worker does not rejoin
     // for the same learner over and over.
     let mut asked: HashMap<TaskId, Instant> = HashMap::new();
+    // The generation of the last assignment that asked for a rejoin, and how many times
+    // in a row it did.
+    let mut rejoins = (i32::MIN, 0u32);
     // Since when this worker drains (marked leaving in its metadata), if it does.
     let mut leaving_since: Option<Instant> = None;
     let drain_requested = || cluster.drain.as_ref().is_some_and(|d| *d.borrow() == Stop::Drain);
@@ -300,7 +303,9 @@ pub async fn run(
             ..Default::default()
         };
         // The leader places what the members say they run, not what it runs itself.
+        let staying = std::cell::Cell::new(usize::MAX);
         let assign = |members: &BTreeMap<String, MemberMetadata>| {
+            staying.set(members.values().filter(|m| !m.leaving).count());
             let placement = placement::plan(members, &topologies);
             for problem in &placement.problems {
                 tracing::warn!(cluster = %cluster.name, "{problem}");
@@ -344,6 +349,12 @@ pub async fn run(
             Err(e) => return Err(e.into()),
         };
         heartbeats.lease.renew(joined.alive_at, heartbeats.lease_length);
+        if leaving_since.is_some() && joined.leader && staying.get() == 0 {
+            // Every member is leaving: there is nowhere to move the tasks. This one (the
+            // leader) stops its tasks and leaves; the next leader does the same.
+            tracing::warn!("draining, but every worker of the cluster is leaving: stopping the tasks here and leaving");
+            break 'member;
+        }
         let a = joined.assignment;
         if a.error != AssignmentError::None as i16 {
             tracing::error!(
@@ -408,10 +419,24 @@ pub async fn run(
             break 'member;
         }
         if a.rejoin {
+            // Asked to rejoin again in the same generation: the rebalance waits for another
+            // member (finishing a revocation). Back off instead of spinning through joins.
+            if rejoins.0 == joined.generation {
+                rejoins.1 += 1;
+                let wait = Duration::from_millis(20 << rejoins.1.min(5));
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = &mut shutdown => break 'member,
+                }
+            } else {
+                rejoins = (joined.generation, 0);
+            }
             continue 'member;
         }
         let mut next_beat = Instant::now() + cluster.heartbeat_interval;
         let mut next_learner_check = Instant::now() + LEARNER_CHECK_EVERY;
+        // Wakes the loop at once when a drain is asked for.
+        let mut asked_to_drain = cluster.drain.as_ref().map(|d| d.subscribe());
         loop {
             let mut wake = next_beat.min(Instant::now() + super::REAP_EVERY);
             if !runner.learners().is_empty() {
@@ -419,6 +444,14 @@ pub async fn run(
             }
             tokio::select! {
                 _ = tokio::time::sleep_until(wake.into()) => {}
+                _ = async {
+                    match asked_to_drain.as_mut() {
+                        Some(rx) if leaving_since.is_none() => {
+                            let _ = rx.wait_for(|s| *s == Stop::Drain).await;
+                        }
+                        _ => std::future::pending().await,
+                    }
+                } => {}
                 _ = &mut shutdown => break 'member,
             }
             if runner.reap()?.rejoin {

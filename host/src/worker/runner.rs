@@ -421,12 +421,16 @@ impl TaskRunner {
 
     /// Stops standbys; their progress is checkpointed and their stores closed on return.
     pub fn stop_standbys(&mut self, tasks: &[TaskId]) {
+        let mut stopping = Vec::new();
         for task in tasks {
             self.learners.remove(task);
             if self.standbys.remove(task) {
-                if let Err(e) = self.updater.remove(task) {
-                    tracing::warn!(%task, "standby failed: {e}");
-                }
+                stopping.push(task.clone());
+            }
+        }
+        for (task, result) in self.updater.remove(&stopping) {
+            if let Err(e) = result {
+                tracing::warn!(%task, "standby failed: {e}");
             }
         }
     }

@@ -27,7 +27,10 @@ use crate::state::rocks::{self, Marker};
 /// How often a standby makes its progress durable.
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(2);
 /// Most changelog records applied in one round.
-const ROUND_RECORDS: usize = 20_000;
+const ROUND_RECORDS: usize = 50_000;
+
+/// How stopping a standby ended: records it applied, or why it failed.
+type Removed = Result<u64, String>;
 
 enum Command {
     Add(Arc<DeployedTopology>, i32),
@@ -51,11 +54,23 @@ impl StandbyUpdater {
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", bootstrap)
             .set("client.id", "sluice-standby")
+            // Learners restore whole stores through this consumer: fetch in large steps, as
+            // a restoration does (restore.rs), within a bounded queue.
+            .set("fetch.max.bytes", (32 << 20).to_string())
+            .set("max.partition.fetch.bytes", (4 << 20).to_string())
             .set("group.id", "sluice.restore")
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
             .set("enable.partition.eof", "false")
+            .set("isolation.level", "read_committed")
+            .create()?;
+        // Changelog bounds are read on a connection of their own: on the tailing consumer's
+        // they would queue behind its long-polling fetch (half a second per standby).
+        let bounds: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("client.id", "sluice-standby-offsets")
+            .set("group.id", "sluice.restore")
             .set("isolation.level", "read_committed")
             .create()?;
         let (tx, rx) = mpsc::channel();
@@ -64,6 +79,7 @@ impl StandbyUpdater {
         let thread = std::thread::Builder::new().name("standbys".into()).spawn(move || {
             Updater {
                 consumer,
+                bounds,
                 env,
                 standbys: HashMap::new(),
                 routes: HashMap::new(),
@@ -92,15 +108,29 @@ impl StandbyUpdater {
         }
     }
 
-    /// Stops a standby: its progress is checkpointed and its stores closed before this
-    /// returns (the task may become active here next). Records applied, or why it failed.
-    pub fn remove(&self, task: &TaskId) -> Result<u64, String> {
-        let (tx, rx) = mpsc::channel();
-        let Some(commands) = &self.commands else { return Ok(0) };
-        commands
-            .send(Command::Remove(task.clone(), tx))
-            .map_err(|_| "the standby thread has ended".to_string())?;
-        rx.recv().map_err(|_| "the standby thread has ended".to_string())?
+    /// Stops standbys: their progress is checkpointed and their stores closed before this
+    /// returns (the tasks may become active here next). Per task, records applied or why
+    /// it failed. All are asked at once, so the thread stops them in one go.
+    pub fn remove(&self, tasks: &[TaskId]) -> Vec<(TaskId, Result<u64, String>)> {
+        let ended = || Err("the standby thread has ended".to_string());
+        let Some(commands) = &self.commands else {
+            return tasks.iter().map(|t| (t.clone(), Ok(0))).collect();
+        };
+        let replies: Vec<(TaskId, Option<Receiver<Removed>>)> = tasks
+            .iter()
+            .map(|task| {
+                let (tx, rx) = mpsc::channel();
+                let sent = commands.send(Command::Remove(task.clone(), tx)).is_ok();
+                (task.clone(), sent.then_some(rx))
+            })
+            .collect();
+        replies
+            .into_iter()
+            .map(|(task, rx)| {
+                let result = rx.map_or_else(ended, |rx| rx.recv().unwrap_or_else(|_| ended()));
+                (task, result)
+            })
+            .collect()
     }
 }
 
@@ -133,6 +163,8 @@ struct Standby {
 
 struct Updater {
     consumer: BaseConsumer,
+    /// Reads changelog bounds (low and high offsets) when a standby starts.
+    bounds: BaseConsumer,
     env: Arc<StateEnv>,
     standbys: HashMap<TaskId, Standby>,
     /// (changelog, partition) → (standby, store index).
@@ -191,7 +223,7 @@ impl Updater {
         let mut stores = Vec::new();
         for changelog in &topology.changelogs {
             let bounds = self
-                .consumer
+                .bounds
                 .fetch_watermarks(&changelog.topic, partition, Duration::from_secs(15))
                 .map_err(|e| format!("reading the offsets of changelog {}/{partition}: {e}", changelog.topic))?;
             let (db, from) = prepare_store(&self.env, &label, &dir, changelog, partition, bounds)?;
