@@ -38,11 +38,13 @@ impl CallOutput {
             if buffer.is_empty() {
                 continue;
             }
-            // The count is checked against the buffer's size by the decoder; records are
-            // still collected as they decode, never reserved by what the guest claims.
+            // The count is checked against the buffer's size by the decoder, so reserving
+            // it reserves at most one entry per smallest possible record in the buffer:
+            // bounded by what the guest actually returned, not by what it claims.
             let records = wire::emitted(buffer).map_err(|e| GuestFault::BadOutput {
                 detail: claimed(buffer, e),
             })?;
+            out.reserve(records.remaining() as usize);
             for record in records {
                 let record = record.map_err(|e| GuestFault::BadOutput { detail: e.to_string() })?;
                 if record.sink as usize >= sink_count {

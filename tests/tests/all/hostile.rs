@@ -11,9 +11,11 @@ use std::time::{Duration, Instant};
 use sluice_tests::worker::{guest, manifest, TempDir, WorkerProcess};
 use sluice_tests::{free_port, http_get, kafka, unique_name, Kafka};
 
-/// Records the neighbour processes in each run.
-/// (Enough for a few seconds of processing: shorter runs measure mostly noise.)
-const NEIGHBOUR_RECORDS: usize = 400_000;
+/// Records the neighbour processes in each run: enough for several seconds of processing.
+/// Shorter runs measure mostly noise, and one-off costs: a looping guest stalls the tasks
+/// sharing its stream thread once, for its call timeout (500 ms here), before it fails.
+/// At ~400,000 records/s a 400,000-record window made that single stall 30-55% of it.
+const NEIGHBOUR_RECORDS: usize = 1_600_000;
 /// What the worker's resident memory may reach with every attack at once (measured: about
 /// 180 MiB). 14 instances of at most 64 MiB of linear memory each could in theory take
 /// 900 MiB, but only `grow` (16 MiB) and the budgets (32 MiB of host memory per task) may
