@@ -379,10 +379,11 @@ pub async fn run(
         // Learners made active now: how far behind they were (as of the join), then stopped
         // as learners below and started as active tasks, which replay only the rest.
         let positions = runner.standby_positions();
+        let learning = runner.learners();
         let promoted: Vec<(TaskId, Option<i64>)> = a
             .active
             .iter()
-            .filter(|t| runner.learners().contains(t))
+            .filter(|t| learning.contains(t))
             .map(|t| {
                 (
                     t.clone(),
@@ -439,7 +440,7 @@ pub async fn run(
         let mut asked_to_drain = cluster.drain.as_ref().map(|d| d.subscribe());
         loop {
             let mut wake = next_beat.min(Instant::now() + super::REAP_EVERY);
-            if !runner.learners().is_empty() {
+            if runner.has_learners() {
                 wake = wake.min(next_learner_check);
             }
             tokio::select! {
@@ -461,7 +462,7 @@ pub async fn run(
             if (leaving_since.is_none() && drain_requested()) || drain_timed_out(cluster, leaving_since) {
                 continue 'member;
             }
-            if !runner.learners().is_empty() && Instant::now() >= next_learner_check {
+            if runner.has_learners() && Instant::now() >= next_learner_check {
                 next_learner_check = Instant::now() + LEARNER_CHECK_EVERY;
                 if learners_caught_up(cluster, &runner, &offsets, &stateful, &mut asked) {
                     continue 'member;

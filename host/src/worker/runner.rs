@@ -349,6 +349,11 @@ impl TaskRunner {
         self.standbys.iter().cloned().collect()
     }
 
+    /// Whether any learner runs (without copying the set).
+    pub fn has_learners(&self) -> bool {
+        !self.learners.is_empty()
+    }
+
     /// The learner tasks running now (a subset of [`Self::standbys`]).
     pub fn learners(&self) -> Vec<TaskId> {
         self.learners.iter().cloned().collect()

@@ -66,29 +66,11 @@ async fn a_joining_worker_learns_then_takes_over_caught_up_tasks_and_state_equal
     let acceptable_lag = 2_000;
     // The first worker's admin endpoint (`sluice worker drain` talks to it).
     let admin = format!("127.0.0.1:{}", free_port());
+    let lag = acceptable_lag.to_string();
     let start = |n: usize| {
-        let state = dir.path().join(format!("state-{n}"));
-        let lag = acceptable_lag.to_string();
-        let args = [
-            "--metrics",
-            &admin,
-            "--topology",
-            m.to_str().unwrap(),
-            "--cluster",
-            &cluster,
-            "--state-dir",
-            state.to_str().unwrap(),
-            "--heartbeat-interval",
-            "200ms",
-            "--session-timeout",
-            "6s",
-            "--commit-interval",
-            "200ms",
-            "--acceptable-recovery-lag",
-            &lag,
-        ];
+        let extra = ["--acceptable-recovery-lag", &lag, "--metrics", &admin];
         // Only the first worker has an admin endpoint.
-        WorkerProcess::start(kafka.bootstrap(), dir.path(), &args[if n == 0 { 0 } else { 2 }..])
+        cluster_worker(&dir, &m, &cluster, n, &extra[..if n == 0 { 4 } else { 2 }])
     };
 
     // State first: 60,000 lines (about 3,000 distinct words per partition, so changelogs of
@@ -295,27 +277,12 @@ async fn scale_down_timeout_forces_a_draining_worker_out() -> anyhow::Result<()>
     );
     let cluster = unique_name("c");
     let start = |n: usize| {
-        let state = dir.path().join(format!("state-{n}"));
-        WorkerProcess::start(
-            kafka.bootstrap(),
-            dir.path(),
-            &[
-                "--topology",
-                m.to_str().unwrap(),
-                "--cluster",
-                &cluster,
-                "--state-dir",
-                state.to_str().unwrap(),
-                "--heartbeat-interval",
-                "200ms",
-                "--session-timeout",
-                "6s",
-                "--commit-interval",
-                "200ms",
-                "--drain-on-stop",
-                "--scale-down-timeout",
-                "1s",
-            ],
+        cluster_worker(
+            &dir,
+            &m,
+            &cluster,
+            n,
+            &["--drain-on-stop", "--scale-down-timeout", "1s"],
         )
     };
     let mut first = start(0)?;
@@ -346,6 +313,34 @@ async fn scale_down_timeout_forces_a_draining_worker_out() -> anyhow::Result<()>
         .await?;
     assert!(rest[0].terminate(Duration::from_secs(60))?.success());
     Ok(())
+}
+
+/// Worker `n` of `cluster` running manifest `m`, with state under `dir/state-{n}`, fast
+/// heartbeats and commits, and `extra` arguments.
+fn cluster_worker(
+    dir: &TempDir,
+    m: &std::path::Path,
+    cluster: &str,
+    n: usize,
+    extra: &[&str],
+) -> anyhow::Result<WorkerProcess> {
+    let state = dir.path().join(format!("state-{n}"));
+    let mut args = vec![
+        "--topology",
+        m.to_str().unwrap(),
+        "--cluster",
+        cluster,
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--heartbeat-interval",
+        "200ms",
+        "--session-timeout",
+        "6s",
+        "--commit-interval",
+        "200ms",
+    ];
+    args.extend_from_slice(extra);
+    WorkerProcess::start(kafka().bootstrap(), dir.path(), &args)
 }
 
 /// Fills `{topology}-counts-changelog` (created here) with `keys` records spread over
@@ -406,27 +401,7 @@ async fn the_leader_killed_in_a_migration_and_the_migration_completes() -> anyho
         ),
     );
     let cluster = unique_name("c");
-    let start = |n: usize| {
-        let state = dir.path().join(format!("state-{n}"));
-        WorkerProcess::start(
-            kafka.bootstrap(),
-            dir.path(),
-            &[
-                "--topology",
-                m.to_str().unwrap(),
-                "--cluster",
-                &cluster,
-                "--state-dir",
-                state.to_str().unwrap(),
-                "--heartbeat-interval",
-                "200ms",
-                "--session-timeout",
-                "6s",
-                "--commit-interval",
-                "200ms",
-            ],
-        )
-    };
+    let start = |n: usize| cluster_worker(&dir, &m, &cluster, n, &[]);
     let mut workers = vec![start(0)?, start(1)?];
     until_settled(&mut workers, 2).await?;
     for p in 0..4 {
