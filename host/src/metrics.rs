@@ -10,10 +10,20 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use crate::worker::board::{Board, BoardMetrics};
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TaskLabels {
     pub topology: String,
     pub task: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RoleLabels {
+    pub topology: String,
+    pub task: String,
+    /// `active`, `standby` or `learner`.
+    pub role: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -56,6 +66,8 @@ pub struct Metrics {
     pub restore_remaining: Family<StoreLabels, Gauge>,
     pub restore_rate: Family<StoreLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     pub restore_seconds_left: Family<StoreLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// What the worker is doing now (roles, lag, rebalances): `GET /status`.
+    pub board: Arc<Board>,
 }
 
 impl Default for Metrics {
@@ -111,8 +123,60 @@ impl Metrics {
             "Tasks processing records on this worker",
             tasks_running.clone(),
         );
+        registry.register(
+            "restored_records",
+            "Changelog records replayed into an active task's store before it processed",
+            restored_records.clone(),
+        );
+        registry.register(
+            "restore_remaining_records",
+            "Changelog records an active task's store still has to replay",
+            restore_remaining.clone(),
+        );
+        registry.register(
+            "restore_records_per_second",
+            "How fast an active task's store replays its changelog",
+            restore_rate.clone(),
+        );
+        registry.register(
+            "restore_seconds_left",
+            "Estimated time until an active task's store is restored",
+            restore_seconds_left.clone(),
+        );
+        let board = BoardMetrics::new();
+        registry.register(
+            "task_role",
+            "1 for each task this worker holds, labelled with its role (active, standby, learner)",
+            board.role.clone(),
+        );
+        registry.register(
+            "task_lag_records",
+            "Changelog records a task's local state is behind (0 for an active task that processes)",
+            board.lag.clone(),
+        );
+        registry.register(
+            "task_unavailable_seconds",
+            "Time a task assigned here as active could not process (starting, restoring, retrying)",
+            board.unavailable.clone(),
+        );
+        registry.register(
+            "rebalances",
+            "Rebalances this worker took part in (from its join to an assignment needing no further join)",
+            board.rebalances.clone(),
+        );
+        registry.register(
+            "rebalance_seconds",
+            "How long this worker's rebalances took",
+            board.rebalance_seconds.clone(),
+        );
+        registry.register(
+            "generation",
+            "The group generation of this worker's last assignment",
+            board.generation.clone(),
+        );
         Metrics {
             registry: Arc::new(registry),
+            board: Arc::new(Board::new(board)),
             records_in,
             records_out,
             guest_calls,
@@ -135,9 +199,12 @@ impl Metrics {
         out
     }
 
-    /// Serves `GET /metrics` on `addr` until the process ends; returns the bound address.
-    /// With `drain`, also `POST /drain`: it calls `drain`, which says whether the worker
-    /// will drain (409 Conflict when it cannot: not in a cluster, or already stopping).
+    /// Serves the worker's admin endpoint on `addr` until the process ends; returns the
+    /// bound address. `GET /metrics` (Prometheus text), `GET /status` (JSON: the board),
+    /// `GET /healthz` (the process answers), `GET /readyz` (200 once the worker holds an
+    /// assignment, 503 before). With `drain`, also `POST /drain`: it calls `drain`, which
+    /// says whether the worker will drain (409 Conflict when it cannot: not in a cluster,
+    /// or already stopping).
     pub async fn serve(
         self,
         addr: SocketAddr,
@@ -149,7 +216,30 @@ impl Metrics {
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen for metrics on {addr}: {e}"))?;
         let bound = listener.local_addr()?;
+        let board = self.board.clone();
+        let ready = self.board.clone();
         let app = axum::Router::new()
+            .route(
+                "/status",
+                get(move || {
+                    let board = board.clone();
+                    async move { axum::Json(board.snapshot()) }
+                }),
+            )
+            .route("/healthz", get(|| async { "ok\n" }))
+            .route(
+                "/readyz",
+                get(move || {
+                    let board = ready.clone();
+                    async move {
+                        if board.ready() {
+                            (StatusCode::OK, "ready\n")
+                        } else {
+                            (StatusCode::SERVICE_UNAVAILABLE, "no assignment yet\n")
+                        }
+                    }
+                }),
+            )
             .route(
                 "/metrics",
                 get(move || {

@@ -1,5 +1,6 @@
 //! Command-line interface: argument parsing and dispatch to the subcommands.
 
+mod http;
 mod kafka_tools;
 mod state;
 mod status;
@@ -60,7 +61,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Worker(args) => worker::run(*args).await,
         Command::State(args) => state::run(args),
-        Command::Status(args) => status::run(args),
+        Command::Status(args) => status::run(args).await,
         Command::Topics(args) => kafka_tools::topics(args).await,
         Command::Produce(args) => kafka_tools::produce(args).await,
         Command::Consume(args) => kafka_tools::consume(args).await,

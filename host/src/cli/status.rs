@@ -1,5 +1,8 @@
 //! `sluice status`: the cluster as its group coordinator knows it — generation, workers, and
-//! every task with its role, owner and changelog lag.
+//! every task with its role, owner and changelog lag — and, from each worker's admin
+//! endpoint (`GET /status`), what it is doing now: learners' and restorations' progress,
+//! time tasks could not process, rebalances. A worker whose endpoint cannot be reached is
+//! shown as of its last join, and named under PROBLEMS.
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -12,6 +15,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use serde::Serialize;
 use sluice::group::metadata::{Assignment, MemberMetadata};
 use sluice::group::TaskId;
+use sluice::worker::board::{Phase, Role, WorkerStatus};
 use sluice::worker::group_runner::group_id;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -29,7 +33,13 @@ pub struct StatusArgs {
     cluster: String,
     #[arg(long, value_enum, default_value = "text")]
     output: Output,
+    /// Show the status again every this many seconds, until interrupted.
+    #[arg(long, value_name = "SECONDS")]
+    watch: Option<f64>,
 }
+
+/// How long a worker's admin endpoint may take to answer.
+const ASK_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Serialize)]
 struct Status {
@@ -53,6 +63,14 @@ struct Worker {
     leaving: bool,
     active: usize,
     standby: usize,
+    learner: usize,
+    /// Its admin endpoint (empty: none).
+    admin: String,
+    /// Whether the figures below and its tasks' progress came from its admin endpoint.
+    live: bool,
+    rebalances: Option<u64>,
+    last_rebalance_seconds: Option<f64>,
+    rebalancing: Option<bool>,
 }
 
 #[derive(Debug, Serialize)]
@@ -60,28 +78,96 @@ struct Task {
     task: String,
     role: &'static str,
     owner: String,
-    /// Changelog records the owner's local state is behind (stateful tasks).
+    /// Changelog records the owner's local state is behind (stateful tasks): live from the
+    /// worker, else as of its last join.
     lag: Option<i64>,
+    /// Active tasks: starting, restoring, running or failed (from the worker).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    phase: Option<Phase>,
+    /// Share restored of what there was to restore when the role began (learners,
+    /// standbys, restoring tasks), 0 to 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    progress: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    restore_rate: Option<f64>,
+    /// Seconds the task spent on its owner unable to process.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unavailable_seconds: Option<f64>,
     /// Why the task failed (role `failed`).
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
 }
 
-pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
-    let group = group_id(&args.cluster);
+pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", &args.bootstrap).create()?;
-    let list = consumer
-        .fetch_group_list(Some(&group), Duration::from_secs(15))
-        .with_context(|| format!("describing group {group} at {}", args.bootstrap))?;
-    let Some(info) = list.groups().iter().find(|g| g.name() == group) else {
+    let Some(every) = args.watch else {
+        return show(&args, &consumer).await;
+    };
+    anyhow::ensure!(every > 0.0, "--watch takes a number of seconds above 0");
+    loop {
+        // Clear the screen and go home, like watch(1).
+        if matches!(args.output, Output::Text) {
+            print!("\x1b[2J\x1b[H");
+        }
+        if let Err(e) = show(&args, &consumer).await {
+            println!("{e:#}");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs_f64(every)) => {}
+            _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
+        }
+    }
+}
+
+async fn show(args: &StatusArgs, consumer: &BaseConsumer) -> anyhow::Result<ExitCode> {
+    let group = group_id(&args.cluster);
+    let (info, changelog_ends) = tokio::task::block_in_place(|| describe(consumer, &group))?;
+    let Some(info) = info else {
         bail!("no group {group}: is a worker running with --cluster {}?", args.cluster);
     };
-    if info.members().is_empty() {
-        bail!(
-            "cluster {} has no workers (group {group} is {})",
-            args.cluster,
-            info.state()
-        );
+    let status = gather(args, &group, &info, &changelog_ends).await?;
+    match args.output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&status)?),
+        Output::Text => print_text(&status),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A group as the coordinator describes it.
+struct GroupInfo {
+    state: String,
+    members: Vec<MemberInfo>,
+}
+
+/// A member: id, client host, metadata and assignment (undecoded).
+type MemberInfo = (String, String, Option<Vec<u8>>, Option<Vec<u8>>);
+
+/// The group's members and the changelogs' end offsets per (topic, partition).
+#[allow(clippy::type_complexity)]
+fn describe(consumer: &BaseConsumer, group: &str) -> anyhow::Result<(Option<GroupInfo>, BTreeMap<(String, i32), i64>)> {
+    let list = consumer
+        .fetch_group_list(Some(group), Duration::from_secs(15))
+        .with_context(|| format!("describing group {group}"))?;
+    let Some(info) = list.groups().iter().find(|g| g.name() == group) else {
+        return Ok((None, BTreeMap::new()));
+    };
+    let info = GroupInfo {
+        state: info.state().to_string(),
+        members: info
+            .members()
+            .iter()
+            .map(|m| {
+                (
+                    m.id().to_string(),
+                    m.client_host().to_string(),
+                    m.metadata().map(<[u8]>::to_vec),
+                    m.assignment().map(<[u8]>::to_vec),
+                )
+            })
+            .collect(),
+    };
+    if info.members.is_empty() {
+        return Ok((Some(info), BTreeMap::new()));
     }
     // Changelog ends per (topology, partition), for lag.
     let metadata = consumer.fetch_metadata(None, Duration::from_secs(15))?;
@@ -92,6 +178,22 @@ pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
                 ends.insert((topic.name().to_string(), p.id()), high);
             }
         }
+    }
+    Ok((Some(info), ends))
+}
+
+async fn gather(
+    args: &StatusArgs,
+    group: &str,
+    info: &GroupInfo,
+    ends: &BTreeMap<(String, i32), i64>,
+) -> anyhow::Result<Status> {
+    if info.members.is_empty() {
+        bail!(
+            "cluster {} has no workers (group {group} is {})",
+            args.cluster,
+            info.state
+        );
     }
     let changelog_end = |task: &TaskId| -> Option<i64> {
         let prefix = format!("{}-", task.topology);
@@ -105,22 +207,70 @@ pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
 
     let mut status = Status {
         cluster: args.cluster.clone(),
-        group: group.clone(),
-        state: info.state().to_string(),
+        group: group.to_string(),
+        state: info.state.clone(),
         generation: None,
         workers: vec![],
         tasks: vec![],
         problems: vec![],
     };
     let mut metas = BTreeMap::new();
-    for member in info.members() {
-        let meta = member.metadata().map(MemberMetadata::decode).transpose().ok().flatten();
-        let assignment = member.assignment().map(Assignment::decode).transpose().ok().flatten();
-        let (meta, assignment) = (meta.unwrap_or_default(), assignment.unwrap_or_default());
+    let decoded: Vec<(String, String, MemberMetadata, Assignment)> = info
+        .members
+        .iter()
+        .map(|(id, host, meta, assignment)| {
+            let meta = meta.as_deref().map(MemberMetadata::decode).transpose().ok().flatten();
+            let assignment = assignment.as_deref().map(Assignment::decode).transpose().ok().flatten();
+            (
+                id.clone(),
+                host.clone(),
+                meta.unwrap_or_default(),
+                assignment.unwrap_or_default(),
+            )
+        })
+        .collect();
+    // Every worker's live status, asked for at once.
+    let asks = decoded.iter().map(|(_, _, meta, _)| async move {
+        if meta.admin.is_empty() {
+            return None;
+        }
+        Some(live_status(&meta.admin).await)
+    });
+    let answers = futures::future::join_all(asks).await;
+    for ((member_id, host, meta, assignment), live) in decoded.into_iter().zip(answers) {
         if assignment.generation > 0 {
             status.generation = Some(status.generation.unwrap_or(0).max(assignment.generation));
         }
-        let owner = member.id().to_string();
+        let owner = member_id.clone();
+        let live = match live {
+            Some(Ok(live)) => Some(live),
+            Some(Err(e)) => {
+                status
+                    .problems
+                    .push(format!("worker {owner}: shown as of its last join ({e:#})"));
+                None
+            }
+            None => None,
+        };
+        if let Some(live) = &live {
+            for t in &live.tasks {
+                status.tasks.push(Task {
+                    task: t.task.clone(),
+                    role: if t.phase == Some(Phase::Failed) {
+                        "failed"
+                    } else {
+                        t.role.as_str()
+                    },
+                    owner: owner.clone(),
+                    lag: t.lag,
+                    phase: t.phase,
+                    progress: t.progress,
+                    restore_rate: t.restore_rate,
+                    unavailable_seconds: (t.role == Role::Active).then_some(t.unavailable_seconds),
+                    error: t.error.clone(),
+                });
+            }
+        }
         let sums: BTreeMap<&TaskId, i64> = meta.offset_sums.iter().map(|(t, s)| (t, *s)).collect();
         let failed: BTreeMap<&TaskId, &String> = meta.failed.iter().map(|(t, e)| (t, e)).collect();
         for (role, tasks) in [
@@ -128,7 +278,7 @@ pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
             ("standby", &assignment.standby),
             ("learner", &assignment.learner),
         ] {
-            for t in tasks {
+            for t in tasks.iter().filter(|_| live.is_none()) {
                 let lag = changelog_end(t).map(|end| (end - sums.get(t).copied().unwrap_or(0)).max(0));
                 let error = failed.get(t).map(|e| e.to_string());
                 status.tasks.push(Task {
@@ -136,6 +286,10 @@ pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
                     role: if error.is_some() { "failed" } else { role },
                     owner: owner.clone(),
                     lag,
+                    phase: None,
+                    progress: None,
+                    restore_rate: None,
+                    unavailable_seconds: None,
                     error,
                 });
             }
@@ -143,23 +297,46 @@ pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
         status.workers.push(Worker {
             member: owner,
             worker_id: uuid::Uuid::from_bytes(meta.worker_id).to_string(),
-            host: member.client_host().to_string(),
+            host,
             capacity: meta.capacity,
             version: meta.version,
             leaving: meta.leaving,
             active: assignment.active.len(),
             standby: assignment.standby.len(),
+            learner: assignment.learner.len(),
+            admin: meta.admin.clone(),
+            live: live.is_some(),
+            rebalances: live.as_ref().map(|l| l.rebalances),
+            last_rebalance_seconds: live.as_ref().and_then(|l| l.last_rebalance_seconds),
+            rebalancing: live.as_ref().map(|l| l.rebalancing),
         });
-        metas.insert(member.id().to_string(), meta);
+        metas.insert(member_id, meta);
     }
-    status.problems = sluice::group::placement::plan(&metas, &[]).problems;
+    status
+        .problems
+        .extend(sluice::group::placement::plan(&metas, &[]).problems);
     status.tasks.sort_by(|a, b| (&a.task, a.role).cmp(&(&b.task, b.role)));
+    Ok(status)
+}
 
-    match args.output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&status)?),
-        Output::Text => print_text(&status),
-    }
-    Ok(ExitCode::SUCCESS)
+/// A worker's `GET /status`.
+async fn live_status(admin: &str) -> anyhow::Result<WorkerStatus> {
+    let (code, body) = super::http::request(hyper::Method::GET, admin, "/status", ASK_TIMEOUT).await?;
+    anyhow::ensure!(code.is_success(), "GET http://{admin}/status answered {code}");
+    serde_json::from_slice(&body).with_context(|| format!("reading the status from http://{admin}/status"))
+}
+
+/// `[#######-------------]  35%` for a share of 0 to 1.
+fn bar(share: f64) -> String {
+    const WIDTH: usize = 20;
+    let share = share.clamp(0.0, 1.0);
+    let full = (share * WIDTH as f64).round() as usize;
+    format!(
+        "[{}{}] {:>3.0}%",
+        "#".repeat(full),
+        "-".repeat(WIDTH - full),
+        share * 100.0
+    )
 }
 
 fn print_text(s: &Status) {
@@ -173,21 +350,60 @@ fn print_text(s: &Status) {
     );
     println!();
     println!(
-        "{:<48} {:<36} {:<16} {:>8} {:>7} {:>6} {:>7}",
-        "WORKER", "WORKER ID", "HOST", "CAPACITY", "VERSION", "ACTIVE", "STANDBY"
+        "{:<50} {:<16} {:<21} {:>8} {:>7} {:>6} {:>7} {:>7} {:>10} {:>8}",
+        "WORKER", "HOST", "ADMIN", "CAPACITY", "VERSION", "ACTIVE", "STANDBY", "LEARNER", "REBALANCES", "LAST"
     );
     for w in &s.workers {
-        let leaving = if w.leaving { " (leaving)" } else { "" };
+        let mut notes = Vec::new();
+        if w.leaving {
+            notes.push("leaving");
+        }
+        if w.rebalancing == Some(true) {
+            notes.push("rebalancing");
+        }
+        if !w.admin.is_empty() && !w.live {
+            notes.push("unreachable: as of its last join");
+        }
+        let notes = if notes.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", notes.join(", "))
+        };
+        let admin = if w.admin.is_empty() { "-" } else { &w.admin };
+        let rebalances = w.rebalances.map_or("-".to_string(), |r| r.to_string());
+        let last = w.last_rebalance_seconds.map_or("-".to_string(), |r| format!("{r:.2}s"));
         println!(
-            "{:<48} {:<36} {:<16} {:>8} {:>7} {:>6} {:>7}{leaving}",
-            w.member, w.worker_id, w.host, w.capacity, w.version, w.active, w.standby
+            "{:<50} {:<16} {:<21} {:>8} {:>7} {:>6} {:>7} {:>7} {:>10} {:>8}{notes}",
+            w.member, w.host, admin, w.capacity, w.version, w.active, w.standby, w.learner, rebalances, last
         );
     }
     println!();
-    println!("{:<48} {:<8} {:<48} {:>8}", "TASK", "ROLE", "OWNER", "LAG");
+    println!(
+        "{:<40} {:<8} {:<10} {:<50} {:>9} {:>11}  PROGRESS",
+        "TASK", "ROLE", "PHASE", "OWNER", "LAG", "UNAVAILABLE"
+    );
     for t in &s.tasks {
         let lag = t.lag.map_or("-".to_string(), |l| l.to_string());
-        println!("{:<48} {:<8} {:<48} {:>8}", t.task, t.role, t.owner, lag);
+        let phase = t.phase.map_or("-".to_string(), |p| format!("{p:?}").to_lowercase());
+        let unavailable = t.unavailable_seconds.map_or("-".to_string(), |u| format!("{u:.1}s"));
+        // Progress bars for what is still restoring: learners, standbys catching up, and
+        // active tasks replaying their changelog.
+        let restoring = t.role == "learner" || t.role == "standby" || t.phase == Some(Phase::Restoring);
+        let progress = match (t.progress, restoring) {
+            (Some(p), true) => {
+                let rate = t.restore_rate.map_or(String::new(), |r| format!("  {r:.0} records/s"));
+                let left = match (t.lag, t.restore_rate) {
+                    (Some(lag), Some(rate)) if rate > 1.0 && lag > 0 => format!(", ~{:.0}s left", lag as f64 / rate),
+                    _ => String::new(),
+                };
+                format!("{}{rate}{left}", bar(p))
+            }
+            _ => String::new(),
+        };
+        println!(
+            "{:<40} {:<8} {:<10} {:<50} {:>9} {:>11}  {progress}",
+            t.task, t.role, phase, t.owner, lag, unavailable
+        );
     }
     let failed: Vec<&Task> = s.tasks.iter().filter(|t| t.error.is_some()).collect();
     if !failed.is_empty() {

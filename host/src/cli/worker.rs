@@ -5,7 +5,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use sluice::group::assignor::LearnerPolicy;
 use sluice::manifest::parse_size;
@@ -39,9 +38,15 @@ pub struct WorkerArgs {
     /// A topology manifest (TOML); repeat for several topologies.
     #[arg(long = "topology", value_name = "FILE.toml", required = true)]
     topologies: Vec<PathBuf>,
-    /// Serve Prometheus metrics at http://ADDR/metrics.
+    /// The worker's admin endpoint: Prometheus metrics at http://ADDR/metrics, live status
+    /// (roles, lag, learners' progress, rebalances) at /status, /healthz and /readyz, and
+    /// POST /drain. Port 0 picks a free port.
     #[arg(long, value_name = "ADDR", env = "SLUICE_METRICS")]
     metrics: Option<SocketAddr>,
+    /// The address other workers and `sluice status` reach the admin endpoint at (default:
+    /// the bound address; this host's name when bound to all interfaces).
+    #[arg(long, value_name = "HOST:PORT", requires = "metrics")]
+    advertise_admin: Option<String>,
     /// Most records handed to the guest in one call.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     batch_size: u32,
@@ -197,6 +202,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         learner_rejoin: args.learner_rejoin,
         drain: Some(stop_tx.clone()),
         scale_down_timeout: args.scale_down_timeout,
+        admin: args.advertise_admin.clone().unwrap_or_default(),
     });
     let config = WorkerConfig {
         cluster,
@@ -305,23 +311,7 @@ async fn signals(stop: std::sync::Arc<tokio::sync::watch::Sender<Stop>>, drain_f
 
 /// `sluice worker drain`: asks a worker, through its admin endpoint, to drain.
 async fn ask_to_drain(admin: &str) -> anyhow::Result<ExitCode> {
-    use http_body_util::BodyExt as _;
-    let stream = tokio::net::TcpStream::connect(admin)
-        .await
-        .with_context(|| format!("cannot reach the worker's admin endpoint at {admin}"))?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-        .await
-        .with_context(|| format!("talking HTTP to {admin}"))?;
-    tokio::spawn(connection);
-    let request = hyper::Request::post("/drain")
-        .header("host", admin)
-        .body(http_body_util::Empty::<bytes::Bytes>::new())?;
-    let response = sender
-        .send_request(request)
-        .await
-        .with_context(|| format!("POST http://{admin}/drain"))?;
-    let status = response.status();
-    let body = response.into_body().collect().await?.to_bytes();
+    let (status, body) = super::http::request(hyper::Method::POST, admin, "/drain", Duration::from_secs(30)).await?;
     let text = String::from_utf8_lossy(&body);
     if status.is_success() {
         println!("{admin}: {}", text.trim());

@@ -48,6 +48,10 @@ pub struct ClusterConfig {
     pub drain: Option<std::sync::Arc<tokio::sync::watch::Sender<Stop>>>,
     /// How long a drain may take before the worker stops its remaining tasks and leaves.
     pub scale_down_timeout: Option<Duration>,
+    /// Where this worker's admin endpoint is reached (`host:port`), told to the group so
+    /// `sluice status` finds every worker's live status; empty: none (or not known yet,
+    /// then the worker fills in the address it bound).
+    pub admin: String,
 }
 
 /// What a worker has been asked to do.
@@ -72,6 +76,8 @@ pub enum LearnerRejoin {
 
 /// How often a worker with learners compares their progress with the changelogs' end.
 const LEARNER_CHECK_EVERY: Duration = Duration::from_millis(200);
+/// How often a worker with standbys (no learners) updates their lag on its status board.
+const STANDBY_CHECK_EVERY: Duration = Duration::from_secs(1);
 /// A caught-up learner asks for its task again after this long if it did not get it.
 const LEARNER_REJOIN_AGAIN: Duration = Duration::from_secs(3);
 
@@ -258,6 +264,7 @@ pub async fn run(
     };
     tokio::pin!(shutdown);
     'member: loop {
+        runner.board().rebalance_started();
         if stop_the_world && !runner.owned().is_empty() {
             // Eager rebalancing is stop-the-world: every task stops (and commits) before this
             // member rejoins, so no task is ever active on two workers.
@@ -277,6 +284,7 @@ pub async fn run(
                 "draining: asking the group to move this worker's tasks away"
             );
             leaving_since = Some(Instant::now());
+            runner.board().set_leaving(true);
         }
         if drain_timed_out(cluster, leaving_since) {
             break 'member;
@@ -300,7 +308,7 @@ pub async fn run(
             topologies: Some(topologies.clone()),
             failed: runner.failed(),
             leaving: leaving_since.is_some(),
-            ..Default::default()
+            admin: cluster.admin.clone(),
         };
         // The leader places what the members say they run, not what it runs itself.
         let staying = std::cell::Cell::new(usize::MAX);
@@ -412,6 +420,12 @@ pub async fn run(
         }
         runner.start(&a.active)?;
         runner.set_standbys(&a.standby, &a.learner)?;
+        runner
+            .board()
+            .assigned(joined.generation, joined.leader, &a.active, &a.standby, &a.learner);
+        if !a.rejoin {
+            runner.board().rebalance_finished();
+        }
         if leaving_since.is_some() && runner.owned().is_empty() {
             tracing::info!(
                 seconds = %format!("{:.1}", leaving_since.map_or(0.0, |t| t.elapsed().as_secs_f64())),
@@ -436,12 +450,16 @@ pub async fn run(
         }
         let mut next_beat = Instant::now() + cluster.heartbeat_interval;
         let mut next_learner_check = Instant::now() + LEARNER_CHECK_EVERY;
+        let mut next_standby_check = Instant::now();
         // Wakes the loop at once when a drain is asked for.
         let mut asked_to_drain = cluster.drain.as_ref().map(|d| d.subscribe());
         loop {
             let mut wake = next_beat.min(Instant::now() + super::REAP_EVERY);
             if runner.has_learners() {
                 wake = wake.min(next_learner_check);
+            }
+            if runner.has_standbys() {
+                wake = wake.min(next_standby_check);
             }
             tokio::select! {
                 _ = tokio::time::sleep_until(wake.into()) => {}
@@ -462,9 +480,20 @@ pub async fn run(
             if (leaving_since.is_none() && drain_requested()) || drain_timed_out(cluster, leaving_since) {
                 continue 'member;
             }
-            if runner.has_learners() && Instant::now() >= next_learner_check {
-                next_learner_check = Instant::now() + LEARNER_CHECK_EVERY;
-                if learners_caught_up(cluster, &runner, &offsets, &stateful, &mut asked) {
+            let now = Instant::now();
+            let learning = runner.has_learners() && now >= next_learner_check;
+            if learning || (runner.has_standbys() && now >= next_standby_check) {
+                next_learner_check = now + LEARNER_CHECK_EVERY;
+                next_standby_check = now + STANDBY_CHECK_EVERY;
+                // Where the standbys and learners are, and where their changelogs end: for
+                // the status board, and for learners to know when to take their tasks over.
+                let warm = runner.standbys();
+                let mine: Vec<(TaskId, Vec<(String, i32)>)> =
+                    stateful.iter().filter(|(t, _)| warm.contains(t)).cloned().collect();
+                let ends = tokio::task::block_in_place(|| changelog_ends(&offsets, &mine));
+                let positions = runner.standby_positions();
+                runner.board().positions(&positions, &ends);
+                if learning && learners_caught_up(cluster, &runner, &ends, &positions, &mut asked) {
                     continue 'member;
                 }
             }
@@ -517,15 +546,11 @@ fn drain_timed_out(cluster: &ClusterConfig, leaving_since: Option<Instant>) -> b
 fn learners_caught_up(
     cluster: &ClusterConfig,
     runner: &TaskRunner,
-    offsets: &BaseConsumer,
-    stateful: &[(TaskId, Vec<(String, i32)>)],
+    ends: &HashMap<TaskId, i64>,
+    positions: &HashMap<TaskId, i64>,
     asked: &mut HashMap<TaskId, Instant>,
 ) -> bool {
     let learners = runner.learners();
-    let mine: Vec<(TaskId, Vec<(String, i32)>)> =
-        stateful.iter().filter(|(t, _)| learners.contains(t)).cloned().collect();
-    let ends = tokio::task::block_in_place(|| changelog_ends(offsets, &mine));
-    let positions = runner.standby_positions();
     let lag = |t: &TaskId| Some((ends.get(t)? - positions.get(t)?).max(0));
     let ready: Vec<(TaskId, i64)> = learners
         .iter()

@@ -5,6 +5,7 @@
 //! offsets are committed under a consumer group per topology (`sluice-<name>`), so a
 //! restarted worker resumes where the last one committed.
 
+pub mod board;
 pub mod changelog;
 pub mod control;
 pub mod delivery;
@@ -146,7 +147,7 @@ pub fn load_topologies(runtime: &Runtime, manifests: &[PathBuf]) -> anyhow::Resu
 /// batch, flush, commit, close) and returns. Start-up problems (a bad manifest or
 /// component, a missing topic, an unreachable cluster) are returned before anything runs.
 pub async fn run(
-    config: WorkerConfig,
+    mut config: WorkerConfig,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<WorkerReport> {
     // Loading runs guest code (`describe`), which may use WASI: never on an async thread,
@@ -181,6 +182,9 @@ pub async fn run(
             drain
         });
         let bound = metrics.clone().serve(addr, drain).await?;
+        if let Some(cluster) = config.cluster.as_mut().filter(|c| c.admin.is_empty()) {
+            cluster.admin = advertised(bound);
+        }
         tracing::info!("metrics on http://{bound}/metrics; POST http://{bound}/drain drains this worker");
     }
 
@@ -264,6 +268,7 @@ pub async fn run(
         None => {
             // Alone: this worker owns every task.
             let all = runner.all_tasks();
+            runner.board().all_active(&all);
             runner.start(&all)?;
             tokio::pin!(shutdown);
             loop {
@@ -292,6 +297,20 @@ pub async fn run(
         report
     };
     Ok(report)
+}
+
+/// The address to tell others for an endpoint bound at `bound`: this host's name instead
+/// of an unspecified address (`0.0.0.0`, `::`).
+fn advertised(bound: SocketAddr) -> String {
+    if !bound.ip().is_unspecified() {
+        return bound.to_string();
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_string());
+    format!("{host}:{}", bound.port())
 }
 
 /// How the worker's tasks ended.

@@ -200,6 +200,7 @@ impl TaskRunner {
                     } else {
                         tracing::error!(task = %id, "failed and stays failed until the topology is fixed: {e}");
                         self.failed.insert(id.clone(), e.to_string());
+                        self.metrics.board.ended(&id, Some(e.to_string()));
                     }
                     self.finished.failed.push((id.to_string(), e.to_string()));
                 }
@@ -223,6 +224,7 @@ impl TaskRunner {
     }
 
     fn schedule_retry(&mut self, id: &TaskId, error: &str) {
+        self.metrics.board.ended(id, None);
         let attempts = self.retry_counts.get(id).copied().unwrap_or(0) + 1;
         self.retry_counts.insert(id.clone(), attempts);
         let backoff = Duration::from_secs(1)
@@ -344,9 +346,19 @@ impl TaskRunner {
         self.finished
     }
 
+    /// What this worker is doing now (for `GET /status` and the metrics).
+    pub fn board(&self) -> &crate::worker::board::Board {
+        &self.metrics.board
+    }
+
     /// The standby tasks running now.
     pub fn standbys(&self) -> Vec<TaskId> {
         self.standbys.iter().cloned().collect()
+    }
+
+    /// Whether any standby (or learner) runs.
+    pub fn has_standbys(&self) -> bool {
+        !self.standbys.is_empty()
     }
 
     /// Whether any learner runs (without copying the set).

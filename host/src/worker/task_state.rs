@@ -188,7 +188,9 @@ impl TaskState {
             if reader.end() > start {
                 tracing::info!(task = %task, store = %store, changelog = %changelog.topic, from = start, to = reader.end(), "restoring");
             }
+            let task_id = crate::group::TaskId::new(topology, partition as u32);
             let progress = reader.restore_into(&db, &changelog.topic_id, stop, |p| {
+                metrics.board.restoring(&task_id, p.restored, p.total, p.rate());
                 counter.inc_by(p.restored - reported);
                 reported = p.restored;
                 metrics

@@ -231,6 +231,9 @@ async fn a_standby_takes_over_without_a_full_restore() -> anyhow::Result<()> {
                 "200ms",
                 "--standby-replicas",
                 "1",
+                // Admin endpoints on free ports: `sluice status` asks them for live status.
+                "--metrics",
+                "127.0.0.1:0",
             ],
         )
     };
@@ -267,11 +270,51 @@ async fn a_standby_takes_over_without_a_full_restore() -> anyhow::Result<()> {
         assert_eq!((active.len(), standby.len()), (1, 1), "{task}: {json}");
         assert_ne!(active, standby, "{task}: standby on the active's worker");
     }
-    assert!(
-        tasks.iter().all(|t| t["lag"].is_i64()),
-        "every word-count task has a changelog lag: {json}"
-    );
+    // Live from each worker's admin endpoint: every task's lag (standbys' lag is read once a
+    // second, so it may take a moment to appear), phases, progress, rebalances.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let (json, status_json) = loop {
+        let json = status(&cluster, "json")?;
+        let v: serde_json::Value = serde_json::from_str(&json)?;
+        if v["tasks"].as_array().unwrap().iter().all(|t| t["lag"].is_i64()) {
+            break (json, v);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a task without a changelog lag: {json}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    for w in status_json["workers"].as_array().unwrap() {
+        assert_eq!(w["live"], true, "worker not asked through its admin endpoint: {json}");
+        assert!(w["admin"].as_str().unwrap().starts_with("127.0.0.1:"), "{json}");
+        assert!(w["rebalances"].as_u64().is_some_and(|r| r >= 1), "{json}");
+        assert!(w["last_rebalance_seconds"].as_f64().is_some(), "{json}");
+    }
+    for t in status_json["tasks"].as_array().unwrap() {
+        match t["role"].as_str().unwrap() {
+            "active" => {
+                assert_eq!((&t["phase"], &t["lag"]), (&"running".into(), &0.into()), "{json}");
+                assert!(t["unavailable_seconds"].as_f64().is_some_and(|u| u > 0.0), "{json}");
+            }
+            "standby" => {
+                assert!(
+                    t["progress"].as_f64().is_some_and(|p| (0.0..=1.0).contains(&p)),
+                    "{json}"
+                );
+                assert!(t["lag"].as_i64().is_some_and(|l| l >= 0), "{json}");
+            }
+            role => panic!("unexpected role {role}: {json}"),
+        }
+    }
     let text = status(&cluster, "text")?;
+    eprintln!("{text}");
+    for line in text.lines().filter(|l| l.contains(" standby ") && l.starts_with(&name)) {
+        assert!(
+            line.contains("] ") && line.contains("%"),
+            "no progress bar: {line}\n{text}"
+        );
+    }
     assert!(
         text.starts_with(&format!(
             "cluster {cluster} (group sluice.cluster.{cluster}): Stable, generation "

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use sluice_tests::worker::{dump_counts, guest, manifest, sluice_binary, TempDir, WorkerProcess};
-use sluice_tests::{free_port, kafka, unique_name};
+use sluice_tests::{free_port, http_get, kafka, unique_name};
 
 use crate::cluster::until_settled;
 
@@ -276,13 +276,15 @@ async fn scale_down_timeout_forces_a_draining_worker_out() -> anyhow::Result<()>
         ),
     );
     let cluster = unique_name("c");
+    let admin = [free_port(), free_port()];
     let start = |n: usize| {
+        let metrics = format!("127.0.0.1:{}", admin[n]);
         cluster_worker(
             &dir,
             &m,
             &cluster,
             n,
-            &["--drain-on-stop", "--scale-down-timeout", "1s"],
+            &["--drain-on-stop", "--scale-down-timeout", "1s", "--metrics", &metrics],
         )
     };
     let mut first = start(0)?;
@@ -294,6 +296,48 @@ async fn scale_down_timeout_forces_a_draining_worker_out() -> anyhow::Result<()>
     // the learners are far from done.
     let mut second = start(1)?;
     second.wait_for_line(&[" assignment ", "learner=1"], Duration::from_secs(60))?;
+    // The learner's progress, live from the worker's status: lag falling, restored and
+    // progress rising, a restore rate; its role in the metrics.
+    let learner = |status: &serde_json::Value| {
+        status["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["role"] == "learner" && t["restored"].as_u64().is_some_and(|r| r > 0))
+            .cloned()
+    };
+    let mut seen: Vec<serde_json::Value> = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while seen.len() < 2 {
+        let status: serde_json::Value = serde_json::from_str(&http_get(admin[1], "/status")?)?;
+        if let Some(l) = learner(&status) {
+            if seen.last().is_none_or(|last| last["restored"] != l["restored"]) {
+                seen.push(l);
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no learner progress seen: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (a, b) = (&seen[0], &seen[1]);
+    eprintln!("learner progress: {a}\n  then {b}");
+    assert_eq!(a["task"], b["task"]);
+    assert!(b["restored"].as_u64() > a["restored"].as_u64(), "{a} then {b}");
+    assert!(b["lag"].as_i64() < a["lag"].as_i64(), "{a} then {b}");
+    let progress = |v: &serde_json::Value| v["progress"].as_f64().unwrap();
+    assert!(
+        progress(a) > 0.0 && progress(a) < progress(b) && progress(b) <= 1.0,
+        "{a} then {b}"
+    );
+    assert!(b["restore_rate"].as_f64().is_some_and(|r| r > 0.0), "{b}");
+    let metrics = http_get(admin[1], "/metrics")?;
+    let role_line = format!(
+        "sluice_task_role{{topology=\"{name}\",task={},role=\"learner\"}} 1",
+        a["task"]
+    );
+    assert!(metrics.contains(&role_line), "no {role_line} in:\n{metrics}");
     let asked_at = std::time::Instant::now();
     let status = first.terminate(Duration::from_secs(60))?;
     let took = asked_at.elapsed();
@@ -307,6 +351,36 @@ async fn scale_down_timeout_forces_a_draining_worker_out() -> anyhow::Result<()>
     // The second worker owns both tasks and processes everything.
     let mut rest = vec![second];
     until_settled(&mut rest, 2).await?;
+    // The moved task is active and processing on the second worker; the time it could not
+    // process there (its restore) is counted; the rebalances are too.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let json = http_get(admin[1], "/status")?;
+        let status: serde_json::Value = serde_json::from_str(&json)?;
+        let tasks = status["tasks"].as_array().unwrap();
+        let running = tasks
+            .iter()
+            .filter(|t| t["role"] == "active" && t["phase"] == "running")
+            .count();
+        if running == 2 {
+            let moved = tasks.iter().find(|t| t["task"] == a["task"]).unwrap();
+            assert!(moved["unavailable_seconds"].as_f64().unwrap() > 0.0, "{json}");
+            assert!(status["rebalances"].as_u64().unwrap() >= 2, "{json}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "not both running: {json}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let metrics = http_get(admin[1], "/metrics")?;
+    for needle in [
+        "sluice_rebalances_total ",
+        "sluice_rebalance_seconds_bucket",
+        "sluice_task_unavailable_seconds_total{",
+        "sluice_task_lag_records{",
+        "sluice_restored_records_total{",
+    ] {
+        assert!(metrics.contains(needle), "no {needle} in:\n{metrics}");
+    }
     kafka.produce(&input, &lines(1_000..2_000)).await?;
     kafka
         .wait_committed(&format!("sluice-{name}"), &input, 2, 2_000, Duration::from_secs(120))

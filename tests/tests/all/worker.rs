@@ -3,7 +3,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
-use sluice_tests::worker::{guest, manifest, TempDir, WorkerProcess};
+use sluice_tests::worker::{guest, manifest, sluice_binary, TempDir, WorkerProcess};
 use sluice_tests::{free_port, http_get, kafka, unique_name};
 
 fn records(prefix: &str, range: std::ops::Range<usize>) -> Vec<(Vec<u8>, Vec<u8>)> {
@@ -70,6 +70,41 @@ async fn ten_thousand_records_through_uppercase_all_arrive_upper_cased() -> anyh
     };
     assert_eq!(total("sluice_records_in_total"), 10_000, "{text}");
     assert_eq!(total("sluice_records_out_total"), 10_000, "{text}");
+
+    // The rest of the admin endpoint: health, readiness, live status (every task active and
+    // running), and a drain refused with its reason (a worker alone has nobody to drain to).
+    assert_eq!(http_get(metrics_port, "/healthz")?.trim(), "ok");
+    assert_eq!(http_get(metrics_port, "/readyz")?.trim(), "ready");
+    let status: serde_json::Value = serde_json::from_str(&http_get(metrics_port, "/status")?)?;
+    let tasks = status["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 4, "{status}");
+    for t in tasks {
+        assert_eq!(
+            (&t["role"], &t["phase"]),
+            (&"active".into(), &"running".into()),
+            "{status}"
+        );
+    }
+    let drain = |admin: &str| {
+        std::process::Command::new(sluice_binary())
+            .args(["worker", "drain", "--admin", admin])
+            .output()
+    };
+    let refused = drain(&format!("127.0.0.1:{metrics_port}"))?;
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("refused to drain (409 Conflict): this worker is not in a cluster"),
+        "{stderr}"
+    );
+    let nobody = format!("127.0.0.1:{}", free_port());
+    let unreachable = drain(&nobody)?;
+    let stderr = String::from_utf8_lossy(&unreachable.stderr);
+    assert!(!unreachable.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot reach the worker's admin endpoint at {nobody}")),
+        "{stderr}"
+    );
 
     let status = worker.terminate(Duration::from_secs(60))?;
     assert!(status.success(), "exit status {status}; log:\n{}", worker.log());

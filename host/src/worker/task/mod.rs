@@ -234,8 +234,12 @@ pub fn prepare(ctx: TaskContext, env: &mut KafkaEnv) -> Prepared {
     tracing::info!(task = %id, "starting");
     ctx.metrics.tasks_running.inc();
     let metrics = ctx.metrics.clone();
+    let task_id = crate::group::TaskId::new(&ctx.topology.name, ctx.partition as u32);
     match Task::start(ctx, id.clone(), labels.clone(), env) {
-        Ok(Some(task)) => Prepared::Ready(Box::new(task)),
+        Ok(Some(task)) => {
+            metrics.board.processing(&task_id);
+            Prepared::Ready(Box::new(task))
+        }
         Ok(None) => {
             tracing::info!(task = %id, "stopped before it started processing");
             let result = Ok(TaskSummary {

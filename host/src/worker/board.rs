@@ -1,0 +1,521 @@
+//! What a worker is doing right now: each task's role and phase, its changelog lag, how fast
+//! it restores and how long it has been unable to process; and the worker's rebalances.
+//! Served as JSON at `GET /status` (read by `sluice status`) and exported as metrics.
+//!
+//! The worker loop, the tasks and their state restoration write here; readers get a copy.
+//! Everything is kept per task, under one lock taken a few times per second at most (never
+//! per record).
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+use crate::group::TaskId;
+use crate::metrics::{RoleLabels, TaskLabels};
+
+/// What a task is on this worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// It processes records here (or will, once it has started).
+    Active,
+    /// A warm copy of the state, kept for failover.
+    Standby,
+    /// A copy of the state being restored to take the task over.
+    Learner,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Active => "active",
+            Role::Standby => "standby",
+            Role::Learner => "learner",
+        }
+    }
+}
+
+/// Where an active task is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    /// Assigned; opening its producer and state, or waiting to start again after a failure.
+    Starting,
+    /// Replaying its changelog before it can process.
+    Restoring,
+    /// Processing records.
+    Running,
+    /// Stopped by a guest fault; stays stopped.
+    Failed,
+}
+
+/// One task as `GET /status` shows it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TaskStatus {
+    pub task: String,
+    pub role: Role,
+    /// Active tasks only.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub phase: Option<Phase>,
+    /// Changelog records the local state is behind (stateful tasks; 0 for an active task
+    /// that is processing). None: not known yet.
+    pub lag: Option<i64>,
+    /// Changelog records replayed in this role so far.
+    pub restored: u64,
+    /// Records per second replayed recently.
+    pub restore_rate: Option<f64>,
+    /// Share of what there was to replay when the role began that is replayed (0 to 1).
+    pub progress: Option<f64>,
+    /// Seconds the task spent here assigned as active but unable to process (starting,
+    /// restoring, waiting to retry), over all its assignments to this worker.
+    pub unavailable_seconds: f64,
+    /// Seconds since it took this role here.
+    pub in_role_seconds: f64,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub error: Option<String>,
+}
+
+/// The worker as `GET /status` shows it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct WorkerStatus {
+    /// The group generation of the last assignment (0: none yet, or not in a cluster).
+    pub generation: i32,
+    pub leader: bool,
+    /// Draining: the worker asked for its tasks to be moved away.
+    pub leaving: bool,
+    /// A rebalance is going on (from the first join until an assignment that needs no
+    /// further join is applied).
+    pub rebalancing: bool,
+    /// Rebalances this worker took part in since it started.
+    pub rebalances: u64,
+    pub last_rebalance_seconds: Option<f64>,
+    pub rebalance_seconds_total: f64,
+    pub tasks: Vec<TaskStatus>,
+}
+
+struct Entry {
+    role: Role,
+    phase: Phase,
+    since: Instant,
+    lag: Option<i64>,
+    restored: u64,
+    /// What was there to replay when the role began (for progress).
+    to_restore: Option<i64>,
+    rate: Option<f64>,
+    /// Learners and standbys: the last position seen, and when.
+    sample: Option<(Instant, i64)>,
+    unavailable: Duration,
+    unavailable_since: Option<Instant>,
+    error: Option<String>,
+}
+
+impl Entry {
+    fn new(role: Role, now: Instant) -> Entry {
+        Entry {
+            role,
+            phase: Phase::Starting,
+            since: now,
+            lag: None,
+            restored: 0,
+            to_restore: None,
+            rate: None,
+            sample: None,
+            unavailable: Duration::ZERO,
+            unavailable_since: (role == Role::Active).then_some(now),
+            error: None,
+        }
+    }
+
+    fn unavailable(&self, now: Instant) -> Duration {
+        self.unavailable + self.unavailable_since.map_or(Duration::ZERO, |s| now.duration_since(s))
+    }
+
+    /// Stops the unavailability clock (the task processes, or is no longer active here);
+    /// returns the stretch it adds.
+    fn available(&mut self, now: Instant) -> Duration {
+        let stretch = self
+            .unavailable_since
+            .take()
+            .map_or(Duration::ZERO, |s| now.duration_since(s));
+        self.unavailable += stretch;
+        stretch
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    /// An assignment was applied (or, outside a cluster, the tasks were started).
+    ready: bool,
+    tasks: BTreeMap<TaskId, Entry>,
+    generation: i32,
+    leader: bool,
+    leaving: bool,
+    rebalancing_since: Option<Instant>,
+    rebalances: u64,
+    last_rebalance: Option<Duration>,
+    rebalance_total: Duration,
+}
+
+/// The metric families the board keeps current.
+#[derive(Clone)]
+pub struct BoardMetrics {
+    pub role: Family<RoleLabels, Gauge>,
+    pub lag: Family<TaskLabels, Gauge>,
+    pub unavailable: Family<TaskLabels, Counter<f64>>,
+    pub rebalances: Counter,
+    pub rebalance_seconds: Histogram,
+    pub generation: Gauge,
+}
+
+impl BoardMetrics {
+    pub fn new() -> BoardMetrics {
+        BoardMetrics {
+            role: Family::default(),
+            lag: Family::default(),
+            unavailable: Family::default(),
+            rebalances: Counter::default(),
+            // 10 ms to ~80 s.
+            rebalance_seconds: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                0.01, 2.0, 14,
+            )),
+            generation: Gauge::default(),
+        }
+    }
+}
+
+impl Default for BoardMetrics {
+    fn default() -> Self {
+        BoardMetrics::new()
+    }
+}
+
+/// A worker's live status (see the module docs).
+pub struct Board {
+    inner: Mutex<Inner>,
+    metrics: BoardMetrics,
+}
+
+fn labels(task: &TaskId) -> TaskLabels {
+    TaskLabels {
+        topology: task.topology.to_string(),
+        task: task.to_string(),
+    }
+}
+
+fn role_labels(task: &TaskId, role: Role) -> RoleLabels {
+    RoleLabels {
+        topology: task.topology.to_string(),
+        task: task.to_string(),
+        role: role.as_str().to_string(),
+    }
+}
+
+/// Weight of the newest sample in the smoothed restore rate.
+const RATE_WEIGHT: f64 = 0.5;
+
+impl Board {
+    pub fn new(metrics: BoardMetrics) -> Board {
+        Board {
+            inner: Mutex::new(Inner::default()),
+            metrics,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic elsewhere while holding it leaves consistent (if stale) figures.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A rebalance begins (a join is sent); does nothing if one is going on already.
+    pub fn rebalance_started(&self) {
+        let mut inner = self.lock();
+        if inner.rebalancing_since.is_none() {
+            inner.rebalancing_since = Some(Instant::now());
+        }
+    }
+
+    /// The assignment of `generation` is applied and asks for no further join: the
+    /// rebalance is over. `active`, `standby` and `learner` are this worker's tasks now.
+    pub fn assigned(&self, generation: i32, leader: bool, active: &[TaskId], standby: &[TaskId], learner: &[TaskId]) {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        inner.generation = generation;
+        inner.leader = leader;
+        self.metrics.generation.set(generation as i64);
+        self.set_roles(&mut inner, now, active, standby, learner);
+    }
+
+    /// Every task of this worker is active (a worker outside any cluster).
+    pub fn all_active(&self, tasks: &[TaskId]) {
+        let mut inner = self.lock();
+        self.set_roles(&mut inner, Instant::now(), tasks, &[], &[]);
+    }
+
+    /// The rebalance that began with [`Self::rebalance_started`] is over.
+    pub fn rebalance_finished(&self) {
+        let mut inner = self.lock();
+        if let Some(since) = inner.rebalancing_since.take() {
+            let took = since.elapsed();
+            inner.rebalances += 1;
+            inner.last_rebalance = Some(took);
+            inner.rebalance_total += took;
+            self.metrics.rebalances.inc();
+            self.metrics.rebalance_seconds.observe(took.as_secs_f64());
+        }
+    }
+
+    pub fn set_leaving(&self, leaving: bool) {
+        self.lock().leaving = leaving;
+    }
+
+    /// Whether the worker holds an assignment (for `/readyz`).
+    pub fn ready(&self) -> bool {
+        self.lock().ready
+    }
+
+    fn set_roles(&self, inner: &mut Inner, now: Instant, active: &[TaskId], standby: &[TaskId], learner: &[TaskId]) {
+        inner.ready = true;
+        let mut wanted: BTreeMap<&TaskId, Role> = BTreeMap::new();
+        for t in standby {
+            wanted.insert(t, Role::Standby);
+        }
+        for t in learner {
+            wanted.insert(t, Role::Learner);
+        }
+        for t in active {
+            wanted.insert(t, Role::Active);
+        }
+        let gone: Vec<TaskId> = inner
+            .tasks
+            .keys()
+            .filter(|t| !wanted.contains_key(t))
+            .cloned()
+            .collect();
+        for t in gone {
+            if let Some(mut e) = inner.tasks.remove(&t) {
+                self.count_unavailable(&t, e.available(now));
+                self.metrics.role.remove(&role_labels(&t, e.role));
+                self.metrics.lag.remove(&labels(&t));
+            }
+        }
+        for (t, role) in wanted {
+            match inner.tasks.get_mut(t) {
+                Some(e) if e.role == role => {}
+                Some(e) => {
+                    self.metrics.role.remove(&role_labels(t, e.role));
+                    self.metrics.role.get_or_create(&role_labels(t, role)).set(1);
+                    let stretch = e.available(now);
+                    self.count_unavailable(t, stretch);
+                    let unavailable = e.unavailable;
+                    *e = Entry::new(role, now);
+                    e.unavailable = unavailable;
+                }
+                None => {
+                    self.metrics.role.get_or_create(&role_labels(t, role)).set(1);
+                    inner.tasks.insert(t.clone(), Entry::new(role, now));
+                }
+            }
+        }
+    }
+
+    fn count_unavailable(&self, task: &TaskId, stretch: Duration) {
+        if !stretch.is_zero() {
+            self.metrics
+                .unavailable
+                .get_or_create(&labels(task))
+                .inc_by(stretch.as_secs_f64());
+        }
+    }
+
+    /// An active task replays its changelog: `restored` of `total` records, at `rate`.
+    pub fn restoring(&self, task: &TaskId, restored: u64, total: u64, rate: f64) {
+        let mut inner = self.lock();
+        if let Some(e) = inner.tasks.get_mut(task) {
+            e.phase = Phase::Restoring;
+            e.restored = restored;
+            e.to_restore = Some(total as i64);
+            e.lag = Some(total.saturating_sub(restored) as i64);
+            e.rate = Some(rate);
+            self.metrics
+                .lag
+                .get_or_create(&labels(task))
+                .set(total.saturating_sub(restored) as i64);
+        }
+    }
+
+    /// An active task has started processing.
+    pub fn processing(&self, task: &TaskId) {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        if let Some(e) = inner.tasks.get_mut(task) {
+            e.phase = Phase::Running;
+            e.lag = Some(0);
+            e.error = None;
+            let stretch = e.available(now);
+            self.count_unavailable(task, stretch);
+            self.metrics.lag.get_or_create(&labels(task)).set(0);
+        }
+    }
+
+    /// An active task ended on its own: failed for good (`error`), or to start again.
+    pub fn ended(&self, task: &TaskId, error: Option<String>) {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        if let Some(e) = inner.tasks.get_mut(task).filter(|e| e.role == Role::Active) {
+            if e.phase == Phase::Running {
+                e.unavailable_since = Some(now);
+            }
+            e.phase = if error.is_some() {
+                Phase::Failed
+            } else {
+                Phase::Starting
+            };
+            e.error = error;
+        }
+    }
+
+    /// Where the standbys and learners are (changelog offset sums) and where their
+    /// changelogs end.
+    pub fn positions(
+        &self,
+        positions: &std::collections::HashMap<TaskId, i64>,
+        ends: &std::collections::HashMap<TaskId, i64>,
+    ) {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        for (t, e) in inner.tasks.iter_mut().filter(|(_, e)| e.role != Role::Active) {
+            let Some(&at) = positions.get(t) else { continue };
+            if let Some((when, before)) = e.sample {
+                let secs = now.duration_since(when).as_secs_f64();
+                if secs > 0.05 {
+                    let rate = (at - before).max(0) as f64 / secs;
+                    e.rate = Some(e.rate.map_or(rate, |r| r * (1.0 - RATE_WEIGHT) + rate * RATE_WEIGHT));
+                    e.restored += (at - before).max(0) as u64;
+                    e.sample = Some((now, at));
+                }
+            } else {
+                e.sample = Some((now, at));
+            }
+            if let Some(&end) = ends.get(t) {
+                let lag = (end - at).max(0);
+                e.lag = Some(lag);
+                if e.to_restore.is_none() {
+                    e.to_restore = Some(lag);
+                }
+                self.metrics.lag.get_or_create(&labels(t)).set(lag);
+            }
+        }
+    }
+
+    /// A copy of everything, for `GET /status`.
+    pub fn snapshot(&self) -> WorkerStatus {
+        let now = Instant::now();
+        let inner = self.lock();
+        let tasks = inner
+            .tasks
+            .iter()
+            .map(|(t, e)| TaskStatus {
+                task: t.to_string(),
+                role: e.role,
+                phase: (e.role == Role::Active).then_some(e.phase),
+                lag: e.lag,
+                restored: e.restored,
+                restore_rate: e.rate,
+                progress: progress(e),
+                unavailable_seconds: e.unavailable(now).as_secs_f64(),
+                in_role_seconds: now.duration_since(e.since).as_secs_f64(),
+                error: e.error.clone(),
+            })
+            .collect();
+        WorkerStatus {
+            generation: inner.generation,
+            leader: inner.leader,
+            leaving: inner.leaving,
+            rebalancing: inner.rebalancing_since.is_some(),
+            rebalances: inner.rebalances,
+            last_rebalance_seconds: inner.last_rebalance.map(|d| d.as_secs_f64()),
+            rebalance_seconds_total: inner.rebalance_total.as_secs_f64(),
+            tasks,
+        }
+    }
+}
+
+/// Share replayed of what there was to replay when the role began.
+fn progress(e: &Entry) -> Option<f64> {
+    if e.role == Role::Active && e.phase == Phase::Running {
+        return Some(1.0);
+    }
+    let lag = e.lag?;
+    let total = (e.restored as i64 + lag).max(e.to_restore.unwrap_or(0));
+    Some(if total <= 0 {
+        1.0
+    } else {
+        (1.0 - lag as f64 / total as f64).clamp(0.0, 1.0)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn board() -> Board {
+        Board::new(BoardMetrics::new())
+    }
+
+    #[test]
+    fn an_active_task_is_unavailable_until_it_processes_and_learners_show_progress() {
+        let b = board();
+        let (a, l) = (TaskId::new("t", 0), TaskId::new("t", 1));
+        b.rebalance_started();
+        b.assigned(3, true, std::slice::from_ref(&a), &[], std::slice::from_ref(&l));
+        b.rebalance_finished();
+        std::thread::sleep(Duration::from_millis(30));
+        b.restoring(&a, 50, 100, 1000.0);
+        let s = b.snapshot();
+        assert_eq!(s.generation, 3);
+        assert_eq!(s.rebalances, 1);
+        let active = &s.tasks[0];
+        assert_eq!((active.role, active.phase), (Role::Active, Some(Phase::Restoring)));
+        assert_eq!(active.lag, Some(50));
+        assert!(active.unavailable_seconds >= 0.03, "{}", active.unavailable_seconds);
+        b.processing(&a);
+        std::thread::sleep(Duration::from_millis(20));
+        let s = b.snapshot();
+        let unavailable = s.tasks[0].unavailable_seconds;
+        assert_eq!((s.tasks[0].phase, s.tasks[0].lag), (Some(Phase::Running), Some(0)));
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(
+            b.snapshot().tasks[0].unavailable_seconds,
+            unavailable,
+            "the clock stopped"
+        );
+
+        let ends = [(l.clone(), 1000)].into_iter().collect();
+        b.positions(&[(l.clone(), 200)].into_iter().collect(), &ends);
+        std::thread::sleep(Duration::from_millis(100));
+        b.positions(&[(l.clone(), 600)].into_iter().collect(), &ends);
+        let learner = b.snapshot().tasks[1].clone();
+        assert_eq!(
+            (learner.role, learner.lag, learner.restored),
+            (Role::Learner, Some(400), 400)
+        );
+        assert_eq!(learner.progress, Some(0.5), "{learner:?}");
+        assert!(learner.restore_rate.unwrap() > 1000.0, "{learner:?}");
+
+        // Promoted: a new active entry keeps the unavailable time already counted.
+        b.assigned(4, true, &[a.clone(), l.clone()], &[], &[]);
+        let s = b.snapshot();
+        assert_eq!(
+            (s.tasks[1].role, s.tasks[1].phase),
+            (Role::Active, Some(Phase::Starting))
+        );
+        b.assigned(5, false, &[], &[], &[]);
+        assert!(b.snapshot().tasks.is_empty());
+    }
+}
