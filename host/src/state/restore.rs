@@ -68,6 +68,8 @@ impl ChangelogReader {
             .set("isolation.level", "read_committed")
             .set("fetch.max.bytes", "52428800")
             .set("max.partition.fetch.bytes", "10485760")
+            // A full queue is fetched again after 10 ms, not librdkafka's default second.
+            .set("fetch.queue.backoff.ms", "10")
             .create()
             .map_err(|e| format!("creating the restore consumer: {e}"))?;
         let (low, high) = consumer

@@ -58,6 +58,9 @@ impl StandbyUpdater {
             // a restoration does (restore.rs), within a bounded queue.
             .set("fetch.max.bytes", (32 << 20).to_string())
             .set("max.partition.fetch.bytes", (4 << 20).to_string())
+            // A partition whose queue is full is fetched again after this long, not after
+            // librdkafka's default second: learners read faster than the queue refills.
+            .set("fetch.queue.backoff.ms", "10")
             .set("group.id", "sluice.restore")
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
@@ -149,6 +152,24 @@ struct WarmStore {
     db: Arc<rocksdb::DB>,
     position: i64,
     pending: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+}
+
+/// Consecutive records of one changelog partition, read in a round.
+#[derive(Default)]
+struct Run {
+    topic: String,
+    partition: i32,
+    /// Its standby and store; none: no standby wants it (any more).
+    route: Option<(TaskId, usize)>,
+    /// The next offset after the last record read.
+    position: i64,
+    records: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+}
+
+impl Run {
+    fn is(&self, topic: &str, partition: i32) -> bool {
+        self.route.is_some() && self.partition == partition && self.topic == topic
+    }
 }
 
 struct Standby {
@@ -296,6 +317,10 @@ impl Updater {
     fn round(&mut self) {
         let mut wait = Duration::from_millis(100);
         let mut read = 0;
+        // Records come in runs of one partition: they collect in `run` and go to their
+        // store when the partition changes, so routing costs a lookup per run, not per
+        // record (per record it was most of this thread's time).
+        let mut run = Run::default();
         while read < ROUND_RECORDS {
             let Some(polled) = self.consumer.poll(wait) else { break };
             wait = Duration::ZERO;
@@ -307,18 +332,22 @@ impl Updater {
                     break;
                 }
             };
-            let Some((task, index)) = self.routes.get(&(m.topic().to_string(), m.partition())) else {
+            if !run.is(m.topic(), m.partition()) {
+                end_run(&mut self.standbys, &mut run);
+                run.topic.clear();
+                run.topic.push_str(m.topic());
+                run.partition = m.partition();
+                run.route = self.routes.get(&(run.topic.clone(), run.partition)).cloned();
+            }
+            if run.route.is_none() {
                 continue;
-            };
-            let Some(standby) = self.standbys.get_mut(task) else {
-                continue;
-            };
-            let store = &mut standby.stores[*index];
-            store.position = m.offset() + 1;
+            }
+            run.position = m.offset() + 1;
             if let Some(key) = m.key() {
-                store.pending.push((key.to_vec(), m.payload().map(<[u8]>::to_vec)));
+                run.records.push((key.to_vec(), m.payload().map(<[u8]>::to_vec)));
             }
         }
+        end_run(&mut self.standbys, &mut run);
         let tasks: Vec<TaskId> = self.standbys.keys().cloned().collect();
         for task in tasks {
             let standby = self.standbys.get_mut(&task).expect("listed above");
@@ -364,6 +393,22 @@ impl Updater {
 
     fn apply(&self, standby: &mut Standby) -> Result<(), String> {
         apply_standby(standby)
+    }
+}
+
+/// Hands what a run read to its store.
+fn end_run(standbys: &mut HashMap<TaskId, Standby>, run: &mut Run) {
+    let Some((task, index)) = run.route.take() else { return };
+    let Some(standby) = standbys.get_mut(&task) else {
+        run.records.clear();
+        return;
+    };
+    let store = &mut standby.stores[index];
+    store.position = run.position;
+    if store.pending.is_empty() {
+        std::mem::swap(&mut store.pending, &mut run.records);
+    } else {
+        store.pending.append(&mut run.records);
     }
 }
 
