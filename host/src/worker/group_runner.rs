@@ -575,6 +575,9 @@ fn learners_caught_up(
             tracing::info!(task = %t, lag = l, "learner caught up: rejoining to take the task over");
             asked.insert(t.clone(), now);
         }
+        // Flushed while the group rebalances, not after the task is handed over.
+        let tasks: Vec<TaskId> = fresh.iter().map(|(t, _)| t.clone()).collect();
+        runner.checkpoint_learners(&tasks);
     }
     go
 }

@@ -436,6 +436,12 @@ impl TaskRunner {
         Ok(())
     }
 
+    /// Makes what these learners applied durable now, in the background, so that taking
+    /// their tasks over flushes only what arrives until then.
+    pub fn checkpoint_learners(&self, tasks: &[TaskId]) {
+        self.updater.checkpoint(tasks);
+    }
+
     /// Stops standbys; their progress is checkpointed and their stores closed on return.
     pub fn stop_standbys(&mut self, tasks: &[TaskId]) {
         let mut stopping = Vec::new();

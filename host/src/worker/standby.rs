@@ -36,6 +36,9 @@ enum Command {
     Add(Arc<DeployedTopology>, i32),
     /// Checkpoint and close; the reply says how many records it applied.
     Remove(TaskId, Sender<Result<u64, String>>),
+    /// Make what was applied durable now (a learner that caught up: its promotion then
+    /// flushes only what arrives until the handover).
+    Checkpoint(TaskId),
 }
 
 /// How far each standby (or learner) has read: the sum of its stores' next changelog
@@ -108,6 +111,15 @@ impl StandbyUpdater {
     pub fn add(&self, topology: Arc<DeployedTopology>, partition: i32) {
         if let Some(tx) = &self.commands {
             let _ = tx.send(Command::Add(topology, partition));
+        }
+    }
+
+    /// Makes what these standbys applied durable, in the background.
+    pub fn checkpoint(&self, tasks: &[TaskId]) {
+        if let Some(tx) = &self.commands {
+            for task in tasks {
+                let _ = tx.send(Command::Checkpoint(task.clone()));
+            }
         }
     }
 
@@ -226,6 +238,16 @@ impl Updater {
                     }
                     Command::Remove(task, reply) => {
                         let _ = reply.send(self.remove(&task));
+                    }
+                    Command::Checkpoint(task) => {
+                        if let Some(standby) = self.standbys.get_mut(&task).filter(|s| s.failed.is_none()) {
+                            let result =
+                                apply_standby(standby).and_then(|()| checkpoint_standby(&self.consumer, standby));
+                            if let Err(e) = result {
+                                tracing::warn!(%task, "standby failed: {e}");
+                                standby.failed = Some(e);
+                            }
+                        }
                     }
                 }
             }
