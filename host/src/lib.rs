@@ -4,9 +4,11 @@
 //! Layers, lowest first: [`manifest`] (pure parsing), [`runtime`] (the Wasm sandbox),
 //! [`metrics`], and [`worker`] (Kafka in, guest calls, Kafka out).
 
+pub mod admin;
 pub mod group;
 pub mod manifest;
 pub mod metrics;
+pub mod registry;
 pub mod runtime;
 pub mod state;
 pub mod worker;

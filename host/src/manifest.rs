@@ -56,7 +56,8 @@ pub enum ManifestError {
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct RawManifest {
     name: String,
-    component: PathBuf,
+    #[serde(default)]
+    component: Option<PathBuf>,
     #[serde(default)]
     sources: BTreeMap<String, String>,
     #[serde(default)]
@@ -139,15 +140,33 @@ impl Manifest {
 
     /// Parses manifest text; `path` is used in messages, `base` resolves the component path.
     pub fn parse(text: &str, path: &str, base: &Path) -> Result<Manifest, ManifestError> {
+        Manifest::parse_for(text, path, |raw| match raw {
+            None => Err("`component` is missing; give the path of the .wasm file".to_string()),
+            Some(c) if c.as_os_str().is_empty() => {
+                Err("`component` is empty; give the path of the .wasm file".to_string())
+            }
+            Some(c) => Ok(base.join(c)),
+        })
+    }
+
+    /// Parses the manifest of an uploaded topology, whose component is `component` (a
+    /// `component` line in the text, if any, is not used).
+    pub fn parse_uploaded(text: &str, path: &str, component: &Path) -> Result<Manifest, ManifestError> {
+        Manifest::parse_for(text, path, |_| Ok(component.to_path_buf()))
+    }
+
+    fn parse_for(
+        text: &str,
+        path: &str,
+        component: impl FnOnce(Option<&Path>) -> Result<PathBuf, String>,
+    ) -> Result<Manifest, ManifestError> {
         let invalid = |message: String| ManifestError::Invalid {
             path: path.to_string(),
             message,
         };
         let raw: RawManifest = toml::from_str(text).map_err(|e| invalid(toml_error(text, &e)))?;
         check_name("topology name", &raw.name).map_err(invalid)?;
-        if raw.component.as_os_str().is_empty() {
-            return Err(invalid("`component` is empty; give the path of the .wasm file".into()));
-        }
+        let component = component(raw.component.as_deref()).map_err(invalid)?;
         for (kind, map) in [("source", &raw.sources), ("sink", &raw.sinks)] {
             for (name, topic) in map {
                 check_topic(topic).map_err(|m| invalid(format!("{kind} {name:?} is bound to {topic:?}: {m}")))?;
@@ -213,7 +232,7 @@ impl Manifest {
         Ok(Manifest {
             path: path.to_string(),
             name: raw.name,
-            component: base.join(&raw.component),
+            component,
             sources: raw.sources,
             sinks: raw.sinks,
             limits: Limits {

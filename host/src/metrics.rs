@@ -209,6 +209,7 @@ impl Metrics {
         self,
         addr: SocketAddr,
         drain: Option<std::sync::Arc<dyn Fn() -> Result<(), String> + Send + Sync>>,
+        more: Option<axum::Router>,
     ) -> anyhow::Result<SocketAddr> {
         use axum::http::StatusCode;
         use axum::routing::{get, post};
@@ -268,6 +269,10 @@ impl Metrics {
                     }
                 }),
             );
+        let app = match more {
+            Some(more) => app.merge(more),
+            None => app,
+        };
         tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
                 tracing::error!("metrics endpoint stopped: {e}");

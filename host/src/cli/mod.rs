@@ -4,6 +4,7 @@ mod http;
 mod kafka_tools;
 mod state;
 mod status;
+mod topologies;
 mod worker;
 
 use std::process::ExitCode;
@@ -30,6 +31,11 @@ pub enum Command {
     Worker(Box<worker::WorkerArgs>),
     /// Show a cluster: generation, workers, and every task with its role, owner and lag.
     Status(status::StatusArgs),
+    /// Upload a topology (component and manifest) to a cluster through any worker's admin
+    /// API; every worker runs it. Uploading a name again upgrades it (state kept).
+    Deploy(topologies::DeployArgs),
+    /// List, describe or delete the topologies uploaded to a cluster.
+    Topologies(topologies::TopologiesArgs),
     /// Inspect a stopped worker's local state.
     State(state::StateArgs),
     /// Create topics.
@@ -61,6 +67,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Worker(args) => worker::run(*args).await,
         Command::State(args) => state::run(args),
+        Command::Deploy(args) => topologies::deploy(args).await,
+        Command::Topologies(args) => topologies::topologies(args).await,
         Command::Status(args) => status::run(args).await,
         Command::Topics(args) => kafka_tools::topics(args).await,
         Command::Produce(args) => kafka_tools::produce(args).await,

@@ -35,8 +35,9 @@ pub struct WorkerArgs {
     /// Kafka bootstrap servers, `host:port[,host:port…]`.
     #[arg(long, env = "KAFKA_BOOTSTRAP")]
     bootstrap: String,
-    /// A topology manifest (TOML); repeat for several topologies.
-    #[arg(long = "topology", value_name = "FILE.toml", required = true)]
+    /// A topology manifest (TOML); repeat for several topologies. In a cluster (`--cluster`)
+    /// it may be left out: the worker runs what is uploaded to the cluster's registry.
+    #[arg(long = "topology", value_name = "FILE.toml", required_unless_present = "cluster")]
     topologies: Vec<PathBuf>,
     /// The worker's admin endpoint: Prometheus metrics at http://ADDR/metrics, live status
     /// (roles, lag, learners' progress, rebalances) at /status, /healthz and /readyz, and
@@ -168,6 +169,9 @@ pub struct WorkerArgs {
     /// (`limits.state`). A task whose commit would go past it fails and stays failed.
     #[arg(long, default_value = "10GiB", value_parser = parse_size)]
     state_limit: usize,
+    /// Largest component the admin API takes (`POST /v1/topologies`).
+    #[arg(long, default_value = "64MiB", value_parser = parse_size)]
+    max_component_size: usize,
 }
 
 pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
@@ -236,6 +240,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         state_block_cache: args.state_cache,
         state_write_buffers: args.state_write_buffers,
         state_limit: args.state_limit as u64,
+        max_component_bytes: args.max_component_size,
     };
     let mut stop_rx = stop_rx;
     let shutdown = async move {

@@ -212,6 +212,7 @@ pub async fn run(
     cluster: &ClusterConfig,
     mut runner: TaskRunner,
     shutdown: impl std::future::Future<Output = ()>,
+    mut changes: tokio::sync::mpsc::UnboundedReceiver<super::TopologyChange>,
 ) -> anyhow::Result<WorkerReport> {
     let assignor = by_name(&cluster.assignor).with_context(|| {
         format!(
@@ -227,7 +228,6 @@ pub async fn run(
         "metadata version {} is not one this worker speaks ({OLDEST_VERSION} to {CURRENT_VERSION})",
         cluster.metadata_version
     );
-    let topologies = runner.topology_infos();
     // Reads changelog end offsets (for the leader's lag figures and for learners' progress).
     let offsets: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", &cluster.bootstrap)
@@ -237,7 +237,6 @@ pub async fn run(
         .set("isolation.level", "read_committed")
         .create()
         .context("creating the changelog offsets client")?;
-    let stateful = runner.changelog_partitions();
     // Learners that caught up and asked for their task (when), so a worker does not rejoin
     // for the same learner over and over.
     let mut asked: HashMap<TaskId, Instant> = HashMap::new();
@@ -265,6 +264,9 @@ pub async fn run(
     tokio::pin!(shutdown);
     'member: loop {
         runner.board().rebalance_started();
+        // What this worker runs (uploads and deletions change it between joins).
+        let topologies = runner.topology_infos();
+        let stateful = runner.changelog_partitions();
         if stop_the_world && !runner.owned().is_empty() {
             // Eager rebalancing is stop-the-world: every task stops (and commits) before this
             // member rejoins, so no task is ever active on two workers.
@@ -472,6 +474,25 @@ pub async fn run(
                     }
                 } => {}
                 _ = &mut shutdown => break 'member,
+                Some(change) = changes.recv() => {
+                    // Tasks of what is deleted or replaced stop (committing) before the swap;
+                    // then the worker rejoins to say what it runs now.
+                    let names: Vec<String> =
+                        change.put.iter().map(|t| t.name.clone()).chain(change.remove.iter().cloned()).collect();
+                    let (owned, standbys) = runner.tasks_of(&names);
+                    let stopping = runner.begin_stop(&owned, false);
+                    if let Kept::Lost(why) = heartbeats.wait_for(&mut membership, &mut runner, stopping).await? {
+                        lose_membership(&mut runner, &why).await;
+                    }
+                    tokio::task::block_in_place(|| runner.stop_standbys(&standbys));
+                    for name in &change.remove {
+                        runner.remove_topology(name);
+                    }
+                    for topology in change.put {
+                        runner.put_topology(topology);
+                    }
+                    continue 'member;
+                }
             }
             if runner.reap()?.rejoin {
                 tracing::warn!(cluster = %cluster.name, "a task was fenced by another owner, or released: rejoining");

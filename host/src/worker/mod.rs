@@ -16,9 +16,9 @@ pub mod stream;
 pub mod task;
 pub mod task_state;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -58,6 +58,8 @@ pub struct WorkerConfig {
     pub state_limit: u64,
     /// How changelog topics are created.
     pub changelogs: changelog::ChangelogSettings,
+    /// Largest component the admin API takes.
+    pub max_component_bytes: usize,
 }
 
 impl WorkerConfig {
@@ -74,6 +76,7 @@ impl WorkerConfig {
             state_write_buffers: 64 << 20,
             state_limit: 10 << 30,
             changelogs: changelog::ChangelogSettings::default(),
+            max_component_bytes: 64 << 20,
         }
     }
 }
@@ -110,11 +113,8 @@ pub type Refused = String;
 pub type Loaded = (Manifest, LoadedTopology, Binding);
 
 /// Loads and checks every manifest and component. A topology that fails is refused alone
-/// (returned with its reason); the others load. Errs only when there is nothing to load.
+/// (returned with its reason); the others load.
 pub fn load_topologies(runtime: &Runtime, manifests: &[PathBuf]) -> anyhow::Result<(Vec<Loaded>, Vec<Refused>)> {
-    if manifests.is_empty() {
-        bail!("no topology to run: pass --topology FILE.toml (repeatable)");
-    }
     let mut names = HashSet::new();
     let mut out = Vec::new();
     let mut refused = Vec::new();
@@ -143,6 +143,146 @@ pub fn load_topologies(runtime: &Runtime, manifests: &[PathBuf]) -> anyhow::Resu
     Ok((out, refused))
 }
 
+/// Loads a topology uploaded to the registry (its component is on disk at `component`).
+pub fn load_uploaded(runtime: &Runtime, entry: &crate::registry::Entry, component: &Path) -> anyhow::Result<Loaded> {
+    let label = format!("uploaded topology {} (version {})", entry.name, entry.version);
+    let manifest = Manifest::parse_uploaded(&entry.manifest, &label, component)?;
+    let loaded = runtime.load(component)?;
+    let loaded = loaded
+        .with_limits(&manifest.limits)
+        .map_err(|m| anyhow::anyhow!("{label}: {m}"))?;
+    let binding = manifest.bind(loaded.description())?;
+    Ok((manifest, loaded, binding))
+}
+
+/// How topologies are deployed on this worker (changelog creation, defaults).
+#[derive(Debug, Clone)]
+pub struct DeploySettings {
+    pub bootstrap: String,
+    pub changelogs: changelog::ChangelogSettings,
+    pub state_limit: u64,
+}
+
+/// Deploys loaded topologies: checks their topics, creates their changelogs and looks up
+/// the changelogs' topic ids. Each failure is returned with its reason, alone.
+pub async fn deploy_all(settings: &DeploySettings, loaded: Vec<Loaded>) -> (Vec<DeployedTopology>, Vec<Refused>) {
+    let s = settings.clone();
+    let deploying = match tokio::task::spawn_blocking(move || {
+        loaded
+            .into_iter()
+            .map(|(m, loaded, binding)| {
+                let name = m.name.clone();
+                deploy(&s.bootstrap, m, loaded, binding, s.changelogs, s.state_limit).map_err(|e| (name, e))
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    {
+        Ok(results) => results,
+        Err(e) => return (Vec::new(), vec![format!("deploying: {e}")]),
+    };
+    let (mut deployed, mut refused) = (Vec::new(), Vec::new());
+    for result in deploying {
+        match result {
+            Ok(topology) => deployed.push(topology),
+            Err((_, e)) => refused.push(format!("{e:#}")),
+        }
+    }
+    // Topic ids tell a changelog that was deleted and created again from the one a store
+    // was restored from.
+    let topics: Vec<String> = deployed
+        .iter()
+        .flat_map(|t: &DeployedTopology| t.changelogs.iter().map(|c| c.topic.clone()))
+        .collect();
+    if !topics.is_empty() {
+        match crate::group::connection::topic_ids(&settings.bootstrap, &topics).await {
+            Ok(ids) => {
+                for changelog in deployed.iter_mut().flat_map(|t| t.changelogs.iter_mut()) {
+                    changelog.topic_id = ids.get(&changelog.topic).cloned().unwrap_or_default();
+                }
+            }
+            Err(e) => {
+                for t in deployed.drain(..) {
+                    refused.push(format!(
+                        "topology {}: looking up the ids of its changelog topics: {e:#}",
+                        t.name
+                    ));
+                }
+            }
+        }
+    }
+    (deployed, refused)
+}
+
+/// A change to the topologies a worker runs, found in the registry: the group runner stops
+/// the tasks of what is removed or replaced, swaps them, and rejoins.
+pub struct TopologyChange {
+    pub put: Vec<DeployedTopology>,
+    pub remove: Vec<String>,
+}
+
+/// Follows the registry: loads and deploys what is uploaded or upgraded, and sends each
+/// change to the group runner. `current`: the version of each uploaded topology running.
+async fn follow_registry(
+    mut updates: tokio::sync::watch::Receiver<Arc<crate::registry::Snapshot>>,
+    mut current: BTreeMap<String, u32>,
+    static_names: HashSet<String>,
+    runtime: Arc<Runtime>,
+    settings: DeploySettings,
+    changes: tokio::sync::mpsc::UnboundedSender<TopologyChange>,
+) {
+    while updates.changed().await.is_ok() {
+        let snapshot = updates.borrow_and_update().clone();
+        let remove: Vec<String> = current
+            .keys()
+            .filter(|n| !snapshot.entries.contains_key(*n))
+            .cloned()
+            .collect();
+        let wanted: Vec<(crate::registry::Entry, PathBuf)> = snapshot
+            .entries
+            .values()
+            .filter(|(e, _)| !static_names.contains(&e.name) && current.get(&e.name) != Some(&e.version))
+            .cloned()
+            .collect();
+        if remove.is_empty() && wanted.is_empty() {
+            continue;
+        }
+        let rt = runtime.clone();
+        let versions: BTreeMap<String, u32> = wanted.iter().map(|(e, _)| (e.name.clone(), e.version)).collect();
+        let loading = tokio::task::spawn_blocking(move || {
+            wanted
+                .iter()
+                .map(|(e, path)| load_uploaded(&rt, e, path).map_err(|err| format!("{err:#}")))
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_default();
+        let mut loaded = Vec::new();
+        for result in loading {
+            match result {
+                Ok(l) => loaded.push(l),
+                Err(e) => tracing::error!("not running an uploaded topology: {e}"),
+            }
+        }
+        let (put, refused) = deploy_all(&settings, loaded).await;
+        for reason in &refused {
+            tracing::error!("not running an uploaded topology: {reason}");
+        }
+        for name in &remove {
+            current.remove(name);
+            tracing::info!(topology = %name, "deleted from the registry: stopping its tasks");
+        }
+        for t in &put {
+            let version = versions.get(&t.name).copied().unwrap_or(0);
+            tracing::info!(topology = %t.name, version, partitions = t.partitions, "deployed from the registry");
+            current.insert(t.name.clone(), version);
+        }
+        if changes.send(TopologyChange { put, remove }).is_err() {
+            return;
+        }
+    }
+}
+
 /// Runs a worker until `shutdown` resolves, then stops every task cleanly (finish the
 /// batch, flush, commit, close) and returns. Start-up problems (a bad manifest or
 /// component, a missing topic, an unreachable cluster) are returned before anything runs.
@@ -150,15 +290,58 @@ pub async fn run(
     mut config: WorkerConfig,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<WorkerReport> {
+    if config.manifests.is_empty() && config.cluster.is_none() {
+        bail!("no topology to run: pass --topology FILE.toml (repeatable), or --cluster NAME to run what is uploaded to the cluster");
+    }
+    // In a cluster, uploaded topologies come from its registry: read it all before starting.
+    let registry = match &config.cluster {
+        Some(cluster) => {
+            let (bootstrap, name, dir) = (
+                config.bootstrap.clone(),
+                cluster.name.clone(),
+                config.state_dir.join("registry"),
+            );
+            let watcher = tokio::task::spawn_blocking(move || {
+                crate::registry::ensure_topic(&bootstrap, &name)?;
+                crate::registry::Watcher::start(&bootstrap, &name, &dir)
+            })
+            .await?
+            .context("reading the cluster's registry of uploaded topologies")?;
+            Some(Arc::new(watcher))
+        }
+        None => None,
+    };
+    let uploaded = registry.as_ref().map(|r| r.snapshot()).unwrap_or_default();
     // Loading runs guest code (`describe`), which may use WASI: never on an async thread,
     // where wasmtime-wasi's blocking calls would panic.
     let (runtime_config, manifests) = (config.runtime.clone(), config.manifests.clone());
-    let (_runtime, (topologies, mut refused)) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
-        let runtime = Runtime::new(&runtime_config)?;
-        let loaded = load_topologies(&runtime, &manifests)?;
-        Ok((runtime, loaded))
-    })
-    .await??;
+    let (runtime, (mut topologies, mut refused), uploaded_versions) =
+        tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+            let runtime = Runtime::new(&runtime_config)?;
+            let (mut loaded, mut refused) = load_topologies(&runtime, &manifests)?;
+            let mut versions = BTreeMap::new();
+            for (entry, path) in uploaded.entries.values() {
+                if loaded.iter().any(|(m, _, _)| m.name == entry.name) {
+                    tracing::warn!(topology = %entry.name, "uploaded, and also given with --topology: running the manifest's");
+                    continue;
+                }
+                match load_uploaded(&runtime, entry, path) {
+                    Ok(l) => {
+                        versions.insert(entry.name.clone(), entry.version);
+                        loaded.push(l);
+                    }
+                    Err(e) => refused.push(format!("{e:#}")),
+                }
+            }
+            Ok((runtime, (loaded, refused), versions))
+        })
+        .await??;
+    let runtime = Arc::new(runtime);
+    let static_names: HashSet<String> = topologies
+        .iter()
+        .filter(|(m, _, _)| !uploaded_versions.contains_key(&m.name))
+        .map(|(m, _, _)| m.name.clone())
+        .collect();
 
     let metrics = Metrics::new();
     if let Some(addr) = config.metrics_addr {
@@ -181,53 +364,43 @@ pub async fn run(
             });
             drain
         });
-        let bound = metrics.clone().serve(addr, drain).await?;
+        let admin = match (&registry, &config.cluster) {
+            (Some(watcher), Some(cluster)) => {
+                let writer = crate::registry::Writer::new(&config.bootstrap, &cluster.name)?;
+                Some(crate::admin::router(Arc::new(crate::admin::AdminState {
+                    runtime: runtime.clone(),
+                    registry: watcher.clone(),
+                    writer,
+                    bootstrap: config.bootstrap.clone(),
+                    cluster: cluster.name.clone(),
+                    static_names: static_names.clone(),
+                    max_component_bytes: config.max_component_bytes,
+                })))
+            }
+            _ => None,
+        };
+        let bound = metrics.clone().serve(addr, drain, admin).await?;
         if let Some(cluster) = config.cluster.as_mut().filter(|c| c.admin.is_empty()) {
             cluster.admin = advertised(bound);
         }
         tracing::info!("metrics on http://{bound}/metrics; POST http://{bound}/drain drains this worker");
     }
 
-    let bootstrap = config.bootstrap.clone();
-    let changelog_settings = config.changelogs;
-    let state_limit = config.state_limit;
-    let deploying = tokio::task::spawn_blocking(move || {
-        topologies
-            .into_iter()
-            .map(|(m, loaded, binding)| deploy(&bootstrap, m, loaded, binding, changelog_settings, state_limit))
-            .collect::<Vec<_>>()
-    })
-    .await?;
-    let mut deployed = Vec::new();
-    for result in deploying {
-        match result {
-            Ok(topology) => deployed.push(topology),
-            Err(e) => refused.push(format!("{e:#}")),
-        }
-    }
-    // One tenant's bad topology keeps no other from running; with none left, there is
-    // nothing to do.
-    if deployed.is_empty() {
+    let settings = DeploySettings {
+        bootstrap: config.bootstrap.clone(),
+        changelogs: config.changelogs,
+        state_limit: config.state_limit,
+    };
+    let (deployed, more_refused) = deploy_all(&settings, std::mem::take(&mut topologies)).await;
+    refused.extend(more_refused);
+    // One tenant's bad topology keeps no other from running; with none left (and no
+    // registry to bring more), there is nothing to do.
+    if deployed.is_empty() && registry.is_none() {
         bail!("{}", refused.join("\n"));
     }
     for reason in &refused {
         tracing::error!("not running a topology: {reason}");
     }
-    // Topic ids tell a changelog that was deleted and created again from the one a store
-    // was restored from.
-    let topics: Vec<String> = deployed
-        .iter()
-        .flat_map(|t| t.changelogs.iter().map(|c| c.topic.clone()))
-        .collect();
-    if !topics.is_empty() {
-        let ids = crate::group::connection::topic_ids(&config.bootstrap, &topics)
-            .await
-            .context("looking up the ids of the changelog topics")?;
-        for changelog in deployed.iter_mut().flat_map(|t| t.changelogs.iter_mut()) {
-            changelog.topic_id = ids.get(&changelog.topic).cloned().unwrap_or_default();
-        }
-    }
-
     let producer: Arc<WorkerProducer> = Arc::new(
         base_config(&config.bootstrap)
             .set("enable.idempotence", "true")
@@ -280,7 +453,20 @@ pub async fn run(
             tracing::info!("stopping: finishing batches in flight, flushing, committing");
             tokio::task::spawn_blocking(move || runner.stop_all()).await?
         }
-        Some(cluster) => group_runner::run(cluster, runner, shutdown).await?,
+        Some(cluster) => {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            if let Some(watcher) = &registry {
+                tokio::spawn(follow_registry(
+                    watcher.updates.clone(),
+                    uploaded_versions,
+                    static_names,
+                    runtime.clone(),
+                    settings,
+                    tx,
+                ));
+            }
+            group_runner::run(cluster, runner, shutdown, rx).await?
+        }
     };
     let report = {
         let mut report = report;
@@ -358,38 +544,7 @@ fn deploy(
     changelog_settings: changelog::ChangelogSettings,
     state_limit: u64,
 ) -> anyhow::Result<DeployedTopology> {
-    // Used here for metadata only; each task creates its own (see task.rs).
-    let consumer = source_consumer(bootstrap, &manifest.name, 1 << 20).context("creating the consumer")?;
-
-    let mut partitions = None;
-    let dead_letter: Vec<String> = binding.dead_letter_topic.iter().cloned().collect();
-    for (kind, topics) in [
-        ("source", &binding.source_topics),
-        ("sink", &binding.sink_topics),
-        ("dead-letter", &dead_letter),
-    ] {
-        for topic in topics.iter() {
-            let count = partition_count(&consumer, topic).map_err(|e| {
-                anyhow::anyhow!(
-                    "topology {} (manifest {}): {kind} topic {topic:?}: {e}",
-                    manifest.name,
-                    manifest.path
-                )
-            })?;
-            if kind == "source" {
-                match partitions {
-                    None => partitions = Some((topic.clone(), count)),
-                    Some((ref first, n)) if n != count => bail!(
-                        "topology {}: source topics {first:?} ({n} partitions) and {topic:?} ({count} partitions) \
-                         must have the same number of partitions (a task reads the same partition of each)",
-                        manifest.name
-                    ),
-                    Some(_) => {}
-                }
-            }
-        }
-    }
-    let (_, partitions) = partitions.expect("a topology has at least one source");
+    let partitions = check_topics(bootstrap, &manifest, &binding, TOPIC_APPEAR_WAIT)?;
     let digest = topology_digest(&manifest, &binding, &loaded.description().stores)?;
     let changelogs = changelog::ensure_changelogs(
         bootstrap,
@@ -410,6 +565,48 @@ fn deploy(
         changelogs,
         digest,
     })
+}
+
+/// Checks that a topology's topics exist (each is looked up for up to `patience`) and its
+/// sources have the same number of partitions; returns that number.
+pub fn check_topics(
+    bootstrap: &str,
+    manifest: &Manifest,
+    binding: &Binding,
+    patience: Duration,
+) -> anyhow::Result<i32> {
+    // Used here for metadata only; each task creates its own (see task.rs).
+    let consumer = source_consumer(bootstrap, &manifest.name, 1 << 20).context("creating the consumer")?;
+    let mut partitions = None;
+    let dead_letter: Vec<String> = binding.dead_letter_topic.iter().cloned().collect();
+    for (kind, topics) in [
+        ("source", &binding.source_topics),
+        ("sink", &binding.sink_topics),
+        ("dead-letter", &dead_letter),
+    ] {
+        for topic in topics.iter() {
+            let count = partition_count(&consumer, topic, patience).map_err(|e| {
+                anyhow::anyhow!(
+                    "topology {} (manifest {}): {kind} topic {topic:?}: {e}",
+                    manifest.name,
+                    manifest.path
+                )
+            })?;
+            if kind == "source" {
+                match partitions {
+                    None => partitions = Some((topic.clone(), count)),
+                    Some((ref first, n)) if n != count => bail!(
+                        "topology {}: source topics {first:?} ({n} partitions) and {topic:?} ({count} partitions) \
+                         must have the same number of partitions (a task reads the same partition of each)",
+                        manifest.name
+                    ),
+                    Some(_) => {}
+                }
+            }
+        }
+    }
+    let (_, partitions) = partitions.expect("a topology has at least one source");
+    Ok(partitions)
 }
 
 /// What makes two deployments of a topology the same: the component's bytes and the topics
@@ -441,8 +638,8 @@ const TOPIC_APPEAR_WAIT: Duration = Duration::from_secs(10);
 
 const MISSING_TOPIC: &str = "does not exist; create it first (for example `sluice topics create --partitions 4 TOPIC`)";
 
-fn partition_count(consumer: &BaseConsumer<ConsumerEvents>, topic: &str) -> Result<i32, String> {
-    wait_for_topic(topic, TOPIC_APPEAR_WAIT, Duration::from_millis(250), || {
+fn partition_count(consumer: &BaseConsumer<ConsumerEvents>, topic: &str, patience: Duration) -> Result<i32, String> {
+    wait_for_topic(topic, patience, Duration::from_millis(250), || {
         let metadata = consumer
             .fetch_metadata(Some(topic), Duration::from_secs(15))
             .map_err(|e| Lookup::Failed(format!("cannot fetch metadata from Kafka: {e}")))?;

@@ -134,6 +134,40 @@ impl TaskRunner {
             .collect()
     }
 
+    /// The digest of each topology this worker runs, by name.
+    pub fn digests(&self) -> BTreeMap<String, [u8; 16]> {
+        self.topologies.iter().map(|(n, t)| (n.clone(), t.digest)).collect()
+    }
+
+    /// Tasks (owned: running, failed or retrying) and standbys of the topologies `names`:
+    /// what has to stop before they are removed or replaced.
+    pub fn tasks_of(&self, names: &[String]) -> (Vec<TaskId>, Vec<TaskId>) {
+        let of = |t: &TaskId| names.iter().any(|n| **n == *t.topology);
+        let owned = self.owned().into_iter().filter(of).collect();
+        let standbys = self.standbys.iter().filter(|t| of(t)).cloned().collect();
+        (owned, standbys)
+    }
+
+    /// Runs `topology` from now on (replacing one of the same name, whose tasks and
+    /// standbys must have stopped: see [`Self::tasks_of`]).
+    pub fn put_topology(&mut self, topology: DeployedTopology) {
+        self.forget(&topology.name);
+        self.topologies.insert(topology.name.clone(), Arc::new(topology));
+    }
+
+    /// Stops running the topology `name` (its tasks and standbys must have stopped).
+    pub fn remove_topology(&mut self, name: &str) {
+        self.forget(name);
+        self.topologies.remove(name);
+    }
+
+    /// Forgets the failures of a topology's tasks (a new version starts them afresh).
+    fn forget(&mut self, name: &str) {
+        self.failed.retain(|t, _| *t.topology != *name);
+        self.retrying.retain(|t, _| *t.topology != *name);
+        self.retry_counts.retain(|t, _| *t.topology != *name);
+    }
+
     /// What this worker tells the group it runs.
     pub fn topology_infos(&self) -> Vec<crate::group::metadata::TopologyInfo> {
         self.topologies

@@ -11,6 +11,7 @@ mod kills;
 mod learners;
 mod ownership;
 mod policies;
+mod registry;
 mod runtime;
 mod sandbox;
 mod state;

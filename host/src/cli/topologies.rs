@@ -1,0 +1,255 @@
+//! `sluice deploy` and `sluice topologies list|describe|delete`: the cluster's registry of
+//! uploaded topologies, through any worker's admin API.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Args, Subcommand, ValueEnum};
+use serde_json::Value;
+
+use super::http::{self, Body};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Output {
+    Text,
+    Json,
+}
+
+/// Where a worker's admin API is.
+#[derive(Debug, Args)]
+pub struct AdminArgs {
+    /// A worker's admin address (what it was started with as `--metrics`).
+    #[arg(long, env = "SLUICE_ADMIN", value_name = "HOST:PORT")]
+    admin: String,
+    #[arg(long, value_enum, default_value = "text")]
+    output: Output,
+}
+
+#[derive(Debug, Args)]
+pub struct DeployArgs {
+    /// The topology's component (`.wasm`, built for wasm32-wasip2).
+    component: PathBuf,
+    /// The topology's manifest (its `component` line, if any, is not used).
+    #[arg(long, value_name = "FILE.toml")]
+    manifest: PathBuf,
+    #[command(flatten)]
+    admin: AdminArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct TopologiesArgs {
+    #[command(subcommand)]
+    action: TopologiesAction,
+}
+
+#[derive(Debug, Subcommand)]
+enum TopologiesAction {
+    /// Every uploaded topology.
+    List(AdminArgs),
+    /// One uploaded topology: version, component, bindings, manifest.
+    Describe {
+        name: String,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Delete an uploaded topology: every worker stops its tasks (its topics and
+    /// changelogs stay).
+    Delete {
+        name: String,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+}
+
+/// An upload or a request may take a while (compiling a large component).
+const TIMEOUT: Duration = Duration::from_secs(300);
+
+pub async fn deploy(args: DeployArgs) -> anyhow::Result<ExitCode> {
+    let manifest = std::fs::read_to_string(&args.manifest)
+        .with_context(|| format!("reading manifest {}", args.manifest.display()))?;
+    let component =
+        std::fs::read(&args.component).with_context(|| format!("reading component {}", args.component.display()))?;
+    let boundary = format!("sluice-{}", uuid::Uuid::new_v4().simple());
+    let mut body = Vec::with_capacity(component.len() + manifest.len() + 512);
+    let file_name = |p: &std::path::Path| {
+        // Only for messages: quotes and line breaks would break the part's header.
+        p.file_name()
+            .map(|n| n.to_string_lossy().replace(['"', '\r', '\n'], "_"))
+            .unwrap_or_default()
+    };
+    for (name, file, content_type, bytes) in [
+        (
+            "manifest",
+            file_name(&args.manifest),
+            "application/toml",
+            manifest.as_bytes(),
+        ),
+        (
+            "component",
+            file_name(&args.component),
+            "application/wasm",
+            &component[..],
+        ),
+    ] {
+        body.extend_from_slice(
+            format!(
+                "--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"; filename=\"{file}\"\r\nContent-Type: {content_type}\r\n\r\n"
+            )
+            .as_bytes(),
+        );
+        body.extend_from_slice(bytes);
+        body.extend_from_slice(b"\r\n");
+    }
+    body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
+    let size = component.len();
+    let progress = progress_bar(body.len() as u64, &args.admin);
+    let (status, answer) = http::send(
+        hyper::Method::POST,
+        &args.admin.admin,
+        "/v1/topologies",
+        Some(Body {
+            content_type: format!("multipart/form-data; boundary={boundary}"),
+            bytes: body,
+            progress: progress.clone(),
+        }),
+        TIMEOUT,
+    )
+    .await?;
+    if let Some(bar) = progress {
+        bar.finish_and_clear();
+    }
+    let json: Value = parse(&answer)?;
+    if !status.is_success() {
+        anyhow::bail!(
+            "{} refused the upload ({status}): {}",
+            args.admin.admin,
+            error_text(&json)
+        );
+    }
+    match args.admin.output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&json)?),
+        Output::Text => {
+            let what = if status == hyper::StatusCode::CREATED {
+                "deployed"
+            } else {
+                "unchanged (the same component and manifest are deployed)"
+            };
+            println!(
+                "{} version {} {what}: {} tasks, component {} ({size} bytes)",
+                json["name"].as_str().unwrap_or("?"),
+                json["version"],
+                json["partitions"],
+                short(json["digest"].as_str().unwrap_or("")),
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A progress bar for an upload on a terminal (none otherwise, or for JSON output).
+fn progress_bar(len: u64, admin: &AdminArgs) -> Option<indicatif::ProgressBar> {
+    use std::io::IsTerminal;
+    if matches!(admin.output, Output::Json) || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(len);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} ({bytes_per_sec})")
+            .expect("a valid template")
+            .progress_chars("#>-"),
+    );
+    bar.set_message("uploading");
+    Some(bar)
+}
+
+fn parse(answer: &[u8]) -> anyhow::Result<Value> {
+    serde_json::from_slice(answer).with_context(|| {
+        format!(
+            "the worker answered something other than JSON: {}",
+            String::from_utf8_lossy(&answer[..answer.len().min(300)])
+        )
+    })
+}
+
+fn error_text(json: &Value) -> String {
+    match (json["error"].as_str(), json["message"].as_str()) {
+        (Some(kind), Some(message)) => format!("{message} [{kind}]"),
+        _ => json.to_string(),
+    }
+}
+
+fn short(digest: &str) -> &str {
+    &digest[..digest.len().min(12)]
+}
+
+pub async fn topologies(args: TopologiesArgs) -> anyhow::Result<ExitCode> {
+    let (method, path, admin) = match &args.action {
+        TopologiesAction::List(admin) => (hyper::Method::GET, "/v1/topologies".to_string(), admin),
+        TopologiesAction::Describe { name, admin } => (hyper::Method::GET, format!("/v1/topologies/{name}"), admin),
+        TopologiesAction::Delete { name, admin } => (hyper::Method::DELETE, format!("/v1/topologies/{name}"), admin),
+    };
+    let (status, answer) = http::send(method, &admin.admin, &path, None, TIMEOUT).await?;
+    let json = parse(&answer)?;
+    if !status.is_success() {
+        anyhow::bail!("{} ({status}): {}", admin.admin, error_text(&json));
+    }
+    if matches!(admin.output, Output::Json) {
+        println!("{}", serde_json::to_string_pretty(&json)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    match &args.action {
+        TopologiesAction::List(_) => {
+            println!(
+                "{:<32} {:>7} {:>5} {:<12} {:>10}  SOURCES -> SINKS",
+                "NAME", "VERSION", "TASKS", "COMPONENT", "BYTES"
+            );
+            for t in json.as_array().into_iter().flatten() {
+                println!(
+                    "{:<32} {:>7} {:>5} {:<12} {:>10}  {} -> {}",
+                    t["name"].as_str().unwrap_or("?"),
+                    t["version"],
+                    t["partitions"],
+                    short(t["digest"].as_str().unwrap_or("")),
+                    t["size"],
+                    list(&t["sources"]),
+                    list(&t["sinks"]),
+                );
+            }
+        }
+        TopologiesAction::Describe { .. } => {
+            println!("name:       {}", json["name"].as_str().unwrap_or("?"));
+            println!("version:    {}", json["version"]);
+            println!("tasks:      {}", json["partitions"]);
+            println!(
+                "component:  {} ({} bytes)",
+                json["digest"].as_str().unwrap_or("?"),
+                json["size"]
+            );
+            println!("sources:    {}", list(&json["sources"]));
+            println!("sinks:      {}", list(&json["sinks"]));
+            println!("stores:     {}", list(&json["stores"]));
+            println!("manifest:");
+            for line in json["manifest"].as_str().unwrap_or("").lines() {
+                println!("  {line}");
+            }
+        }
+        TopologiesAction::Delete { name, .. } => {
+            println!(
+                "{name} version {} deleted: its tasks stop on every worker",
+                json["version"]
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn list(v: &Value) -> String {
+    let items: Vec<&str> = v.as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    if items.is_empty() {
+        "-".to_string()
+    } else {
+        items.join(", ")
+    }
+}

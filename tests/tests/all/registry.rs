@@ -1,0 +1,314 @@
+//! Uploaded topologies: `sluice deploy` through one worker's admin API, the registry in
+//! Kafka, every worker running what is uploaded; bad uploads refused with their own errors
+//! and nothing stored; upgrades that keep state; deletion.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use sluice_tests::worker::{guest, sluice_binary, TempDir, WorkerProcess};
+use sluice_tests::{free_port, kafka, unique_name};
+
+use crate::cluster::until_settled;
+
+/// A worker of `cluster` with an admin endpoint on `port` and no `--topology`.
+fn worker(dir: &TempDir, cluster: &str, n: usize, port: u16, extra: &[&str]) -> anyhow::Result<WorkerProcess> {
+    let state = dir.path().join(format!("state-{n}"));
+    let admin = format!("127.0.0.1:{port}");
+    let mut args = vec![
+        "--cluster",
+        cluster,
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--metrics",
+        &admin,
+        "--heartbeat-interval",
+        "200ms",
+        "--session-timeout",
+        "6s",
+        "--commit-interval",
+        "200ms",
+    ];
+    args.extend_from_slice(extra);
+    WorkerProcess::start(kafka().bootstrap(), dir.path(), &args)
+}
+
+/// Runs the `sluice` CLI; (success, stdout, stderr).
+fn cli(args: &[&str]) -> anyhow::Result<(bool, String, String)> {
+    let out = std::process::Command::new(sluice_binary()).args(args).output()?;
+    Ok((
+        out.status.success(),
+        String::from_utf8(out.stdout)?,
+        String::from_utf8(out.stderr)?,
+    ))
+}
+
+fn deploy(
+    admin: u16,
+    component: &std::path::Path,
+    manifest: &std::path::Path,
+) -> anyhow::Result<(bool, String, String)> {
+    cli(&[
+        "deploy",
+        component.to_str().unwrap(),
+        "--manifest",
+        manifest.to_str().unwrap(),
+        "--admin",
+        &format!("127.0.0.1:{admin}"),
+        "--output",
+        "json",
+    ])
+}
+
+/// The names and versions the registry lists, through `admin`.
+fn listed(admin: u16) -> anyhow::Result<BTreeMap<String, u64>> {
+    let (ok, out, err) = cli(&[
+        "topologies",
+        "list",
+        "--admin",
+        &format!("127.0.0.1:{admin}"),
+        "--output",
+        "json",
+    ])?;
+    anyhow::ensure!(ok, "sluice topologies list failed: {err}");
+    let v: serde_json::Value = serde_json::from_str(&out)?;
+    Ok(v.as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["name"].as_str().unwrap().to_string(), t["version"].as_u64().unwrap()))
+        .collect())
+}
+
+fn manifest(name: &str, sources: &[(&str, &str)], sinks: &[(&str, &str)], extra: &str) -> String {
+    let table = |pairs: &[(&str, &str)]| {
+        pairs
+            .iter()
+            .map(|(k, v)| format!("{k} = \"{v}\"\n"))
+            .collect::<String>()
+    };
+    format!(
+        "name = \"{name}\"\n{extra}\n[sources]\n{}\n[sinks]\n{}",
+        table(sources),
+        table(sinks)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_topology_deployed_through_one_worker_runs_across_the_cluster_and_bad_uploads_change_nothing(
+) -> anyhow::Result<()> {
+    let kafka = kafka();
+    let (input, output) = (unique_name("deploy-in"), unique_name("deploy-out"));
+    kafka.create_topic(&input, 4).await?;
+    kafka.create_topic(&output, 4).await?;
+    let dir = TempDir::new("registry");
+    let cluster = unique_name("c");
+    let ports = [free_port(), free_port()];
+    // The second worker takes components of at most 64 KiB (uppercase is about 100 KiB).
+    let mut workers = vec![
+        worker(&dir, &cluster, 0, ports[0], &[])?,
+        worker(&dir, &cluster, 1, ports[1], &["--max-component-size", "64KiB"])?,
+    ];
+    for w in &mut workers {
+        w.wait_for_line(&[" assignment "], Duration::from_secs(60))?;
+    }
+
+    let name = unique_name("shout");
+    let m = dir.write(
+        "shout.toml",
+        &manifest(&name, &[("input", &input)], &[("output", &output)], ""),
+    );
+    let (ok, out, err) = deploy(ports[0], &guest("uppercase"), &m)?;
+    assert!(ok, "deploy failed: {err}");
+    let deployed: serde_json::Value = serde_json::from_str(&out)?;
+    assert_eq!(
+        (deployed["version"].as_u64(), deployed["partitions"].as_u64()),
+        (Some(1), Some(4)),
+        "{out}"
+    );
+
+    // Both workers run it: two tasks each; records go through.
+    until_settled(&mut workers, 2).await?;
+    let sent: Vec<(Vec<u8>, Vec<u8>)> = (0..1000)
+        .map(|i| (format!("k{i}").into_bytes(), format!("hello {i}").into_bytes()))
+        .collect();
+    kafka.produce(&input, &sent).await?;
+    let received = kafka.consume(&output, sent.len(), Duration::from_secs(120)).await?;
+    let mut got: Vec<Vec<u8>> = received.iter().map(|r| r.value.clone().unwrap()).collect();
+    let mut want: Vec<Vec<u8>> = sent.iter().map(|(_, v)| v.to_ascii_uppercase()).collect();
+    got.sort();
+    want.sort();
+    assert_eq!(got, want);
+    // The other worker lists it.
+    let before = listed(ports[1])?;
+    assert_eq!(before.get(&name), Some(&1), "{before:?}");
+
+    // Each bad upload gets its own error, and the registry stays as it was.
+    let junk = dir.write("junk.wasm", "hello, not wasm");
+    let core = dir.path().join("core.wasm");
+    std::fs::write(&core, b"\0asm\x01\0\0\0")?;
+    let other = unique_name("other");
+    let good = dir.write(
+        "other.toml",
+        &manifest(&other, &[("input", &input)], &[("output", &output)], ""),
+    );
+    let cases: Vec<(&str, std::path::PathBuf, std::path::PathBuf, u16, &str)> = vec![
+        (
+            "not a component",
+            junk,
+            good.clone(),
+            ports[0],
+            "does not start with the Wasm magic bytes [not-a-component]",
+        ),
+        (
+            "a core module",
+            core,
+            good.clone(),
+            ports[0],
+            "it is a core Wasm module; build it for wasm32-wasip2",
+        ),
+        (
+            "describe loops",
+            guest("hostile-describe-loop"),
+            good.clone(),
+            ports[0],
+            "[describe-failed]",
+        ),
+        (
+            "describe traps",
+            guest("hostile-describe-trap"),
+            good.clone(),
+            ports[0],
+            "[describe-failed]",
+        ),
+        (
+            "a bad manifest",
+            guest("uppercase"),
+            dir.write("bad.toml", "name = \n"),
+            ports[0],
+            "[bad-manifest]",
+        ),
+        (
+            "an undeclared source",
+            guest("uppercase"),
+            dir.write(
+                "undeclared.toml",
+                &manifest(
+                    &other,
+                    &[("input", &input), ("nope", &input)],
+                    &[("output", &output)],
+                    "",
+                ),
+            ),
+            ports[0],
+            "it binds the source \"nope\", which the component does not declare",
+        ),
+        (
+            "a missing topic",
+            guest("uppercase"),
+            dir.write(
+                "missing.toml",
+                &manifest(
+                    &other,
+                    &[("input", &unique_name("missing"))],
+                    &[("output", &output)],
+                    "",
+                ),
+            ),
+            ports[0],
+            "does not exist; create it first",
+        ),
+        (
+            "over the size limit",
+            guest("uppercase"),
+            good.clone(),
+            ports[1],
+            "[too-large]",
+        ),
+    ];
+    for (what, component, manifest, port, expected) in cases {
+        let (ok, _, err) = deploy(port, &component, &manifest)?;
+        assert!(!ok, "{what}: accepted");
+        eprintln!("{what}: {}", err.trim());
+        assert!(err.contains(expected), "{what}: expected {expected:?} in:\n{err}");
+        assert_eq!(listed(ports[0])?, before, "{what}: the registry changed");
+    }
+
+    // Deleted through the other worker: every task stops on both.
+    let (ok, out, err) = cli(&[
+        "topologies",
+        "delete",
+        &name,
+        "--admin",
+        &format!("127.0.0.1:{}", ports[1]),
+    ])?;
+    assert!(ok, "delete failed: {err}");
+    assert!(out.contains("deleted"), "{out}");
+    until_settled(&mut workers, 0).await?;
+    let (ok, _, err) = cli(&[
+        "topologies",
+        "describe",
+        &name,
+        "--admin",
+        &format!("127.0.0.1:{}", ports[0]),
+    ])?;
+    assert!(!ok && err.contains("[not-found]"), "{err}");
+    for w in &mut workers {
+        assert!(w.terminate(Duration::from_secs(60))?.success(), "{}", w.log());
+    }
+    Ok(())
+}
+
+/// An upgrade (a new version of a stateful topology) restarts its tasks on the new version
+/// with their state: word counts go on from where they were.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upgrade_keeps_the_state() -> anyhow::Result<()> {
+    let kafka = kafka();
+    let (input, output) = (unique_name("upgrade-in"), unique_name("upgrade-out"));
+    kafka.create_topic(&input, 2).await?;
+    kafka.create_topic(&output, 2).await?;
+    let dir = TempDir::new("upgrade");
+    let cluster = unique_name("c");
+    let port = free_port();
+    let mut workers = vec![worker(&dir, &cluster, 0, port, &[])?];
+    workers[0].wait_for_line(&[" assignment "], Duration::from_secs(60))?;
+    let name = unique_name("wc");
+    let bindings = (&[("lines", input.as_str())][..], &[("counts", output.as_str())][..]);
+    let v1 = dir.write("v1.toml", &manifest(&name, bindings.0, bindings.1, ""));
+    let (ok, _, err) = deploy(port, &guest("word-count"), &v1)?;
+    assert!(ok, "{err}");
+    until_settled(&mut workers, 2).await?;
+    // One key: every line in one partition, so one task holds the counts.
+    let line = |_: usize| (b"same".to_vec(), b"apple banana apple".to_vec());
+    kafka.produce(&input, &(0..100).map(line).collect::<Vec<_>>()).await?;
+    kafka
+        .wait_committed(&format!("sluice-{name}"), &input, 2, 100, Duration::from_secs(120))
+        .await?;
+
+    // Version 2: the same component under another limit.
+    let v2 = dir.write(
+        "v2.toml",
+        &manifest(&name, bindings.0, bindings.1, "[limits]\ncall-timeout = \"3s\"\n"),
+    );
+    let (ok, out, err) = deploy(port, &guest("word-count"), &v2)?;
+    assert!(ok, "{err}");
+    assert!(out.contains("\"version\": 2"), "{out}");
+    workers[0].wait_for_line(&["deployed from the registry", "version=2"], Duration::from_secs(60))?;
+    until_settled(&mut workers, 2).await?;
+    kafka.produce(&input, &(100..200).map(line).collect::<Vec<_>>()).await?;
+    kafka
+        .wait_committed(&format!("sluice-{name}"), &input, 2, 200, Duration::from_secs(120))
+        .await?;
+    // The highest count of each word is the truth over both versions: 400 apples, 200
+    // bananas (a version that lost the state would count from zero again).
+    let outputs = kafka.read_all(&output, Duration::from_secs(10))?;
+    let mut highest: BTreeMap<String, u64> = BTreeMap::new();
+    for r in &outputs {
+        let word = String::from_utf8(r.key.clone().unwrap())?;
+        let count: u64 = String::from_utf8(r.value.clone().unwrap())?.parse()?;
+        let h = highest.entry(word).or_default();
+        *h = (*h).max(count);
+    }
+    assert_eq!(highest.get("apple"), Some(&400), "{highest:?}");
+    assert_eq!(highest.get("banana"), Some(&200), "{highest:?}");
+    assert!(workers[0].terminate(Duration::from_secs(60))?.success());
+    Ok(())
+}
