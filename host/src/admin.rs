@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, Multipart, Path as UrlPath, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Json;
@@ -28,6 +28,10 @@ use serde::Serialize;
 use crate::manifest::Manifest;
 use crate::registry::{self, Entry, Watcher, Writer};
 use crate::runtime::{LoadError, Runtime};
+use crate::tenants::{Caller, Tenancy};
+
+/// The API's OpenAPI description (`GET /openapi.yaml`).
+pub const OPENAPI: &str = include_str!("../../docs/openapi.yaml");
 
 /// What the admin API works with.
 pub struct AdminState {
@@ -39,6 +43,8 @@ pub struct AdminState {
     /// Topologies given to this worker with `--topology` (they cannot be uploaded).
     pub static_names: HashSet<String>,
     pub max_component_bytes: usize,
+    /// Who may call, and what each caller may do.
+    pub tenancy: Tenancy,
 }
 
 /// An answer that is not a success.
@@ -90,36 +96,102 @@ pub fn router(state: Arc<AdminState>) -> axum::Router {
     axum::Router::new()
         .route("/v1/topologies", post(upload).get(list))
         .route("/v1/topologies/{name}", get(describe).delete(delete))
+        .route("/v1/tenants", get(tenants))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
 }
 
-async fn list(State(state): State<Arc<AdminState>>) -> Json<Vec<TopologyView>> {
+/// Who calls: `Authorization: Bearer TOKEN`, checked against the configured token hashes.
+fn caller(state: &AdminState, headers: &HeaderMap) -> Result<Caller, ApiError> {
+    let token = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    state.tenancy.caller(token).ok_or_else(|| {
+        let why = if token.is_some() {
+            "the token is not one this cluster knows"
+        } else {
+            "this cluster requires a token: pass --token (or set SLUICE_TOKEN)"
+        };
+        ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", why)
+    })
+}
+
+async fn list(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Result<Json<Vec<TopologyView>>, ApiError> {
+    let who = caller(&state, &headers)?;
     let snapshot = state.registry.snapshot();
-    Json(
+    Ok(Json(
         snapshot
             .entries
             .values()
+            .filter(|(entry, _)| who.owns(&entry.tenant))
             .map(|(entry, _)| TopologyView {
                 entry: entry.clone(),
                 origin: "registry",
             })
             .collect(),
-    )
+    ))
 }
 
 async fn describe(
     State(state): State<Arc<AdminState>>,
+    headers: HeaderMap,
     UrlPath(name): UrlPath<String>,
 ) -> Result<Json<TopologyView>, ApiError> {
+    let who = caller(&state, &headers)?;
     let snapshot = state.registry.snapshot();
-    match snapshot.entries.get(&name) {
+    // Another tenant's topology is not there, as far as this caller can tell.
+    match snapshot.entries.get(&name).filter(|(e, _)| who.owns(&e.tenant)) {
         Some((entry, _)) => Ok(Json(TopologyView {
             entry: entry.clone(),
             origin: "registry",
         })),
         None => Err(not_found(&state, &name)),
     }
+}
+
+/// A tenant as `GET /v1/tenants` shows it.
+#[derive(Debug, Serialize)]
+struct TenantView {
+    name: String,
+    namespace: String,
+    topologies: usize,
+    tasks: u32,
+    max_topologies: Option<u32>,
+    max_tasks: Option<u32>,
+    max_memory: Option<usize>,
+    max_call_timeout_ms: Option<u64>,
+}
+
+async fn tenants(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Result<Json<Vec<TenantView>>, ApiError> {
+    let who = caller(&state, &headers)?;
+    let snapshot = state.registry.snapshot();
+    Ok(Json(
+        state
+            .tenancy
+            .tenants()
+            .filter(|t| who.owns(&t.name))
+            .map(|t| {
+                let mine: Vec<&Entry> = snapshot
+                    .entries
+                    .values()
+                    .map(|(e, _)| e)
+                    .filter(|e| e.tenant == t.name)
+                    .collect();
+                TenantView {
+                    name: t.name.clone(),
+                    namespace: t.namespace.clone(),
+                    topologies: mine.len(),
+                    tasks: mine.iter().map(|e| e.partitions).sum(),
+                    max_topologies: t.max_topologies,
+                    max_tasks: t.max_tasks,
+                    max_memory: t.max_memory,
+                    max_call_timeout_ms: t.max_call_timeout.map(|d| d.as_millis() as u64),
+                }
+            })
+            .collect(),
+    ))
 }
 
 fn not_found(state: &AdminState, name: &str) -> ApiError {
@@ -139,10 +211,17 @@ fn not_found(state: &AdminState, name: &str) -> ApiError {
 
 async fn delete(
     State(state): State<Arc<AdminState>>,
+    headers: HeaderMap,
     UrlPath(name): UrlPath<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
+    let who = caller(&state, &headers)?;
     let snapshot = state.registry.snapshot();
-    let Some((entry, _)) = snapshot.entries.get(&name).cloned() else {
+    let Some((entry, _)) = snapshot
+        .entries
+        .get(&name)
+        .filter(|(e, _)| who.owns(&e.tenant))
+        .cloned()
+    else {
         return Err(not_found(&state, &name));
     };
     let shared = snapshot
@@ -267,7 +346,12 @@ fn too_large(size: Option<usize>, limit: usize) -> ApiError {
     )
 }
 
-async fn upload(State(state): State<Arc<AdminState>>, form: Multipart) -> Result<Response, ApiError> {
+async fn upload(
+    State(state): State<Arc<AdminState>>,
+    headers: HeaderMap,
+    form: Multipart,
+) -> Result<Response, ApiError> {
+    let who = caller(&state, &headers)?;
     let Upload {
         manifest: (manifest_file, text),
         component: (component_file, component),
@@ -285,6 +369,39 @@ async fn upload(State(state): State<Arc<AdminState>>, form: Multipart) -> Result
             format!("topology {name:?} is given to a worker with --topology; an upload cannot replace it"),
         ));
     }
+    let snapshot = state.registry.snapshot();
+    if let Some((other, _)) = snapshot.entries.get(&name).filter(|(e, _)| !who.owns(&e.tenant)) {
+        let _ = other;
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "name-taken",
+            format!("the topology name {name:?} is taken by another tenant; choose another"),
+        ));
+    }
+    let mut manifest = manifest;
+    if let Caller::Tenant(tenant) = &who {
+        namespace_check(tenant, &manifest)?;
+        let mine: Vec<&Entry> = snapshot
+            .entries
+            .values()
+            .map(|(e, _)| e)
+            .filter(|e| e.tenant == tenant.name && e.name != name)
+            .collect();
+        if let Some(max) = tenant.max_topologies.filter(|max| mine.len() as u32 >= *max) {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "over-limit",
+                format!(
+                    "tenant {} has {} topologies, its limit (max-topologies = {max})",
+                    tenant.name,
+                    mine.len()
+                ),
+            ));
+        }
+        // Its manifest's limits, capped by the tenant's (checked against the worker's below).
+        let cap = tenant_cap(tenant);
+        cap.cap(&mut manifest.limits);
+    }
     // Everything a worker checks before running it, on a blocking thread: compiling and
     // describing run guest code (under the sandbox's limits).
     let st = state.clone();
@@ -292,8 +409,27 @@ async fn upload(State(state): State<Arc<AdminState>>, form: Multipart) -> Result
         .await
         .map_err(internal)?;
     let ((description, partitions), component) = checked?;
+    if let Caller::Tenant(tenant) = &who {
+        let others: u32 = snapshot
+            .entries
+            .values()
+            .map(|(e, _)| e)
+            .filter(|e| e.tenant == tenant.name && e.name != name)
+            .map(|e| e.partitions)
+            .sum();
+        if let Some(max) = tenant.max_tasks.filter(|max| others + partitions as u32 > *max) {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "over-limit",
+                format!(
+                    "tenant {} would run {} tasks with this topology's {partitions}, over its limit (max-tasks = {max})",
+                    tenant.name,
+                    others + partitions as u32
+                ),
+            ));
+        }
+    }
     let digest = registry::digest(&component);
-    let snapshot = state.registry.snapshot();
     let previous = snapshot.entries.get(&name).map(|(e, _)| e.clone());
     if let Some(p) = previous.as_ref().filter(|p| p.digest == digest && p.manifest == text) {
         return Ok((StatusCode::OK, Json(p.clone())).into_response());
@@ -312,6 +448,17 @@ async fn upload(State(state): State<Arc<AdminState>>, form: Multipart) -> Result
         sources: description.sources,
         sinks: description.sinks,
         stores: description.stores,
+        tenant: who.name().to_string(),
+        max_memory: None,
+        max_call_timeout_ms: None,
+    };
+    let entry = match &who {
+        Caller::Tenant(tenant) => Entry {
+            max_memory: tenant.max_memory,
+            max_call_timeout_ms: tenant.max_call_timeout.map(|d| d.as_millis() as u64),
+            ..entry
+        },
+        Caller::Admin => entry,
     };
     let present = snapshot.entries.values().any(|(e, _)| e.digest == digest);
     let st = state.clone();
@@ -323,6 +470,74 @@ async fn upload(State(state): State<Arc<AdminState>>, form: Multipart) -> Result
     settle(&state).await;
     tracing::info!(topology = %name, version = entry.version, digest = %entry.digest, "uploaded to the registry");
     Ok((StatusCode::CREATED, Json(entry)).into_response())
+}
+
+/// A tenant's limits as an entry carries them.
+fn tenant_cap(tenant: &crate::tenants::Tenant) -> Entry {
+    Entry {
+        name: String::new(),
+        version: 0,
+        manifest: String::new(),
+        digest: String::new(),
+        size: 0,
+        chunks: 0,
+        uploaded_at_ms: 0,
+        partitions: 0,
+        sources: vec![],
+        sinks: vec![],
+        stores: vec![],
+        tenant: tenant.name.clone(),
+        max_memory: tenant.max_memory,
+        max_call_timeout_ms: tenant.max_call_timeout.map(|d| d.as_millis() as u64),
+    }
+}
+
+/// A tenant's topology is named inside its namespace and binds only topics in it (its
+/// changelogs, `<name>-<store>-changelog`, then are too).
+fn namespace_check(tenant: &crate::tenants::Tenant, manifest: &Manifest) -> Result<(), ApiError> {
+    let ns = &tenant.namespace;
+    if !manifest.name.starts_with(ns.as_str()) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "foreign-name",
+            format!(
+                "topology {:?} is outside tenant {}'s namespace: its name must start with {ns:?}",
+                manifest.name, tenant.name
+            ),
+        ));
+    }
+    let topics = manifest
+        .sources
+        .iter()
+        .map(|(n, t)| ("source", n, t))
+        .chain(manifest.sinks.iter().map(|(n, t)| ("sink", n, t)));
+    for (kind, binding, topic) in topics {
+        if !topic.starts_with(ns.as_str()) {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "foreign-topic",
+                format!(
+                    "{kind} {binding:?} is bound to {topic:?}, outside tenant {}'s namespace {ns:?}",
+                    tenant.name
+                ),
+            ));
+        }
+    }
+    if let Some(topic) = manifest
+        .dead_letter_topic
+        .as_ref()
+        .filter(|t| !t.starts_with(ns.as_str()))
+    {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "foreign-topic",
+            format!(
+                "dead-letter-topic {topic:?} is outside tenant {}'s namespace {ns:?}",
+                tenant.name
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Checks an upload as a worker would before running it: a component of our world that
@@ -356,4 +571,26 @@ fn check(
     let partitions = crate::worker::check_topics(&state.bootstrap, &manifest, &binding, Duration::from_secs(2))
         .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "bad-topic", format!("{e:#}")))?;
     Ok((loaded.description().clone(), partitions))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_openapi_description_names_every_route() {
+        for route in [
+            "/v1/topologies:",
+            "/v1/topologies/{name}:",
+            "/status:",
+            "/metrics:",
+            "/healthz:",
+            "/readyz:",
+            "/drain:",
+            "/openapi.yaml:",
+        ] {
+            assert!(
+                super::OPENAPI.contains(&format!("\n  {route}\n")),
+                "{route} is not described"
+            );
+        }
+    }
 }

@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod registry;
 pub mod runtime;
 pub mod state;
+pub mod tenants;
 pub mod worker;
 
 /// The version of this build, as printed by `sluice --version`.

@@ -229,6 +229,10 @@ impl Metrics {
             )
             .route("/healthz", get(|| async { "ok\n" }))
             .route(
+                "/openapi.yaml",
+                get(|| async { ([("content-type", "application/yaml")], crate::admin::OPENAPI) }),
+            )
+            .route(
                 "/readyz",
                 get(move || {
                     let board = ready.clone();

@@ -62,6 +62,30 @@ pub struct Entry {
     pub sinks: Vec<String>,
     #[serde(default)]
     pub stores: Vec<String>,
+    /// Who uploaded it: a tenant's name, or `admin`.
+    #[serde(default = "admin")]
+    pub tenant: String,
+    /// Limits its tenant imposes, over what its manifest says (the lower one wins).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_memory: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_call_timeout_ms: Option<u64>,
+}
+
+fn admin() -> String {
+    crate::tenants::ADMIN.to_string()
+}
+
+impl Entry {
+    /// The limits it runs under: its manifest's, capped by its tenant's.
+    pub fn cap(&self, limits: &mut crate::manifest::Limits) {
+        if let Some(max) = self.max_memory {
+            limits.memory = Some(limits.memory.map_or(max, |m| m.min(max)));
+        }
+        if let Some(max) = self.max_call_timeout_ms.map(Duration::from_millis) {
+            limits.call_timeout = Some(limits.call_timeout.map_or(max, |t| t.min(max)));
+        }
+    }
 }
 
 /// SHA-256 of `bytes`, hex.

@@ -26,7 +26,7 @@ pub async fn request(
     path: &str,
     timeout: Duration,
 ) -> anyhow::Result<(hyper::StatusCode, Bytes)> {
-    send(method, admin, path, None, timeout).await
+    send(method, admin, path, None, None, timeout).await
 }
 
 /// As [`request`], with a body.
@@ -34,6 +34,7 @@ pub async fn send(
     method: hyper::Method,
     admin: &str,
     path: &str,
+    token: Option<&str>,
     body: Option<Body>,
     timeout: Duration,
 ) -> anyhow::Result<(hyper::StatusCode, Bytes)> {
@@ -49,6 +50,9 @@ pub async fn send(
             .method(method.clone())
             .uri(path)
             .header("host", admin);
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
         let (pieces, progress): (Vec<Bytes>, _) = match body {
             Some(body) => {
                 request = request

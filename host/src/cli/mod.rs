@@ -36,6 +36,8 @@ pub enum Command {
     Deploy(topologies::DeployArgs),
     /// List, describe or delete the topologies uploaded to a cluster.
     Topologies(topologies::TopologiesArgs),
+    /// The tenants of a cluster; the hashed form of a token for the configuration file.
+    Tenants(topologies::TenantsArgs),
     /// Inspect a stopped worker's local state.
     State(state::StateArgs),
     /// Create topics.
@@ -69,6 +71,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::State(args) => state::run(args),
         Command::Deploy(args) => topologies::deploy(args).await,
         Command::Topologies(args) => topologies::topologies(args).await,
+        Command::Tenants(args) => topologies::tenants(args).await,
         Command::Status(args) => status::run(args).await,
         Command::Topics(args) => kafka_tools::topics(args).await,
         Command::Produce(args) => kafka_tools::produce(args).await,

@@ -23,6 +23,9 @@ pub struct AdminArgs {
     /// A worker's admin address (what it was started with as `--metrics`).
     #[arg(long, env = "SLUICE_ADMIN", value_name = "HOST:PORT")]
     admin: String,
+    /// The caller's token (a tenant's or the admin's), when the cluster requires one.
+    #[arg(long, env = "SLUICE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     #[arg(long, value_enum, default_value = "text")]
     output: Output,
 }
@@ -109,6 +112,7 @@ pub async fn deploy(args: DeployArgs) -> anyhow::Result<ExitCode> {
         hyper::Method::POST,
         &args.admin.admin,
         "/v1/topologies",
+        args.admin.token.as_deref(),
         Some(Body {
             content_type: format!("multipart/form-data; boundary={boundary}"),
             bytes: body,
@@ -190,7 +194,7 @@ pub async fn topologies(args: TopologiesArgs) -> anyhow::Result<ExitCode> {
         TopologiesAction::Describe { name, admin } => (hyper::Method::GET, format!("/v1/topologies/{name}"), admin),
         TopologiesAction::Delete { name, admin } => (hyper::Method::DELETE, format!("/v1/topologies/{name}"), admin),
     };
-    let (status, answer) = http::send(method, &admin.admin, &path, None, TIMEOUT).await?;
+    let (status, answer) = http::send(method, &admin.admin, &path, admin.token.as_deref(), None, TIMEOUT).await?;
     let json = parse(&answer)?;
     if !status.is_success() {
         anyhow::bail!("{} ({status}): {}", admin.admin, error_text(&json));
@@ -252,4 +256,64 @@ fn list(v: &Value) -> String {
     } else {
         items.join(", ")
     }
+}
+
+#[derive(Debug, Args)]
+pub struct TenantsArgs {
+    #[command(subcommand)]
+    action: TenantsAction,
+}
+
+#[derive(Debug, Subcommand)]
+enum TenantsAction {
+    /// The tenants this caller may see (the admin sees all), with their limits and usage.
+    List(AdminArgs),
+    /// Print the hashed form of a token, for the configuration file's `tokens`.
+    HashToken { token: String },
+}
+
+pub async fn tenants(args: TenantsArgs) -> anyhow::Result<ExitCode> {
+    let admin = match args.action {
+        TenantsAction::HashToken { token } => {
+            println!("{}", sluice::tenants::hash_token(&token));
+            return Ok(ExitCode::SUCCESS);
+        }
+        TenantsAction::List(admin) => admin,
+    };
+    let (status, answer) = http::send(
+        hyper::Method::GET,
+        &admin.admin,
+        "/v1/tenants",
+        admin.token.as_deref(),
+        None,
+        TIMEOUT,
+    )
+    .await?;
+    let json = parse(&answer)?;
+    if !status.is_success() {
+        anyhow::bail!("{} ({status}): {}", admin.admin, error_text(&json));
+    }
+    match admin.output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&json)?),
+        Output::Text => {
+            println!(
+                "{:<20} {:<20} {:>10} {:>6} {:>10} {:>10} {:>12}",
+                "TENANT", "NAMESPACE", "TOPOLOGIES", "TASKS", "MAX TOPOS", "MAX TASKS", "MAX MEMORY"
+            );
+            for t in json.as_array().into_iter().flatten() {
+                let or_dash = |v: &Value| if v.is_null() { "-".to_string() } else { v.to_string() };
+                println!(
+                    "{:<20} {:<20} {:>10} {:>6} {:>10} {:>10} {:>12}",
+                    t["name"].as_str().unwrap_or("?"),
+                    t["namespace"].as_str().unwrap_or("?"),
+                    t["topologies"],
+                    t["tasks"],
+                    or_dash(&t["max_topologies"]),
+                    or_dash(&t["max_tasks"]),
+                    or_dash(&t["max_memory"]),
+                );
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }

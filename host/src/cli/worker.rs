@@ -169,6 +169,10 @@ pub struct WorkerArgs {
     /// (`limits.state`). A task whose commit would go past it fails and stays failed.
     #[arg(long, default_value = "10GiB", value_parser = parse_size)]
     state_limit: usize,
+    /// The configuration file: tenants, their tokens, namespaces and limits (the same file on
+    /// every worker of a cluster; see README "Tenants").
+    #[arg(long, env = "SLUICE_CONFIG", value_name = "FILE.toml")]
+    config: Option<PathBuf>,
     /// Largest component the admin API takes (`POST /v1/topologies`).
     #[arg(long, default_value = "64MiB", value_parser = parse_size)]
     max_component_size: usize,
@@ -241,6 +245,10 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         state_write_buffers: args.state_write_buffers,
         state_limit: args.state_limit as u64,
         max_component_bytes: args.max_component_size,
+        tenancy: match &args.config {
+            Some(path) => sluice::tenants::Tenancy::load(path)?,
+            None => Default::default(),
+        },
     };
     let mut stop_rx = stop_rx;
     let shutdown = async move {

@@ -60,6 +60,8 @@ pub struct WorkerConfig {
     pub changelogs: changelog::ChangelogSettings,
     /// Largest component the admin API takes.
     pub max_component_bytes: usize,
+    /// Who may call the admin API (tenants, tokens, limits).
+    pub tenancy: crate::tenants::Tenancy,
 }
 
 impl WorkerConfig {
@@ -77,6 +79,7 @@ impl WorkerConfig {
             state_limit: 10 << 30,
             changelogs: changelog::ChangelogSettings::default(),
             max_component_bytes: 64 << 20,
+            tenancy: Default::default(),
         }
     }
 }
@@ -146,7 +149,8 @@ pub fn load_topologies(runtime: &Runtime, manifests: &[PathBuf]) -> anyhow::Resu
 /// Loads a topology uploaded to the registry (its component is on disk at `component`).
 pub fn load_uploaded(runtime: &Runtime, entry: &crate::registry::Entry, component: &Path) -> anyhow::Result<Loaded> {
     let label = format!("uploaded topology {} (version {})", entry.name, entry.version);
-    let manifest = Manifest::parse_uploaded(&entry.manifest, &label, component)?;
+    let mut manifest = Manifest::parse_uploaded(&entry.manifest, &label, component)?;
+    entry.cap(&mut manifest.limits);
     let loaded = runtime.load(component)?;
     let loaded = loaded
         .with_limits(&manifest.limits)
@@ -375,6 +379,7 @@ pub async fn run(
                     cluster: cluster.name.clone(),
                     static_names: static_names.clone(),
                     max_component_bytes: config.max_component_bytes,
+                    tenancy: config.tenancy.clone(),
                 })))
             }
             _ => None,

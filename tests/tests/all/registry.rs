@@ -32,8 +32,11 @@ fn worker(dir: &TempDir, cluster: &str, n: usize, port: u16, extra: &[&str]) -> 
     WorkerProcess::start(kafka().bootstrap(), dir.path(), &args)
 }
 
-/// Runs the `sluice` CLI; (success, stdout, stderr).
-fn cli(args: &[&str]) -> anyhow::Result<(bool, String, String)> {
+/// What a CLI run gave: success, stdout, stderr.
+type Ran = (bool, String, String);
+
+/// Runs the `sluice` CLI.
+fn cli(args: &[&str]) -> anyhow::Result<Ran> {
     let out = std::process::Command::new(sluice_binary()).args(args).output()?;
     Ok((
         out.status.success(),
@@ -309,6 +312,153 @@ async fn an_upgrade_keeps_the_state() -> anyhow::Result<()> {
     }
     assert_eq!(highest.get("apple"), Some(&400), "{highest:?}");
     assert_eq!(highest.get("banana"), Some(&200), "{highest:?}");
+    assert!(workers[0].terminate(Duration::from_secs(60))?.success());
+    Ok(())
+}
+
+/// Tenants: each sees and manages only its own topologies, binds only topics of its
+/// namespace, and stays within its limits; a call without a known token is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn tenants_see_and_touch_only_their_own_topologies_and_topics() -> anyhow::Result<()> {
+    let kafka = kafka();
+    let id = unique_name("t");
+    let (a, b) = (format!("a-{id}."), format!("b-{id}."));
+    for ns in [&a, &b] {
+        kafka.create_topic(&format!("{ns}in"), 2).await?;
+        kafka.create_topic(&format!("{ns}out"), 2).await?;
+    }
+    let dir = TempDir::new("tenants");
+    let hash = |t: &str| sluice::tenants::hash_token(t);
+    let config = dir.write(
+        "sluice.toml",
+        &format!(
+            "[admin]\ntokens = [\"{}\"]\n\n[tenants.alpha]\ntokens = [\"{}\"]\nnamespace = \"{a}\"\nmax-tasks = 2\n\n\
+             [tenants.bravo]\ntokens = [\"{}\"]\nnamespace = \"{b}\"\n",
+            hash("root-token"),
+            hash("alpha-token"),
+            hash("bravo-token")
+        ),
+    );
+    let cluster = unique_name("c");
+    let port = free_port();
+    let mut workers = vec![worker(
+        &dir,
+        &cluster,
+        0,
+        port,
+        &["--config", config.to_str().unwrap()],
+    )?];
+    workers[0].wait_for_line(&[" assignment "], Duration::from_secs(60))?;
+    let admin = format!("127.0.0.1:{port}");
+    let as_ = |token: &str, args: &[&str]| {
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend_from_slice(&["--admin", &admin, "--token", token, "--output", "json"]);
+        cli(&all)
+    };
+    let shout = |ns: &str, name: &str, sink_ns: &str| {
+        dir.write(
+            &format!("{name}.toml"),
+            &manifest(
+                &format!("{ns}{name}"),
+                &[("input", &format!("{ns}in"))],
+                &[("output", &format!("{sink_ns}out"))],
+                "",
+            ),
+        )
+    };
+    let upper = guest("uppercase");
+    let up = upper.to_str().unwrap();
+    let deploy_as = |token: &str, m: &std::path::Path| as_(token, &["deploy", up, "--manifest", m.to_str().unwrap()]);
+
+    let (ok, _, err) = deploy_as("alpha-token", &shout(&a, "shout", &a))?;
+    assert!(ok, "{err}");
+    let (ok, _, err) = deploy_as("bravo-token", &shout(&b, "shout", &b))?;
+    assert!(ok, "{err}");
+    let names = |token: &str| -> anyhow::Result<Vec<String>> {
+        let (ok, out, err) = as_(token, &["topologies", "list"])?;
+        anyhow::ensure!(ok, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out)?;
+        Ok(v.as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_string())
+            .collect())
+    };
+    assert_eq!(names("alpha-token")?, vec![format!("{a}shout")]);
+    assert_eq!(names("bravo-token")?, vec![format!("{b}shout")]);
+    assert_eq!(names("root-token")?.len(), 2);
+
+    // Alpha cannot describe, delete or overwrite bravo's topology, nor bind bravo's topics.
+    let theirs = format!("{b}shout");
+    let refusals: Vec<(&str, anyhow::Result<Ran>, &str)> = vec![
+        (
+            "describe",
+            as_("alpha-token", &["topologies", "describe", &theirs]),
+            "[not-found]",
+        ),
+        (
+            "delete",
+            as_("alpha-token", &["topologies", "delete", &theirs]),
+            "[not-found]",
+        ),
+        (
+            "overwrite",
+            deploy_as("alpha-token", &shout(&b, "shout", &b)),
+            "[name-taken]",
+        ),
+        (
+            "name outside",
+            deploy_as("alpha-token", &shout(&b, "mine", &b)),
+            "[foreign-name]",
+        ),
+        (
+            "emit to theirs",
+            deploy_as("alpha-token", &shout(&a, "evil", &b)),
+            "[foreign-topic]",
+        ),
+        (
+            "over its tasks",
+            deploy_as("alpha-token", &shout(&a, "second", &a)),
+            "[over-limit]",
+        ),
+        (
+            "no token",
+            cli(&["topologies", "list", "--admin", &admin]),
+            "[unauthorized]",
+        ),
+        ("a wrong token", as_("guess", &["topologies", "list"]), "[unauthorized]"),
+    ];
+    for (what, result, expected) in refusals {
+        let (ok, _, err) = result?;
+        assert!(!ok, "{what}: accepted");
+        eprintln!("{what}: {}", err.trim());
+        assert!(err.contains(expected), "{what}: expected {expected:?} in {err}");
+    }
+    assert_eq!(names("root-token")?.len(), 2, "a refusal changed the registry");
+    assert_eq!(names("bravo-token")?, vec![theirs.clone()]);
+
+    // Alpha's topology runs.
+    until_settled(&mut workers, 4).await?;
+    kafka
+        .produce(&format!("{a}in"), &[(b"k".to_vec(), b"quiet".to_vec())])
+        .await?;
+    let got = kafka.consume(&format!("{a}out"), 1, Duration::from_secs(60)).await?;
+    assert_eq!(got[0].value.as_deref(), Some(&b"QUIET"[..]));
+
+    // Tenants: the admin sees both, alpha only itself.
+    let tenants = |token: &str| -> anyhow::Result<serde_json::Value> {
+        let (ok, out, err) = as_(token, &["tenants", "list"])?;
+        anyhow::ensure!(ok, "{err}");
+        Ok(serde_json::from_str(&out)?)
+    };
+    assert_eq!(tenants("root-token")?.as_array().unwrap().len(), 2);
+    let alpha = tenants("alpha-token")?;
+    assert_eq!(alpha.as_array().unwrap().len(), 1, "{alpha}");
+    assert_eq!(
+        (alpha[0]["topologies"].as_u64(), alpha[0]["tasks"].as_u64()),
+        (Some(1), Some(2)),
+        "{alpha}"
+    );
     assert!(workers[0].terminate(Duration::from_secs(60))?.success());
     Ok(())
 }

@@ -1,0 +1,248 @@
+//! Tenants: who may call a worker's admin API, what they see, and what their topologies may
+//! reach. Defined in the worker's configuration file (`--config FILE`), the same on every
+//! worker of a cluster:
+//!
+//! ```toml
+//! [admin]
+//! tokens = ["sha256:9f86d0…"]          # SHA-256 of each admin token, hex
+//!
+//! [tenants.acme]
+//! tokens = ["sha256:2c26b4…"]
+//! namespace = "acme."                  # every topic and topology name starts with it
+//! max-topologies = 10
+//! max-tasks = 64                       # tasks of all its topologies together
+//! max-memory = "64MiB"                 # linear memory of one instance
+//! max-call-timeout = "2s"              # deadline of one guest call
+//! ```
+//!
+//! Tokens are stored hashed (`sluice tenants hash-token` prints the form). A request
+//! carries `Authorization: Bearer TOKEN`. The admin sees and manages every topology; a
+//! tenant only its own, and it may bind only topics in its namespace. With no tokens
+//! configured at all, the API is open and every caller is the admin (a single-tenant
+//! cluster).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+/// The configuration file's tenancy sections.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct TenancyConfig {
+    #[serde(default)]
+    pub admin: AdminSection,
+    #[serde(default)]
+    pub tenants: BTreeMap<String, RawTenant>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct AdminSection {
+    #[serde(default)]
+    pub tokens: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RawTenant {
+    #[serde(default)]
+    pub tokens: Vec<String>,
+    pub namespace: String,
+    pub max_topologies: Option<u32>,
+    pub max_tasks: Option<u32>,
+    pub max_memory: Option<String>,
+    pub max_call_timeout: Option<String>,
+}
+
+/// A tenant, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tenant {
+    pub name: String,
+    pub namespace: String,
+    pub max_topologies: Option<u32>,
+    pub max_tasks: Option<u32>,
+    pub max_memory: Option<usize>,
+    pub max_call_timeout: Option<Duration>,
+}
+
+/// Who a request comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    Admin,
+    Tenant(Tenant),
+}
+
+impl Caller {
+    /// The tenant name entries of this caller are stored under (`admin` for the admin).
+    pub fn name(&self) -> &str {
+        match self {
+            Caller::Admin => ADMIN,
+            Caller::Tenant(t) => &t.name,
+        }
+    }
+
+    /// Whether this caller may see and manage a topology stored under `owner`.
+    pub fn owns(&self, owner: &str) -> bool {
+        match self {
+            Caller::Admin => true,
+            Caller::Tenant(t) => t.name == owner,
+        }
+    }
+}
+
+/// The owner of topologies the admin uploads.
+pub const ADMIN: &str = "admin";
+
+/// Who may call, by token hash.
+#[derive(Debug, Clone, Default)]
+pub struct Tenancy {
+    tokens: BTreeMap<String, Caller>,
+    tenants: BTreeMap<String, Tenant>,
+}
+
+/// `sha256:<hex>` of a token: how tokens are written in the configuration file.
+pub fn hash_token(token: &str) -> String {
+    let hash = Sha256::digest(token.as_bytes());
+    format!("sha256:{}", hash.iter().map(|b| format!("{b:02x}")).collect::<String>())
+}
+
+impl Tenancy {
+    /// Reads the tenancy sections of a configuration file; errors name the file and key.
+    pub fn load(path: &Path) -> anyhow::Result<Tenancy> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("cannot read configuration file {}: {e}", path.display()))?;
+        let raw: TenancyConfig = toml::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("configuration file {} is not valid: {e}", path.display()))?;
+        Tenancy::from_config(raw).map_err(|e| anyhow::anyhow!("configuration file {}: {e}", path.display()))
+    }
+
+    pub fn from_config(raw: TenancyConfig) -> Result<Tenancy, String> {
+        let mut tenancy = Tenancy::default();
+        let mut add = |hash: &str, caller: Caller, key: &str| -> Result<(), String> {
+            let ok = hash
+                .strip_prefix("sha256:")
+                .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()));
+            if !ok {
+                return Err(format!(
+                    "{key}: {hash:?} is not a token hash; write \"sha256:<64 hex digits>\" (see `sluice tenants hash-token`)"
+                ));
+            }
+            if tenancy.tokens.insert(hash.to_ascii_lowercase(), caller).is_some() {
+                return Err(format!("{key}: the same token is given twice"));
+            }
+            Ok(())
+        };
+        for hash in &raw.admin.tokens {
+            add(hash, Caller::Admin, "admin.tokens")?;
+        }
+        for (name, t) in &raw.tenants {
+            if name == ADMIN {
+                return Err("tenants.admin: \"admin\" names the administrator, not a tenant".into());
+            }
+            if t.namespace.is_empty()
+                || !t
+                    .namespace
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+            {
+                return Err(format!(
+                    "tenants.{name}.namespace = {:?}: a topic prefix of letters, digits, '.', '_' and '-'",
+                    t.namespace
+                ));
+            }
+            let size = |v: &Option<String>, key: &str| -> Result<Option<usize>, String> {
+                v.as_deref()
+                    .map(|s| crate::manifest::parse_size(s).map_err(|m| format!("tenants.{name}.{key} = {s:?}: {m}")))
+                    .transpose()
+            };
+            let tenant = Tenant {
+                name: name.clone(),
+                namespace: t.namespace.clone(),
+                max_topologies: t.max_topologies,
+                max_tasks: t.max_tasks,
+                max_memory: size(&t.max_memory, "max-memory")?,
+                max_call_timeout: t
+                    .max_call_timeout
+                    .as_deref()
+                    .map(|s| {
+                        humantime::parse_duration(s)
+                            .map_err(|e| format!("tenants.{name}.max-call-timeout = {s:?}: {e}"))
+                    })
+                    .transpose()?,
+            };
+            for other in raw.tenants.iter().filter(|(n, _)| *n != name) {
+                if other.1.namespace.starts_with(&t.namespace) {
+                    return Err(format!(
+                        "tenants.{name}.namespace {:?} contains tenant {}'s namespace {:?}: namespaces must not overlap",
+                        t.namespace, other.0, other.1.namespace
+                    ));
+                }
+            }
+            for hash in &t.tokens {
+                add(hash, Caller::Tenant(tenant.clone()), &format!("tenants.{name}.tokens"))?;
+            }
+            tenancy.tenants.insert(name.clone(), tenant);
+        }
+        Ok(tenancy)
+    }
+
+    /// Whether any token is configured (otherwise the API is open).
+    pub fn enforced(&self) -> bool {
+        !self.tokens.is_empty()
+    }
+
+    /// Who presents `token` (None: nobody; with no tokens configured, everyone is the admin).
+    pub fn caller(&self, token: Option<&str>) -> Option<Caller> {
+        if !self.enforced() {
+            return Some(Caller::Admin);
+        }
+        self.tokens.get(&hash_token(token?)).cloned()
+    }
+
+    pub fn tenants(&self) -> impl Iterator<Item = &Tenant> {
+        self.tenants.values()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(text: &str) -> Result<Tenancy, String> {
+        Tenancy::from_config(toml::from_str(text).map_err(|e| e.to_string())?)
+    }
+
+    #[test]
+    fn tokens_are_checked_by_their_hash_and_namespaces_must_not_overlap() {
+        let t = config(&format!(
+            "[admin]\ntokens = [\"{}\"]\n[tenants.a]\ntokens = [\"{}\"]\nnamespace = \"a.\"\nmax-memory = \"8MiB\"\n",
+            hash_token("root"),
+            hash_token("alpha")
+        ))
+        .unwrap();
+        assert_eq!(t.caller(Some("root")), Some(Caller::Admin));
+        let Some(Caller::Tenant(a)) = t.caller(Some("alpha")) else {
+            panic!()
+        };
+        assert_eq!((a.namespace.as_str(), a.max_memory), ("a.", Some(8 << 20)));
+        assert_eq!(t.caller(Some("nobody")), None);
+        assert_eq!(t.caller(None), None);
+        assert!(config("[admin]\ntokens = [\"root\"]\n")
+            .unwrap_err()
+            .contains("not a token hash"));
+        assert!(
+            config("[tenants.a]\nnamespace = \"x\"\n[tenants.b]\nnamespace = \"x.y\"\n")
+                .unwrap_err()
+                .contains("must not overlap")
+        );
+        assert!(config("[tenant.a]\n").is_err(), "unknown keys are refused");
+        assert_eq!(
+            config("").unwrap().caller(None),
+            Some(Caller::Admin),
+            "open without tokens"
+        );
+    }
+}
