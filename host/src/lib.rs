@@ -6,6 +6,7 @@
 
 pub mod admin;
 pub mod group;
+pub mod http_client;
 pub mod manifest;
 pub mod metrics;
 pub mod registry;

@@ -1,6 +1,5 @@
 //! Command-line interface: argument parsing and dispatch to the subcommands.
 
-mod http;
 mod kafka_tools;
 mod state;
 mod status;
@@ -36,6 +35,9 @@ pub enum Command {
     Deploy(topologies::DeployArgs),
     /// List, describe or delete the topologies uploaded to a cluster.
     Topologies(topologies::TopologiesArgs),
+    /// Read a key (or a range of keys) of a topology's store, as committed on the workers
+    /// that run its tasks.
+    Query(topologies::QueryArgs),
     /// The tenants of a cluster; the hashed form of a token for the configuration file.
     Tenants(topologies::TenantsArgs),
     /// Inspect a stopped worker's local state.
@@ -72,6 +74,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Deploy(args) => topologies::deploy(args).await,
         Command::Topologies(args) => topologies::topologies(args).await,
         Command::Tenants(args) => topologies::tenants(args).await,
+        Command::Query(args) => topologies::query(args).await,
         Command::Status(args) => status::run(args).await,
         Command::Topics(args) => kafka_tools::topics(args).await,
         Command::Produce(args) => kafka_tools::produce(args).await,

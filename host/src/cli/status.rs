@@ -321,7 +321,7 @@ async fn gather(
 
 /// A worker's `GET /status`.
 async fn live_status(admin: &str) -> anyhow::Result<WorkerStatus> {
-    let (code, body) = super::http::request(hyper::Method::GET, admin, "/status", ASK_TIMEOUT).await?;
+    let (code, body) = sluice::http_client::request(hyper::Method::GET, admin, "/status", ASK_TIMEOUT).await?;
     anyhow::ensure!(code.is_success(), "GET http://{admin}/status answered {code}");
     serde_json::from_slice(&body).with_context(|| format!("reading the status from http://{admin}/status"))
 }

@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::Value;
 
-use super::http::{self, Body};
+use sluice::http_client::{self as http, Body};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum Output {
@@ -314,6 +314,92 @@ pub async fn tenants(args: TenantsArgs) -> anyhow::Result<ExitCode> {
                 );
             }
         }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Debug, Args)]
+pub struct QueryArgs {
+    /// The topology.
+    topology: String,
+    /// One of its stores.
+    store: String,
+    /// The key to look up (as text); leave it out for a range.
+    key: Option<String>,
+    /// A range: keys from this one (inclusive)…
+    #[arg(long, conflicts_with = "key")]
+    from: Option<String>,
+    /// …to this one (exclusive).
+    #[arg(long, conflicts_with = "key")]
+    to: Option<String>,
+    /// Most entries a range answers.
+    #[arg(long, default_value_t = 1000)]
+    limit: usize,
+    #[command(flatten)]
+    admin: AdminArgs,
+}
+
+/// `sluice query`: a key (or a range) of a topology's store, as committed on the workers
+/// that run its tasks.
+pub async fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
+    let enc = |s: &str| s.bytes().map(|b| format!("{b:02x}")).collect::<String>();
+    let mut path = format!(
+        "/v1/topologies/{}/stores/{}?limit={}",
+        args.topology, args.store, args.limit
+    );
+    for (name, value) in [("key_hex", &args.key), ("from_hex", &args.from), ("to_hex", &args.to)] {
+        if let Some(v) = value {
+            path.push_str(&format!("&{name}={}", enc(v)));
+        }
+    }
+    let admin = &args.admin;
+    let (status, answer) = http::send(
+        hyper::Method::GET,
+        &admin.admin,
+        &path,
+        admin.token.as_deref(),
+        None,
+        TIMEOUT,
+    )
+    .await?;
+    let json = parse(&answer)?;
+    if !status.is_success() {
+        anyhow::bail!("{} ({status}): {}", admin.admin, error_text(&json));
+    }
+    match admin.output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&json)?),
+        Output::Text => {
+            println!("{:>9}  {:<40} VALUE", "PARTITION", "KEY");
+            for e in json["entries"].as_array().into_iter().flatten() {
+                let text_or_hex = |t: &Value, h: &Value| {
+                    t.as_str()
+                        .filter(|s| !s.chars().any(char::is_control))
+                        .map_or_else(|| format!("0x{}", h.as_str().unwrap_or("")), str::to_string)
+                };
+                println!(
+                    "{:>9}  {:<40} {}",
+                    e["partition"],
+                    text_or_hex(&e["key"], &e["key_hex"]),
+                    text_or_hex(&e["value"], &e["value_hex"])
+                );
+            }
+            let missing = json["partitions_missing"].as_array().map_or(0, Vec::len);
+            if missing > 0 {
+                eprintln!(
+                    "note: partitions {} did not answer (restoring, moving, or their worker is unreachable)",
+                    json["partitions_missing"]
+                );
+            }
+        }
+    }
+    if args.key.is_some() && json["entries"].as_array().is_none_or(Vec::is_empty) {
+        eprintln!(
+            "{}: no such key in {}/{}",
+            args.key.as_deref().unwrap_or(""),
+            args.topology,
+            args.store
+        );
+        return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
 }

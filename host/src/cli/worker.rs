@@ -324,7 +324,8 @@ async fn signals(stop: std::sync::Arc<tokio::sync::watch::Sender<Stop>>, drain_f
 
 /// `sluice worker drain`: asks a worker, through its admin endpoint, to drain.
 async fn ask_to_drain(admin: &str) -> anyhow::Result<ExitCode> {
-    let (status, body) = super::http::request(hyper::Method::POST, admin, "/drain", Duration::from_secs(30)).await?;
+    let (status, body) =
+        sluice::http_client::request(hyper::Method::POST, admin, "/drain", Duration::from_secs(30)).await?;
     let text = String::from_utf8_lossy(&body);
     if status.is_success() {
         println!("{admin}: {}", text.trim());

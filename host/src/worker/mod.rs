@@ -347,6 +347,10 @@ pub async fn run(
         .map(|(m, _, _)| m.name.clone())
         .collect();
 
+    let state = Arc::new(task_state::StateEnv::new(
+        config.state_dir.clone(),
+        crate::state::rocks::SharedMemory::new(config.state_block_cache, config.state_write_buffers),
+    ));
     let metrics = Metrics::new();
     if let Some(addr) = config.metrics_addr {
         let drain = config.cluster.as_ref().and_then(|c| c.drain.clone()).map(|tx| {
@@ -380,6 +384,7 @@ pub async fn run(
                     static_names: static_names.clone(),
                     max_component_bytes: config.max_component_bytes,
                     tenancy: config.tenancy.clone(),
+                    state: state.clone(),
                 })))
             }
             _ => None,
@@ -420,10 +425,6 @@ pub async fn run(
             .context("creating the producer")?,
     );
 
-    let state = Arc::new(task_state::StateEnv {
-        dir: config.state_dir.clone(),
-        memory: crate::state::rocks::SharedMemory::new(config.state_block_cache, config.state_write_buffers),
-    });
     let lease = Arc::new(if config.cluster.is_some() {
         Lease::expired()
     } else {

@@ -39,6 +39,32 @@ use crate::state::rocks::{self, Marker, RocksStore, SharedMemory};
 pub struct StateEnv {
     pub dir: PathBuf,
     pub memory: SharedMemory,
+    /// The stores of the active tasks running here, by (topology, partition, store): what
+    /// interactive queries read (their committed state).
+    pub open: std::sync::Mutex<std::collections::HashMap<(String, i32, String), std::sync::Weak<DB>>>,
+}
+
+impl StateEnv {
+    pub fn new(dir: PathBuf, memory: SharedMemory) -> StateEnv {
+        StateEnv {
+            dir,
+            memory,
+            open: Default::default(),
+        }
+    }
+
+    /// The open databases of `store` of `topology`'s active tasks here, by partition.
+    pub fn active_stores(&self, topology: &str, store: &str) -> Vec<(i32, Arc<DB>)> {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        open.retain(|_, db| db.strong_count() > 0);
+        let mut out: Vec<(i32, Arc<DB>)> = open
+            .iter()
+            .filter(|((t, _, s), _)| t == topology && s == store)
+            .filter_map(|((_, p, _), db)| Some((*p, db.upgrade()?)))
+            .collect();
+        out.sort_by_key(|(p, _)| *p);
+        out
+    }
 }
 
 /// The directory of one task's state.
@@ -221,6 +247,10 @@ impl TaskState {
                 seconds = %format!("{:.2}", progress.elapsed.as_secs_f64()),
                 "restored {} records", progress.restored
             );
+            env.open
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert((topology.to_string(), partition, store.clone()), Arc::downgrade(&db));
             stores.push(NamedStore {
                 name: store.clone(),
                 store: Box::new(RocksStore::new(store, db)),
