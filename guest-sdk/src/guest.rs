@@ -11,7 +11,9 @@ use crate::{Description, Error, Processor, Record, TaskInfo};
 pub mod bindings {
     wit_bindgen::generate!({
         world: "topology",
-        path: "../wit",
+        // A copy of the repository's `wit/`, inside the crate so that it builds as a
+        // dependency anywhere (the host checks that the two are the same).
+        path: "wit",
         pub_export_macro: true,
         export_macro_name: "__export_topology",
         default_bindings_module: "sluice_guest::__private::bindings",

@@ -278,15 +278,16 @@ impl Kafka {
         timeout: Duration,
     ) -> Result<()> {
         let deadline = tokio::time::Instant::now() + timeout;
-        let mut last;
+        // The last count seen, and the last failed query (both say what went wrong).
+        let (mut counted, mut failed) = ("nothing counted".to_string(), String::new());
         loop {
             match self.committed_total(group, topic, partitions) {
                 Ok(n) if n >= total => return Ok(()),
-                Ok(n) => last = format!("{n} of {total} committed"),
-                Err(e) => last = format!("querying committed offsets: {e}"),
+                Ok(n) => counted = format!("{n} of {total} committed"),
+                Err(e) => failed = format!("; the last query failed: {e}"),
             }
             if tokio::time::Instant::now() > deadline {
-                bail!("group {group} did not commit {total} records of {topic} within {timeout:?}: {last}");
+                bail!("group {group} did not commit {total} records of {topic} within {timeout:?}: {counted}{failed}");
             }
             tokio::time::sleep(Duration::from_millis(300)).await;
         }

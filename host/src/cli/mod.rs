@@ -1,6 +1,7 @@
 //! Command-line interface: argument parsing and dispatch to the subcommands.
 
 mod kafka_tools;
+mod new;
 mod state;
 mod status;
 mod topologies;
@@ -40,6 +41,9 @@ pub enum Command {
     Query(topologies::QueryArgs),
     /// The tenants of a cluster; the hashed form of a token for the configuration file.
     Tenants(topologies::TenantsArgs),
+    /// Scaffold a topology project (a guest crate that builds a component) outside this
+    /// repository.
+    New(new::NewArgs),
     /// Inspect a stopped worker's local state.
     State(state::StateArgs),
     /// Create topics.
@@ -75,6 +79,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Topologies(args) => topologies::topologies(args).await,
         Command::Tenants(args) => topologies::tenants(args).await,
         Command::Query(args) => topologies::query(args).await,
+        Command::New(args) => new::run(args),
         Command::Status(args) => status::run(args).await,
         Command::Topics(args) => kafka_tools::topics(args).await,
         Command::Produce(args) => kafka_tools::produce(args).await,

@@ -392,3 +392,15 @@ impl LoadedTopology {
         self.instantiate(label, self.description.sinks.clone(), stores)
     }
 }
+
+#[cfg(test)]
+mod wit_copy {
+    #[test]
+    fn the_guest_sdks_copy_of_the_wit_is_the_hosts() {
+        assert_eq!(
+            include_str!("../../../wit/topology.wit"),
+            include_str!("../../../guest-sdk/wit/topology.wit"),
+            "guest-sdk/wit/topology.wit differs from wit/topology.wit: copy it over"
+        );
+    }
+}

@@ -1,0 +1,161 @@
+//! `sluice new NAME`: a guest project of its own (outside any repository) that builds a
+//! topology component and deploys with `sluice deploy`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context as _};
+use clap::Args;
+
+#[derive(Debug, Args)]
+pub struct NewArgs {
+    /// The project's directory; its last component names the crate and the topology
+    /// (lower-case letters, digits, '-' and '_', starting with a letter).
+    path: PathBuf,
+    /// The guest SDK to depend on, as a path (default: the SDK this build of sluice came
+    /// from, when it is still there).
+    #[arg(long, value_name = "DIR")]
+    sdk: Option<PathBuf>,
+}
+
+/// Where this build's guest SDK is (next to the host in its repository).
+fn built_in_sdk() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("guest-sdk")
+}
+
+pub fn run(args: NewArgs) -> anyhow::Result<ExitCode> {
+    let name = args
+        .path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .context("the project's path must end in a name")?
+        .to_string();
+    let valid = name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+    if !valid {
+        bail!("{name:?} cannot name a topology crate: use lower-case letters, digits, '-' and '_', starting with a letter");
+    }
+    if args.path.exists() && std::fs::read_dir(&args.path)?.next().is_some() {
+        bail!("{} exists and is not empty", args.path.display());
+    }
+    let sdk = args.sdk.unwrap_or_else(built_in_sdk);
+    let sdk = sdk
+        .canonicalize()
+        .with_context(|| format!("the guest SDK is not at {} (pass --sdk DIR)", sdk.display()))?;
+    if !sdk.join("Cargo.toml").exists() {
+        bail!("{} is not the guest SDK (no Cargo.toml); pass --sdk DIR", sdk.display());
+    }
+    let artifact = name.replace('-', "_");
+    let files: [(&str, String); 5] = [
+        (
+            "Cargo.toml",
+            format!(
+                r#"[package]
+name = "{name}"
+version = "0.1.0"
+edition = "2021"
+publish = false
+
+[lib]
+crate-type = ["cdylib"]
+
+[dependencies]
+sluice-guest = {{ path = "{sdk}" }}
+
+[profile.release]
+lto = true
+opt-level = 3
+codegen-units = 1
+panic = "abort"
+
+# A project of its own, even inside another workspace.
+[workspace]
+"#,
+                sdk = sdk.display().to_string().replace('\\', "/"),
+            ),
+        ),
+        (
+            ".cargo/config.toml",
+            "# Topologies are WebAssembly components.\n[build]\ntarget = \"wasm32-wasip2\"\n".to_string(),
+        ),
+        (
+            "src/lib.rs",
+            r#"//! A topology: upper-cases every value and counts the records of each key in a store.
+
+use sluice_guest::{export, Context, Description, Error, Processor, Record, Store, TaskInfo};
+
+struct Topology {
+    /// Records seen per key (kept in RocksDB on the workers, backed by a changelog).
+    seen: Store<String, u64>,
+}
+
+impl Processor for Topology {
+    fn describe() -> Description {
+        Description::new("NAME").source("input").sink("output").store("seen")
+    }
+
+    fn init(_task: &TaskInfo) -> Result<Self, Error> {
+        Ok(Topology { seen: Store::open("seen")? })
+    }
+
+    fn process(&mut self, record: &Record<'_>, ctx: &mut Context) -> Result<(), Error> {
+        let text: &str = record.value_as()?;
+        if record.key().is_some() {
+            let key: String = record.key_as()?;
+            let seen = self.seen.get(&key)?.unwrap_or(0) + 1;
+            self.seen.put(&key, &seen)?;
+        }
+        ctx.emit("output", record.key(), &text.to_uppercase())
+    }
+}
+
+export!(Topology);
+"#
+            .replace("NAME", &name),
+        ),
+        (
+            &format!("{name}.toml"),
+            format!(
+                r#"# The topology's manifest: its name in the cluster and the topics it is bound to.
+name = "{name}"
+component = "target/wasm32-wasip2/release/{artifact}.wasm"
+
+[sources]
+input = "{name}-in"
+
+[sinks]
+output = "{name}-out"
+"#
+            ),
+        ),
+        (
+            "README.md",
+            format!(
+                r#"# {name}
+
+A Sluice topology. Build it (a WebAssembly component) and deploy it to a cluster:
+
+```sh
+cargo build --release
+sluice topics create --partitions 4 {name}-in {name}-out      # once
+sluice deploy target/wasm32-wasip2/release/{artifact}.wasm --manifest {name}.toml --admin HOST:PORT
+sluice query {name} seen SOME-KEY --admin HOST:PORT
+```
+
+`rustup target add wasm32-wasip2` if the target is missing.
+"#
+            ),
+        ),
+    ];
+    for (file, text) in &files {
+        let path = args.path.join(file);
+        std::fs::create_dir_all(path.parent().expect("a file in the project"))?;
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    println!("created {} (topology {name}); next:", args.path.display());
+    println!("  cd {} && cargo build --release", args.path.display());
+    println!("  sluice deploy target/wasm32-wasip2/release/{artifact}.wasm --manifest {name}.toml --admin HOST:PORT");
+    Ok(ExitCode::SUCCESS)
+}
