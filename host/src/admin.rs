@@ -104,13 +104,18 @@ pub fn router(state: Arc<AdminState>) -> axum::Router {
         .with_state(state)
 }
 
-/// Who calls: `Authorization: Bearer TOKEN`, checked against the configured token hashes.
-fn caller(state: &AdminState, headers: &HeaderMap) -> Result<Caller, ApiError> {
-    let token = headers
+/// The token of `Authorization: Bearer TOKEN`, if any.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
+        .map(str::trim)
+}
+
+/// Who calls: `Authorization: Bearer TOKEN`, checked against the configured token hashes.
+fn caller(state: &AdminState, headers: &HeaderMap) -> Result<Caller, ApiError> {
+    let token = bearer(headers);
     state.tenancy.caller(token).ok_or_else(|| {
         let why = if token.is_some() {
             "the token is not one this cluster knows"
@@ -307,11 +312,7 @@ async fn query(
             path.push_str(&format!("&{k}={v}"));
         }
     }
-    let token = headers
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::to_string);
+    let token = bearer(&headers).map(str::to_string);
     let asks = admins.iter().map(|admin| {
         let (path, token) = (path.clone(), token.clone());
         async move {
@@ -649,8 +650,7 @@ async fn upload(
         ));
     }
     let snapshot = state.registry.snapshot();
-    if let Some((other, _)) = snapshot.entries.get(&name).filter(|(e, _)| !who.owns(&e.tenant)) {
-        let _ = other;
+    if snapshot.entries.get(&name).is_some_and(|(e, _)| !who.owns(&e.tenant)) {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "name-taken",
@@ -678,8 +678,7 @@ async fn upload(
             ));
         }
         // Its manifest's limits, capped by the tenant's (checked against the worker's below).
-        let cap = tenant_cap(tenant);
-        cap.cap(&mut manifest.limits);
+        registry::cap(&mut manifest.limits, tenant.max_memory, tenant.max_call_timeout);
     }
     // Everything a worker checks before running it, on a blocking thread: compiling and
     // describing run guest code (under the sandbox's limits).
@@ -749,26 +748,6 @@ async fn upload(
     settle(&state).await;
     tracing::info!(topology = %name, version = entry.version, digest = %entry.digest, "uploaded to the registry");
     Ok((StatusCode::CREATED, Json(entry)).into_response())
-}
-
-/// A tenant's limits as an entry carries them.
-fn tenant_cap(tenant: &crate::tenants::Tenant) -> Entry {
-    Entry {
-        name: String::new(),
-        version: 0,
-        manifest: String::new(),
-        digest: String::new(),
-        size: 0,
-        chunks: 0,
-        uploaded_at_ms: 0,
-        partitions: 0,
-        sources: vec![],
-        sinks: vec![],
-        stores: vec![],
-        tenant: tenant.name.clone(),
-        max_memory: tenant.max_memory,
-        max_call_timeout_ms: tenant.max_call_timeout.map(|d| d.as_millis() as u64),
-    }
 }
 
 /// A tenant's topology is named inside its namespace and binds only topics in it (its

@@ -318,3 +318,33 @@ pub fn dump_counts(
         })
         .collect()
 }
+
+/// Worker `n` of `cluster`, running `topology` (a manifest; none: what is uploaded), with
+/// state under `dir/state-{n}`, fast heartbeats and commits, and `extra` arguments.
+pub fn cluster_worker(
+    dir: &TempDir,
+    topology: Option<&Path>,
+    cluster: &str,
+    n: usize,
+    extra: &[&str],
+) -> Result<WorkerProcess> {
+    let state = dir.path().join(format!("state-{n}"));
+    let mut args = vec![];
+    if let Some(m) = topology {
+        args.extend(["--topology", m.to_str().unwrap()]);
+    }
+    args.extend([
+        "--cluster",
+        cluster,
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--heartbeat-interval",
+        "200ms",
+        "--session-timeout",
+        "6s",
+        "--commit-interval",
+        "200ms",
+    ]);
+    args.extend_from_slice(extra);
+    WorkerProcess::start(crate::kafka().bootstrap(), dir.path(), &args)
+}

@@ -168,6 +168,17 @@ fn progress_bar(len: u64, admin: &AdminArgs) -> Option<indicatif::ProgressBar> {
     Some(bar)
 }
 
+/// A request without a body to the admin API; the answer's JSON, or an error naming the
+/// worker, the status and the API's message.
+async fn call(admin: &AdminArgs, method: hyper::Method, path: &str) -> anyhow::Result<Value> {
+    let (status, answer) = http::send(method, &admin.admin, path, admin.token.as_deref(), None, TIMEOUT).await?;
+    let json = parse(&answer)?;
+    if !status.is_success() {
+        anyhow::bail!("{} ({status}): {}", admin.admin, error_text(&json));
+    }
+    Ok(json)
+}
+
 fn parse(answer: &[u8]) -> anyhow::Result<Value> {
     serde_json::from_slice(answer).with_context(|| {
         format!(
@@ -194,11 +205,7 @@ pub async fn topologies(args: TopologiesArgs) -> anyhow::Result<ExitCode> {
         TopologiesAction::Describe { name, admin } => (hyper::Method::GET, format!("/v1/topologies/{name}"), admin),
         TopologiesAction::Delete { name, admin } => (hyper::Method::DELETE, format!("/v1/topologies/{name}"), admin),
     };
-    let (status, answer) = http::send(method, &admin.admin, &path, admin.token.as_deref(), None, TIMEOUT).await?;
-    let json = parse(&answer)?;
-    if !status.is_success() {
-        anyhow::bail!("{} ({status}): {}", admin.admin, error_text(&json));
-    }
+    let json = call(admin, method, &path).await?;
     if matches!(admin.output, Output::Json) {
         println!("{}", serde_json::to_string_pretty(&json)?);
         return Ok(ExitCode::SUCCESS);
@@ -280,19 +287,7 @@ pub async fn tenants(args: TenantsArgs) -> anyhow::Result<ExitCode> {
         }
         TenantsAction::List(admin) => admin,
     };
-    let (status, answer) = http::send(
-        hyper::Method::GET,
-        &admin.admin,
-        "/v1/tenants",
-        admin.token.as_deref(),
-        None,
-        TIMEOUT,
-    )
-    .await?;
-    let json = parse(&answer)?;
-    if !status.is_success() {
-        anyhow::bail!("{} ({status}): {}", admin.admin, error_text(&json));
-    }
+    let json = call(&admin, hyper::Method::GET, "/v1/tenants").await?;
     match admin.output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&json)?),
         Output::Text => {
@@ -353,19 +348,7 @@ pub async fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let admin = &args.admin;
-    let (status, answer) = http::send(
-        hyper::Method::GET,
-        &admin.admin,
-        &path,
-        admin.token.as_deref(),
-        None,
-        TIMEOUT,
-    )
-    .await?;
-    let json = parse(&answer)?;
-    if !status.is_success() {
-        anyhow::bail!("{} ({status}): {}", admin.admin, error_text(&json));
-    }
+    let json = call(admin, hyper::Method::GET, &path).await?;
     match admin.output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&json)?),
         Output::Text => {

@@ -131,12 +131,7 @@ pub fn load_topologies(runtime: &Runtime, manifests: &[PathBuf]) -> anyhow::Resu
                     manifest.name
                 );
             }
-            let loaded = runtime.load(&manifest.component)?;
-            let loaded = loaded
-                .with_limits(&manifest.limits)
-                .map_err(|m| anyhow::anyhow!("manifest {}: {m}", manifest.path))?;
-            let binding = manifest.bind(loaded.description())?;
-            Ok((manifest, loaded, binding))
+            load_manifest(runtime, manifest)
         })();
         match loaded {
             Ok(topology) => out.push(topology),
@@ -151,10 +146,15 @@ pub fn load_uploaded(runtime: &Runtime, entry: &crate::registry::Entry, componen
     let label = format!("uploaded topology {} (version {})", entry.name, entry.version);
     let mut manifest = Manifest::parse_uploaded(&entry.manifest, &label, component)?;
     entry.cap(&mut manifest.limits);
-    let loaded = runtime.load(component)?;
+    load_manifest(runtime, manifest)
+}
+
+/// Compiles a manifest's component under its limits and binds it.
+fn load_manifest(runtime: &Runtime, manifest: Manifest) -> anyhow::Result<Loaded> {
+    let loaded = runtime.load(&manifest.component)?;
     let loaded = loaded
         .with_limits(&manifest.limits)
-        .map_err(|m| anyhow::anyhow!("{label}: {m}"))?;
+        .map_err(|m| anyhow::anyhow!("manifest {}: {m}", manifest.path))?;
     let binding = manifest.bind(loaded.description())?;
     Ok((manifest, loaded, binding))
 }

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use sluice_tests::worker::{dump_counts, guest, manifest, sluice_binary, TempDir, WorkerProcess};
+use sluice_tests::worker::{cluster_worker, dump_counts, guest, manifest, sluice_binary, TempDir, WorkerProcess};
 use sluice_tests::{free_port, http_get, kafka, unique_name};
 
 use crate::cluster::until_settled;
@@ -70,7 +70,7 @@ async fn a_joining_worker_learns_then_takes_over_caught_up_tasks_and_state_equal
     let start = |n: usize| {
         let extra = ["--acceptable-recovery-lag", &lag, "--metrics", &admin];
         // Only the first worker has an admin endpoint.
-        cluster_worker(&dir, &m, &cluster, n, &extra[..if n == 0 { 4 } else { 2 }])
+        cluster_worker(&dir, Some(&m), &cluster, n, &extra[..if n == 0 { 4 } else { 2 }])
     };
 
     // State first: 60,000 lines (about 3,000 distinct words per partition, so changelogs of
@@ -281,7 +281,7 @@ async fn scale_down_timeout_forces_a_draining_worker_out() -> anyhow::Result<()>
         let metrics = format!("127.0.0.1:{}", admin[n]);
         cluster_worker(
             &dir,
-            &m,
+            Some(&m),
             &cluster,
             n,
             &["--drain-on-stop", "--scale-down-timeout", "1s", "--metrics", &metrics],
@@ -389,34 +389,6 @@ async fn scale_down_timeout_forces_a_draining_worker_out() -> anyhow::Result<()>
     Ok(())
 }
 
-/// Worker `n` of `cluster` running manifest `m`, with state under `dir/state-{n}`, fast
-/// heartbeats and commits, and `extra` arguments.
-fn cluster_worker(
-    dir: &TempDir,
-    m: &std::path::Path,
-    cluster: &str,
-    n: usize,
-    extra: &[&str],
-) -> anyhow::Result<WorkerProcess> {
-    let state = dir.path().join(format!("state-{n}"));
-    let mut args = vec![
-        "--topology",
-        m.to_str().unwrap(),
-        "--cluster",
-        cluster,
-        "--state-dir",
-        state.to_str().unwrap(),
-        "--heartbeat-interval",
-        "200ms",
-        "--session-timeout",
-        "6s",
-        "--commit-interval",
-        "200ms",
-    ];
-    args.extend_from_slice(extra);
-    WorkerProcess::start(kafka().bootstrap(), dir.path(), &args)
-}
-
 /// Fills `{topology}-counts-changelog` (created here) with `keys` records spread over
 /// `partitions`: state for word-count tasks to restore.
 async fn fill_changelog(topology: &str, partitions: i32, keys: u64) -> anyhow::Result<()> {
@@ -475,7 +447,7 @@ async fn the_leader_killed_in_a_migration_and_the_migration_completes() -> anyho
         ),
     );
     let cluster = unique_name("c");
-    let start = |n: usize| cluster_worker(&dir, &m, &cluster, n, &[]);
+    let start = |n: usize| cluster_worker(&dir, Some(&m), &cluster, n, &[]);
     let mut workers = vec![start(0)?, start(1)?];
     until_settled(&mut workers, 2).await?;
     for p in 0..4 {

@@ -5,31 +5,17 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use sluice_tests::worker::{guest, sluice_binary, TempDir, WorkerProcess};
+use sluice_tests::worker::{cluster_worker, guest, sluice_binary, TempDir, WorkerProcess};
 use sluice_tests::{free_port, kafka, unique_name};
 
 use crate::cluster::until_settled;
 
 /// A worker of `cluster` with an admin endpoint on `port` and no `--topology`.
 fn worker(dir: &TempDir, cluster: &str, n: usize, port: u16, extra: &[&str]) -> anyhow::Result<WorkerProcess> {
-    let state = dir.path().join(format!("state-{n}"));
     let admin = format!("127.0.0.1:{port}");
-    let mut args = vec![
-        "--cluster",
-        cluster,
-        "--state-dir",
-        state.to_str().unwrap(),
-        "--metrics",
-        &admin,
-        "--heartbeat-interval",
-        "200ms",
-        "--session-timeout",
-        "6s",
-        "--commit-interval",
-        "200ms",
-    ];
+    let mut args = vec!["--metrics", admin.as_str()];
     args.extend_from_slice(extra);
-    WorkerProcess::start(kafka().bootstrap(), dir.path(), &args)
+    cluster_worker(dir, None, cluster, n, &args)
 }
 
 /// What a CLI run gave: success, stdout, stderr.
