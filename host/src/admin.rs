@@ -12,7 +12,7 @@
 //! Every failure answers `{"error": KIND, "message": TEXT}` with its own status, and leaves
 //! the registry as it was.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,6 +47,44 @@ pub struct AdminState {
     pub tenancy: Tenancy,
     /// The stores of the active tasks here (for interactive queries).
     pub state: Arc<crate::worker::task_state::StateEnv>,
+    /// When each tenant's last deploys and deletes through this worker were made (for
+    /// `max-deploys-per-minute`).
+    pub deploys: std::sync::Mutex<HashMap<String, std::collections::VecDeque<std::time::Instant>>>,
+}
+
+impl AdminState {
+    /// Counts a deploy or delete of `who`, or refuses it (429) when its tenant made
+    /// `max-deploys-per-minute` of them through this worker in the last minute.
+    fn deploy_allowed(&self, who: &Caller) -> Result<(), ApiError> {
+        let Caller::Tenant(tenant) = who else {
+            return Ok(());
+        };
+        let Some(max) = tenant.max_deploys_per_minute else {
+            return Ok(());
+        };
+        let now = std::time::Instant::now();
+        let minute = std::time::Duration::from_secs(60);
+        let mut deploys = self.deploys.lock().unwrap_or_else(|e| e.into_inner());
+        let recent = deploys.entry(tenant.name.clone()).or_default();
+        while recent.front().is_some_and(|t| now.duration_since(*t) >= minute) {
+            recent.pop_front();
+        }
+        if recent.len() >= max as usize {
+            let wait = minute.saturating_sub(now.duration_since(recent[0])).as_secs() + 1;
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "over-limit",
+                format!(
+                    "tenant {} made {} deploys or deletes in the last minute, its limit (max-deploys-per-minute = {max}); \
+                     try again in {wait}s",
+                    tenant.name,
+                    recent.len()
+                ),
+            ));
+        }
+        recent.push_back(now);
+        Ok(())
+    }
 }
 
 /// An answer that is not a success.
@@ -440,8 +478,9 @@ struct TenantView {
     tasks: u32,
     max_topologies: Option<u32>,
     max_tasks: Option<u32>,
-    max_memory: Option<usize>,
-    max_call_timeout_ms: Option<u64>,
+    max_deploys_per_minute: Option<u32>,
+    #[serde(flatten)]
+    caps: crate::tenants::Caps,
 }
 
 async fn tenants(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Result<Json<Vec<TenantView>>, ApiError> {
@@ -466,8 +505,8 @@ async fn tenants(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Re
                     tasks: mine.iter().map(|e| e.partitions).sum(),
                     max_topologies: t.max_topologies,
                     max_tasks: t.max_tasks,
-                    max_memory: t.max_memory,
-                    max_call_timeout_ms: t.max_call_timeout.map(|d| d.as_millis() as u64),
+                    max_deploys_per_minute: t.max_deploys_per_minute,
+                    caps: t.caps,
                 }
             })
             .collect(),
@@ -504,6 +543,7 @@ async fn delete(
     else {
         return Err(not_found(&state, &name));
     };
+    state.deploy_allowed(&who)?;
     let shared = snapshot
         .entries
         .values()
@@ -678,8 +718,10 @@ async fn upload(
             ));
         }
         // Its manifest's limits, capped by the tenant's (checked against the worker's below).
-        registry::cap(&mut manifest.limits, tenant.max_memory, tenant.max_call_timeout);
+        tenant.caps.apply(&mut manifest.limits);
     }
+    // Counted before compiling: what the limit protects is the work of checking uploads.
+    state.deploy_allowed(&who)?;
     // Everything a worker checks before running it, on a blocking thread: compiling and
     // describing run guest code (under the sandbox's limits).
     let st = state.clone();
@@ -727,16 +769,10 @@ async fn upload(
         sinks: description.sinks,
         stores: description.stores,
         tenant: who.name().to_string(),
-        max_memory: None,
-        max_call_timeout_ms: None,
-    };
-    let entry = match &who {
-        Caller::Tenant(tenant) => Entry {
-            max_memory: tenant.max_memory,
-            max_call_timeout_ms: tenant.max_call_timeout.map(|d| d.as_millis() as u64),
-            ..entry
+        caps: match &who {
+            Caller::Tenant(tenant) => tenant.caps,
+            Caller::Admin => Default::default(),
         },
-        Caller::Admin => entry,
     };
     let present = snapshot.entries.values().any(|(e, _)| e.digest == digest);
     let st = state.clone();

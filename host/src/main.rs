@@ -4,10 +4,15 @@ mod cli;
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 fn main() -> ExitCode {
-    let args = cli::Cli::parse();
+    // The command line, with the configuration file layered under the environment and flags.
+    let (args, layered) = match cli::config::parse(std::env::args_os().collect()) {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            eprintln!("sluice: error: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
     cli::init_logging(args.log.as_deref());
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
@@ -16,7 +21,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(cli::run(args)) {
+    match runtime.block_on(cli::run(args, layered)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("sluice: error: {e:#}");

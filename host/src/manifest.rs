@@ -17,6 +17,7 @@
 //! call-timeout = "2s"            # deadline of one guest call
 //! host-memory = "16MiB"          # what one task's calls may make the host hold
 //! state = "10GiB"                # state on disk of the topology's tasks on one worker
+//! records-per-second = 5000      # most records one task processes per second
 //! ```
 //!
 //! A record the topology cannot process (its guest returns an error, traps, runs past its
@@ -77,6 +78,7 @@ struct RawLimits {
     call_timeout: Option<String>,
     host_memory: Option<String>,
     state: Option<String>,
+    records_per_second: Option<u32>,
 }
 
 /// Per-topology limits that override the worker's defaults.
@@ -87,6 +89,8 @@ pub struct Limits {
     pub host_memory: Option<usize>,
     /// Bytes of state on disk the topology's tasks may keep on one worker.
     pub state: Option<u64>,
+    /// Most records one task processes per second (its partitions are paused in between).
+    pub records_per_second: Option<u32>,
 }
 
 /// What happens to a record the topology cannot process.
@@ -206,6 +210,9 @@ impl Manifest {
             .map(|s| parse_size(s).map_err(|m| invalid(format!("limits.state = {s:?}: {m}"))))
             .transpose()?
             .map(|n| n as u64);
+        if raw.limits.records_per_second == Some(0) {
+            return Err(invalid("limits.records-per-second must be more than zero".into()));
+        }
         let on_error = match raw.on_error.as_deref() {
             None | Some("fail") => OnError::Fail,
             Some("skip") => OnError::Skip,
@@ -240,6 +247,7 @@ impl Manifest {
                 call_timeout,
                 host_memory,
                 state,
+                records_per_second: raw.limits.records_per_second,
             },
             on_error,
             dead_letter_topic,

@@ -66,10 +66,8 @@ pub struct Entry {
     #[serde(default = "admin")]
     pub tenant: String,
     /// Limits its tenant imposes, over what its manifest says (the lower one wins).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_memory: Option<usize>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_call_timeout_ms: Option<u64>,
+    #[serde(flatten)]
+    pub caps: crate::tenants::Caps,
 }
 
 fn admin() -> String {
@@ -79,22 +77,7 @@ fn admin() -> String {
 impl Entry {
     /// The limits it runs under: its manifest's, capped by its tenant's.
     pub fn cap(&self, limits: &mut crate::manifest::Limits) {
-        cap(
-            limits,
-            self.max_memory,
-            self.max_call_timeout_ms.map(Duration::from_millis),
-        );
-    }
-}
-
-/// Lowers `limits` to at most `max_memory` and `max_call_timeout` (setting them where the
-/// manifest left them to the worker's defaults).
-pub fn cap(limits: &mut crate::manifest::Limits, max_memory: Option<usize>, max_call_timeout: Option<Duration>) {
-    if let Some(max) = max_memory {
-        limits.memory = Some(limits.memory.map_or(max, |m| m.min(max)));
-    }
-    if let Some(max) = max_call_timeout {
-        limits.call_timeout = Some(limits.call_timeout.map_or(max, |t| t.min(max)));
+        self.caps.apply(limits);
     }
 }
 

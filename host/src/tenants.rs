@@ -13,6 +13,9 @@
 //! max-tasks = 64                       # tasks of all its topologies together
 //! max-memory = "64MiB"                 # linear memory of one instance
 //! max-call-timeout = "2s"              # deadline of one guest call
+//! max-state = "1GiB"                   # state of one topology's tasks on one worker
+//! max-records-per-second = 5000        # records one task processes per second
+//! max-deploys-per-minute = 10          # uploads and deletes, per worker taking them
 //! ```
 //!
 //! Tokens are stored hashed (`sluice tenants hash-token` prints the form). A request
@@ -22,7 +25,6 @@
 //! cluster).
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -55,6 +57,42 @@ pub struct RawTenant {
     pub max_tasks: Option<u32>,
     pub max_memory: Option<String>,
     pub max_call_timeout: Option<String>,
+    pub max_state: Option<String>,
+    pub max_records_per_second: Option<u32>,
+    pub max_deploys_per_minute: Option<u32>,
+}
+
+/// The limits a tenant sets over its topologies' manifests: the lower of the two wins.
+/// Stored with each of its registry entries, so every worker runs them under the same caps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, Deserialize)]
+pub struct Caps {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_memory: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_call_timeout_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_state: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_records_per_second: Option<u32>,
+}
+
+impl Caps {
+    /// Lowers `limits` to the caps (setting them where the manifest left the worker's
+    /// defaults; the worker's own limits still apply over these).
+    pub fn apply(&self, limits: &mut crate::manifest::Limits) {
+        fn lower<T: Ord + Copy>(v: &mut Option<T>, max: Option<T>) {
+            if let Some(max) = max {
+                *v = Some(v.map_or(max, |x| x.min(max)));
+            }
+        }
+        lower(&mut limits.memory, self.max_memory);
+        lower(
+            &mut limits.call_timeout,
+            self.max_call_timeout_ms.map(Duration::from_millis),
+        );
+        lower(&mut limits.state, self.max_state);
+        lower(&mut limits.records_per_second, self.max_records_per_second);
+    }
 }
 
 /// A tenant, checked.
@@ -64,8 +102,8 @@ pub struct Tenant {
     pub namespace: String,
     pub max_topologies: Option<u32>,
     pub max_tasks: Option<u32>,
-    pub max_memory: Option<usize>,
-    pub max_call_timeout: Option<Duration>,
+    pub max_deploys_per_minute: Option<u32>,
+    pub caps: Caps,
 }
 
 /// Who a request comes from.
@@ -110,15 +148,6 @@ pub fn hash_token(token: &str) -> String {
 }
 
 impl Tenancy {
-    /// Reads the tenancy sections of a configuration file; errors name the file and key.
-    pub fn load(path: &Path) -> anyhow::Result<Tenancy> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| anyhow::anyhow!("cannot read configuration file {}: {e}", path.display()))?;
-        let raw: TenancyConfig = toml::from_str(&text)
-            .map_err(|e| anyhow::anyhow!("configuration file {} is not valid: {e}", path.display()))?;
-        Tenancy::from_config(raw).map_err(|e| anyhow::anyhow!("configuration file {}: {e}", path.display()))
-    }
-
     pub fn from_config(raw: TenancyConfig) -> Result<Tenancy, String> {
         let mut tenancy = Tenancy::default();
         let mut add = |hash: &str, caller: Caller, key: &str| -> Result<(), String> {
@@ -158,20 +187,31 @@ impl Tenancy {
                     .map(|s| crate::manifest::parse_size(s).map_err(|m| format!("tenants.{name}.{key} = {s:?}: {m}")))
                     .transpose()
             };
+            if t.max_records_per_second == Some(0) || t.max_deploys_per_minute == Some(0) {
+                return Err(format!(
+                    "tenants.{name}: max-records-per-second and max-deploys-per-minute must be more than zero"
+                ));
+            }
             let tenant = Tenant {
                 name: name.clone(),
                 namespace: t.namespace.clone(),
                 max_topologies: t.max_topologies,
                 max_tasks: t.max_tasks,
-                max_memory: size(&t.max_memory, "max-memory")?,
-                max_call_timeout: t
-                    .max_call_timeout
-                    .as_deref()
-                    .map(|s| {
-                        humantime::parse_duration(s)
-                            .map_err(|e| format!("tenants.{name}.max-call-timeout = {s:?}: {e}"))
-                    })
-                    .transpose()?,
+                max_deploys_per_minute: t.max_deploys_per_minute,
+                caps: Caps {
+                    max_memory: size(&t.max_memory, "max-memory")?,
+                    max_call_timeout_ms: t
+                        .max_call_timeout
+                        .as_deref()
+                        .map(|s| {
+                            humantime::parse_duration(s)
+                                .map(|d| d.as_millis() as u64)
+                                .map_err(|e| format!("tenants.{name}.max-call-timeout = {s:?}: {e}"))
+                        })
+                        .transpose()?,
+                    max_state: size(&t.max_state, "max-state")?.map(|n| n as u64),
+                    max_records_per_second: t.max_records_per_second,
+                },
             };
             for other in raw.tenants.iter().filter(|(n, _)| *n != name) {
                 if other.1.namespace.starts_with(&t.namespace) {
@@ -227,7 +267,7 @@ mod tests {
         let Some(Caller::Tenant(a)) = t.caller(Some("alpha")) else {
             panic!()
         };
-        assert_eq!((a.namespace.as_str(), a.max_memory), ("a.", Some(8 << 20)));
+        assert_eq!((a.namespace.as_str(), a.caps.max_memory), ("a.", Some(8 << 20)));
         assert_eq!(t.caller(Some("nobody")), None);
         assert_eq!(t.caller(None), None);
         assert!(config("[admin]\ntokens = [\"root\"]\n")

@@ -1,5 +1,6 @@
 //! Command-line interface: argument parsing and dispatch to the subcommands.
 
+pub mod config;
 mod kafka_tools;
 mod new;
 mod state;
@@ -29,6 +30,9 @@ pub enum Command {
     /// (`sluice worker drain` drains a running one).
     #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     Worker(Box<worker::WorkerArgs>),
+    /// The worker settings from the configuration file, the environment and flags, with
+    /// each value's origin (`sluice config show --config FILE`).
+    Config(config::ConfigArgs),
     /// Show a cluster: generation, workers, and every task with its role, owner and lag.
     Status(status::StatusArgs),
     /// Upload a topology (component and manifest) to a cluster through any worker's admin
@@ -71,9 +75,10 @@ pub fn init_logging(filter: Option<&str>) {
         .init();
 }
 
-pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+pub async fn run(cli: Cli, layered: config::Layered) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Worker(args) => worker::run(*args).await,
+        Command::Worker(args) => worker::run(*args, layered).await,
+        Command::Config(args) => config::run(args, layered),
         Command::State(args) => state::run(args),
         Command::Deploy(args) => topologies::deploy(args).await,
         Command::Topologies(args) => topologies::topologies(args).await,

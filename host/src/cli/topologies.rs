@@ -292,13 +292,21 @@ pub async fn tenants(args: TenantsArgs) -> anyhow::Result<ExitCode> {
         Output::Json => println!("{}", serde_json::to_string_pretty(&json)?),
         Output::Text => {
             println!(
-                "{:<20} {:<20} {:>10} {:>6} {:>10} {:>10} {:>12}",
-                "TENANT", "NAMESPACE", "TOPOLOGIES", "TASKS", "MAX TOPOS", "MAX TASKS", "MAX MEMORY"
+                "{:<20} {:<20} {:>10} {:>6} {:>10} {:>10} {:>12} {:>10} {:>12}",
+                "TENANT",
+                "NAMESPACE",
+                "TOPOLOGIES",
+                "TASKS",
+                "MAX TOPOS",
+                "MAX TASKS",
+                "MAX MEMORY",
+                "MAX REC/S",
+                "MAX STATE"
             );
             for t in json.as_array().into_iter().flatten() {
                 let or_dash = |v: &Value| if v.is_null() { "-".to_string() } else { v.to_string() };
                 println!(
-                    "{:<20} {:<20} {:>10} {:>6} {:>10} {:>10} {:>12}",
+                    "{:<20} {:<20} {:>10} {:>6} {:>10} {:>10} {:>12} {:>10} {:>12}",
                     t["name"].as_str().unwrap_or("?"),
                     t["namespace"].as_str().unwrap_or("?"),
                     t["topologies"],
@@ -306,6 +314,8 @@ pub async fn tenants(args: TenantsArgs) -> anyhow::Result<ExitCode> {
                     or_dash(&t["max_topologies"]),
                     or_dash(&t["max_tasks"]),
                     or_dash(&t["max_memory"]),
+                    or_dash(&t["max_records_per_second"]),
+                    or_dash(&t["max_state"]),
                 );
             }
         }

@@ -32,12 +32,21 @@ pub struct DrainArgs {
 pub struct WorkerArgs {
     #[command(subcommand)]
     action: Option<WorkerAction>,
+    #[command(flatten)]
+    settings: WorkerSettings,
+}
+
+/// A worker's settings. Each has a key in the configuration file and an environment
+/// variable (see `sluice config show` and `cli::config::SETTINGS`): built-in defaults <
+/// the file < the environment < flags.
+#[derive(Debug, Args)]
+pub struct WorkerSettings {
     /// Kafka bootstrap servers, `host:port[,host:port…]`.
     #[arg(long, env = "KAFKA_BOOTSTRAP")]
-    bootstrap: String,
+    bootstrap: Option<String>,
     /// A topology manifest (TOML); repeat for several topologies. In a cluster (`--cluster`)
     /// it may be left out: the worker runs what is uploaded to the cluster's registry.
-    #[arg(long = "topology", value_name = "FILE.toml", required_unless_present = "cluster")]
+    #[arg(long = "topology", value_name = "FILE.toml")]
     topologies: Vec<PathBuf>,
     /// The worker's admin endpoint: Prometheus metrics at http://ADDR/metrics, live status
     /// (roles, lag, learners' progress, rebalances) at /status, /healthz and /readyz, and
@@ -46,7 +55,7 @@ pub struct WorkerArgs {
     metrics: Option<SocketAddr>,
     /// The address other workers and `sluice status` reach the admin endpoint at (default:
     /// the bound address; this host's name when bound to all interfaces).
-    #[arg(long, value_name = "HOST:PORT", requires = "metrics")]
+    #[arg(long, value_name = "HOST:PORT")]
     advertise_admin: Option<String>,
     /// Most records handed to the guest in one call.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=100_000))]
@@ -169,8 +178,9 @@ pub struct WorkerArgs {
     /// (`limits.state`). A task whose commit would go past it fails and stays failed.
     #[arg(long, default_value = "10GiB", value_parser = parse_size)]
     state_limit: usize,
-    /// The configuration file: tenants, their tokens, namespaces and limits (the same file on
-    /// every worker of a cluster; see README "Tenants").
+    /// The configuration file: worker settings under Kafka-style dotted keys, tenants, their
+    /// tokens, namespaces and limits (the same file on every worker of a cluster; see
+    /// docs/configuration.md). Environment variables and flags override it.
     #[arg(long, env = "SLUICE_CONFIG", value_name = "FILE.toml")]
     config: Option<PathBuf>,
     /// Largest component the admin API takes (`POST /v1/topologies`).
@@ -178,78 +188,26 @@ pub struct WorkerArgs {
     max_component_size: usize,
 }
 
-pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
+pub async fn run(args: WorkerArgs, layered: super::config::Layered) -> anyhow::Result<ExitCode> {
     if let Some(WorkerAction::Drain(drain)) = &args.action {
         return ask_to_drain(&drain.admin).await;
     }
-    let threads = args
-        .threads
-        .map(|t| t as usize)
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+    let settings = args.settings;
     // Stop requests from signals: a drain first (in a cluster, when asked), then a stop.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(Stop::Run);
     let stop_tx = std::sync::Arc::new(stop_tx);
-    let in_cluster = args.cluster.is_some();
-    tokio::spawn(signals(stop_tx.clone(), in_cluster && args.drain_on_stop, in_cluster));
-    let cluster = args.cluster.map(|name| ClusterConfig {
-        name,
-        capacity: args.capacity.unwrap_or(threads as u32),
-        instance_id: args.instance_id,
-        session_timeout: args.session_timeout,
-        heartbeat_interval: args.heartbeat_interval,
-        assignor: args.assignor,
-        standby_replicas: args.standby_replicas,
-        bootstrap: args.bootstrap.clone(),
-        state_dir: args.state_dir.clone(),
-        metadata_version: args.metadata_version,
-        release_failed_tasks: args.release_failed_tasks,
-        learners: LearnerPolicy {
-            max_learners: args.max_learner_tasks as usize,
-            acceptable_lag: args.acceptable_recovery_lag.min(i64::MAX as u64) as i64,
-        },
-        learner_rejoin: args.learner_rejoin,
-        drain: Some(stop_tx.clone()),
-        scale_down_timeout: args.scale_down_timeout,
-        admin: args.advertise_admin.clone().unwrap_or_default(),
-    });
-    let config = WorkerConfig {
-        cluster,
-        bootstrap: args.bootstrap,
-        manifests: args.topologies,
-        metrics_addr: args.metrics,
-        tasks: TaskSettings {
-            batch_size: args.batch_size as usize,
-            threads,
-            max_batch_bytes: args.max_batch_bytes,
-            prefetch_bytes: args.prefetch,
-            commit_interval: args.commit_interval,
-            punctuate_interval: args.punctuate_interval,
-            guarantee: args.processing_guarantee,
-            idle_commit_interval: args
-                .idle_commit_interval
-                .unwrap_or(args.commit_interval.max(Duration::from_secs(60))),
-        },
-        changelogs: ChangelogSettings {
-            replication_factor: args.changelog_replication_factor,
-            min_insync_replicas: args.changelog_min_insync_replicas,
-        },
-        runtime: RuntimeConfig {
-            memory_limit: args.memory_limit,
-            call_timeout: args.call_timeout,
-            host_memory_limit: args.host_memory_limit,
-            pooling: !args.no_pooling,
-            max_instances: args.max_instances,
-        },
-        state_dir: args.state_dir,
-        state_block_cache: args.state_cache,
-        state_write_buffers: args.state_write_buffers,
-        state_limit: args.state_limit as u64,
-        max_component_bytes: args.max_component_size,
-        tenancy: match &args.config {
-            Some(path) => sluice::tenants::Tenancy::load(path)?,
-            None => Default::default(),
-        },
-    };
+    let in_cluster = settings.cluster.is_some();
+    let drain_on_stop = settings.drain_on_stop;
+    let config = settings.into_config(&layered, Some(stop_tx.clone()))?;
+    if let Some(file) = &layered.file {
+        tracing::info!(
+            file = %file.display(),
+            settings = layered.from_file(),
+            tenants = layered.tenancy.tenants.len(),
+            "configuration file read"
+        );
+    }
+    tokio::spawn(signals(stop_tx.clone(), in_cluster && drain_on_stop, in_cluster));
     let mut stop_rx = stop_rx;
     let shutdown = async move {
         let _ = stop_rx.wait_for(|s| *s == Stop::Now).await;
@@ -280,6 +238,98 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
             report.failed.len()
         );
         Ok(ExitCode::from(TASKS_FAILED))
+    }
+}
+
+impl WorkerSettings {
+    /// The worker's configuration from its layered settings: every check a worker makes of
+    /// its settings before it starts (`sluice config show` makes the same ones).
+    pub fn into_config(
+        self,
+        layered: &super::config::Layered,
+        drain: Option<std::sync::Arc<tokio::sync::watch::Sender<Stop>>>,
+    ) -> anyhow::Result<WorkerConfig> {
+        let args = self;
+        let bootstrap = args.bootstrap.ok_or_else(|| {
+            anyhow::anyhow!(
+                "no Kafka bootstrap servers: give --bootstrap HOST:PORT, set KAFKA_BOOTSTRAP, or write \
+                 bootstrap.servers in the configuration file"
+            )
+        })?;
+        if args.topologies.is_empty() && args.cluster.is_none() {
+            anyhow::bail!(
+                "nothing to run: give --topology FILE.toml (or `topologies` in the configuration file), \
+                 or --cluster NAME to run what is uploaded to the cluster"
+            );
+        }
+        let threads = args
+            .threads
+            .map(|t| t as usize)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+        let tenancy =
+            sluice::tenants::Tenancy::from_config(layered.tenancy.clone()).map_err(|e| match &layered.file {
+                Some(file) => anyhow::anyhow!("configuration file {}: {e}", file.display()),
+                None => anyhow::anyhow!("{e}"),
+            })?;
+        if args.advertise_admin.is_some() && args.metrics.is_none() {
+            anyhow::bail!("--advertise-admin (admin.advertised.listener) needs --metrics (admin.listener)");
+        }
+        let cluster = args.cluster.map(|name| ClusterConfig {
+            name,
+            capacity: args.capacity.unwrap_or(threads as u32),
+            instance_id: args.instance_id,
+            session_timeout: args.session_timeout,
+            heartbeat_interval: args.heartbeat_interval,
+            assignor: args.assignor,
+            standby_replicas: args.standby_replicas,
+            bootstrap: bootstrap.clone(),
+            state_dir: args.state_dir.clone(),
+            metadata_version: args.metadata_version,
+            release_failed_tasks: args.release_failed_tasks,
+            learners: LearnerPolicy {
+                max_learners: args.max_learner_tasks as usize,
+                acceptable_lag: args.acceptable_recovery_lag.min(i64::MAX as u64) as i64,
+            },
+            learner_rejoin: args.learner_rejoin,
+            drain,
+            scale_down_timeout: args.scale_down_timeout,
+            admin: args.advertise_admin.clone().unwrap_or_default(),
+        });
+        Ok(WorkerConfig {
+            cluster,
+            bootstrap,
+            manifests: args.topologies,
+            metrics_addr: args.metrics,
+            tasks: TaskSettings {
+                batch_size: args.batch_size as usize,
+                threads,
+                max_batch_bytes: args.max_batch_bytes,
+                prefetch_bytes: args.prefetch,
+                commit_interval: args.commit_interval,
+                punctuate_interval: args.punctuate_interval,
+                guarantee: args.processing_guarantee,
+                idle_commit_interval: args
+                    .idle_commit_interval
+                    .unwrap_or(args.commit_interval.max(Duration::from_secs(60))),
+            },
+            changelogs: ChangelogSettings {
+                replication_factor: args.changelog_replication_factor,
+                min_insync_replicas: args.changelog_min_insync_replicas,
+            },
+            runtime: RuntimeConfig {
+                memory_limit: args.memory_limit,
+                call_timeout: args.call_timeout,
+                host_memory_limit: args.host_memory_limit,
+                pooling: !args.no_pooling,
+                max_instances: args.max_instances,
+            },
+            state_dir: args.state_dir,
+            state_block_cache: args.state_cache,
+            state_write_buffers: args.state_write_buffers,
+            state_limit: args.state_limit as u64,
+            max_component_bytes: args.max_component_size,
+            tenancy,
+        })
     }
 }
 

@@ -107,6 +107,8 @@ pub struct DeployedTopology {
     /// (by partition, as of its last commit).
     pub state_limit: u64,
     pub state_usage: std::sync::Mutex<std::collections::HashMap<i32, u64>>,
+    /// Most records one task processes per second (`limits.records-per-second`).
+    pub records_per_second: Option<u32>,
 }
 
 /// A topology this worker will not run, and why (the message names the manifest).
@@ -385,6 +387,7 @@ pub async fn run(
                     max_component_bytes: config.max_component_bytes,
                     tenancy: config.tenancy.clone(),
                     state: state.clone(),
+                    deploys: Default::default(),
                 })))
             }
             _ => None,
@@ -563,6 +566,7 @@ fn deploy(
     Ok(DeployedTopology {
         state_limit: manifest.limits.state.unwrap_or(state_limit),
         state_usage: Default::default(),
+        records_per_second: manifest.limits.records_per_second,
         name: manifest.name,
         loaded,
         on_error: manifest.on_error,

@@ -639,3 +639,173 @@ async fn a_scaffolded_topology_builds_deploys_and_runs_across_the_cluster() -> a
     }
     Ok(())
 }
+
+/// One configuration file: worker settings under dotted keys (here the cluster, the admin
+/// listener and the group timings come only from the file) and a tenant's limits on
+/// records per second, deploys per minute and state, all enforced; `sluice config show`
+/// gives each value's origin; a wrong key is refused by name before the worker starts.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_configuration_file_sets_the_worker_and_its_tenants_limits() -> anyhow::Result<()> {
+    let kafka = kafka();
+    let id = unique_name("g");
+    let ns = format!("g-{id}.");
+    let (input, output) = (format!("{ns}in"), format!("{ns}out"));
+    kafka.create_topic(&input, 1).await?;
+    kafka.create_topic(&output, 1).await?;
+    let dir = TempDir::new("config-file");
+    let port = free_port();
+    let cluster = unique_name("c");
+    let config = dir.write(
+        "sluice.toml",
+        &format!(
+            "cluster.name = \"{cluster}\"\nsession.timeout.ms = 6000\nheartbeat.interval.ms = 200\n\
+             commit.interval.ms = 200\nstate.dir = \"state\"\n\n\
+             [admin]\nlistener = \"127.0.0.1:{port}\"\ntokens = [\"{}\"]\n\n\
+             [tenants.gamma]\ntokens = [\"{}\"]\nnamespace = \"{ns}\"\n\
+             max-records-per-second = 50\nmax-deploys-per-minute = 2\nmax-state = \"1MiB\"\n",
+            sluice::tenants::hash_token("root-token"),
+            sluice::tenants::hash_token("gamma-token"),
+        ),
+    );
+    let config_arg = config.to_str().unwrap();
+
+    // What a worker would start with, and where each value comes from.
+    let (ok, out, err) = cli(&[
+        "config",
+        "show",
+        "--config",
+        config_arg,
+        "--bootstrap",
+        kafka.bootstrap(),
+        "--output",
+        "json",
+    ])?;
+    assert!(ok, "{err}");
+    let shown: serde_json::Value = serde_json::from_str(&out)?;
+    let setting = |key: &str| {
+        (
+            shown["settings"][key]["value"].as_str().unwrap_or("?").to_string(),
+            shown["settings"][key]["origin"].as_str().unwrap_or("?").to_string(),
+        )
+    };
+    assert_eq!(setting("cluster.name"), (cluster.clone(), "file".into()));
+    assert_eq!(setting("commit.interval.ms"), ("200ms".into(), "file".into()));
+    assert_eq!(setting("bootstrap.servers").1, "flag");
+    assert_eq!(setting("num.standby.replicas"), ("0".into(), "default".into()));
+    let state_dir = dir.path().join("state");
+    assert_eq!(
+        setting("state.dir").0,
+        state_dir.to_str().unwrap(),
+        "relative to the file"
+    );
+    assert_eq!(shown["tenants"]["gamma"]["max-records-per-second"], 50);
+    assert_eq!(shown["valid"], true);
+
+    // A wrong key stops a worker before it starts, naming the key.
+    let bad = dir.write("bad.toml", "num.standby.replica = 1\n");
+    let (ok, _, err) = cli(&[
+        "worker",
+        "--config",
+        bad.to_str().unwrap(),
+        "--bootstrap",
+        kafka.bootstrap(),
+    ])?;
+    assert!(!ok);
+    assert!(
+        err.contains("unknown key `num.standby.replica` (did you mean `num.standby.replicas`?)"),
+        "{err}"
+    );
+
+    // The worker: only its bootstrap is a flag; it joins the file's cluster and listens on
+    // the file's admin address.
+    let mut worker = WorkerProcess::start(kafka.bootstrap(), dir.path(), &["--config", config_arg])?;
+    worker.wait_for_line(&[" assignment "], Duration::from_secs(60))?;
+    let admin = format!("127.0.0.1:{port}");
+    let as_gamma = |args: &[&str]| {
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend_from_slice(&["--admin", &admin, "--token", "gamma-token", "--output", "json"]);
+        cli(&all)
+    };
+    let upper = guest("uppercase");
+    let name = format!("{ns}shout");
+    let m1 = dir.write(
+        "shout.toml",
+        &manifest(&name, &[("input", &input)], &[("output", &output)], ""),
+    );
+    let deploy =
+        |m: &std::path::Path| as_gamma(&["deploy", upper.to_str().unwrap(), "--manifest", m.to_str().unwrap()]);
+    let (ok, out, err) = deploy(&m1)?;
+    assert!(ok, "{err}");
+    let entry: serde_json::Value = serde_json::from_str(&out)?;
+    assert_eq!(
+        (entry["max_records_per_second"].as_u64(), entry["max_state"].as_u64()),
+        (Some(50), Some(1 << 20)),
+        "the tenant's caps go with its topology: {entry}"
+    );
+    until_settled(std::slice::from_mut(&mut worker), 1).await?;
+
+    // 300 records at most 50 a second (a burst of 12 first): at least 5.7 s, where the
+    // worker unlimited takes well under one.
+    const N: usize = 300;
+    let records: Vec<(Vec<u8>, Vec<u8>)> = (0..N)
+        .map(|i| (format!("k{i}").into_bytes(), format!("v{i}").into_bytes()))
+        .collect();
+    let started = std::time::Instant::now();
+    kafka.produce(&input, &records).await?;
+    let got = kafka.consume(&output, N, Duration::from_secs(120)).await?;
+    let took = started.elapsed();
+    assert_eq!(got.len(), N);
+    assert_eq!(got[N - 1].value.as_deref(), Some(format!("V{}", N - 1).as_bytes()));
+    eprintln!("{N} records at max-records-per-second = 50 took {took:?}");
+    assert!(
+        took >= Duration::from_millis(5_700),
+        "{N} records in {took:?}: faster than 50 a second"
+    );
+
+    // Two deploys a minute: the first and an upgrade pass, the third is refused.
+    let m2 = dir.write(
+        "shout2.toml",
+        &manifest(
+            &name,
+            &[("input", &input)],
+            &[("output", &output)],
+            "on-error = \"skip\"",
+        ),
+    );
+    let (ok, _, err) = deploy(&m2)?;
+    assert!(ok, "{err}");
+    let (ok, _, err) = deploy(&m1)?;
+    assert!(!ok, "a third deploy within a minute was accepted");
+    assert!(
+        err.contains("[over-limit]") && err.contains("max-deploys-per-minute = 2"),
+        "{err}"
+    );
+    assert_eq!(
+        listed_as(&admin, "root-token")?.get(&name),
+        Some(&2),
+        "the refusal changed nothing"
+    );
+    assert!(worker.terminate(Duration::from_secs(60))?.success(), "{}", worker.log());
+    Ok(())
+}
+
+/// Names and versions the registry lists for a caller with `token`.
+fn listed_as(admin: &str, token: &str) -> anyhow::Result<BTreeMap<String, u64>> {
+    let (ok, out, err) = cli(&[
+        "topologies",
+        "list",
+        "--admin",
+        admin,
+        "--token",
+        token,
+        "--output",
+        "json",
+    ])?;
+    anyhow::ensure!(ok, "sluice topologies list failed: {err}");
+    let v: serde_json::Value = serde_json::from_str(&out)?;
+    Ok(v.as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["name"].as_str().unwrap().to_string(), t["version"].as_u64().unwrap()))
+        .collect())
+}

@@ -7,6 +7,7 @@
 //! `control`); asked to abort, it stops without committing anything more.
 
 mod output;
+mod rate;
 mod source;
 
 use std::sync::Arc;
@@ -159,6 +160,10 @@ pub struct Task {
     batch: Vec<(u32, i64)>,
     /// Bytes at which a batch is full (see `TaskSettings::max_batch_bytes`).
     batch_bytes: usize,
+    /// Records at which a batch is full (`TaskSettings::batch_size`, less under a rate).
+    batch_records: usize,
+    /// Its topology's records-per-second limit.
+    rate: Option<rate::Rate>,
     /// Next offset to commit per source, once the batch that read it is produced.
     positions: Vec<Option<i64>>,
     committed: Vec<Option<i64>>,
@@ -367,6 +372,7 @@ impl Task {
             call_seconds: ctx.metrics.guest_call_seconds.get_or_create(&labels).clone(),
         };
         tracing::info!(committed = ?committed, guarantee = ?ctx.settings.guarantee, task = %id, "started");
+        let rate = topology.records_per_second.map(|r| rate::Rate::new(r, Instant::now()));
         Ok(Some(Task {
             group_metadata,
             group: format!("sluice-{}", topology.name),
@@ -385,6 +391,11 @@ impl Task {
                 .max_batch_bytes
                 .min(topology.loaded.limits().memory_limit / 4)
                 .max(1),
+            batch_records: ctx
+                .settings
+                .batch_size
+                .min(rate.as_ref().map_or(usize::MAX, rate::Rate::batch)),
+            rate,
             positions: committed.clone(),
             committed,
             stream_time: i64::MIN,
@@ -415,7 +426,7 @@ impl Task {
 
     /// Whether the batch has room for no more records.
     pub fn is_full(&self) -> bool {
-        self.batch.len() >= self.ctx.settings.batch_size || self.writer.byte_len() >= self.batch_bytes
+        self.batch.len() >= self.batch_records || self.writer.byte_len() >= self.batch_bytes
     }
 
     /// Whether the batch holds records not processed yet.
@@ -435,9 +446,14 @@ impl Task {
         result
     }
 
-    /// Whether the task may process now (asked to run, and the lease holds).
+    /// Whether the task may process now (asked to run, the lease holds, and it is within
+    /// its records-per-second limit).
     pub fn may_process(&self) -> bool {
-        self.ctx.control.request() == Request::Run && self.ctx.lease.valid()
+        self.ctx.control.request() == Request::Run && self.ctx.lease.valid() && self.within_rate()
+    }
+
+    fn within_rate(&self) -> bool {
+        self.rate.as_ref().is_none_or(|r| r.ready(Instant::now()))
     }
 
     /// Processes the batch at once (it is full); the task's end if that ended it.
@@ -475,7 +491,7 @@ impl Task {
             // the worker renews the lease or aborts the task.
             return Ok(None);
         }
-        if !self.batch.is_empty() {
+        if !self.batch.is_empty() && self.within_rate() {
             self.process_batch(env)?;
         }
         self.maybe_punctuate()?;
@@ -548,6 +564,9 @@ impl Task {
     }
 
     fn process_batch(&mut self, env: &mut KafkaEnv) -> Result<(), TaskError> {
+        if let Some(rate) = &mut self.rate {
+            rate.take(self.batch.len(), Instant::now());
+        }
         let result = self.process_batch_inner(env);
         self.clear_batch();
         result

@@ -1,0 +1,689 @@
+//! One configuration file for a worker: its settings under Kafka-style dotted keys
+//! (`num.standby.replicas`, `processing.guarantee`, `scale.down.timeout.ms`…), its tenants
+//! and their limits. Settings are layered: built-in defaults < the file < the environment
+//! (`SLUICE_NUM_STANDBY_REPLICAS`, …) < flags. The file is read and checked once, before
+//! the worker starts: an unknown key is refused by name, a value of the wrong type or out
+//! of range names its key. `sluice config show` prints every setting with its origin.
+//!
+//! Every setting is a flag of `sluice worker` (see [`SETTINGS`]); a value from the file is
+//! parsed by the flag's own parser, so the file, the environment and the command line
+//! accept the same values.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, Command, CommandFactory, FromArgMatches};
+use sluice::tenants::TenancyConfig;
+
+use super::topologies::Output;
+use super::worker::WorkerSettings;
+use super::Cli;
+
+/// How a setting's value is written in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A string or a number, as the flag takes it.
+    Value,
+    /// A number of milliseconds, or a duration with its unit (`"1s"`, `"250ms"`).
+    Millis,
+    /// A number of bytes, or a size with its unit (`"64MiB"`).
+    Bytes,
+    /// `true` or `false`: the flag given or not.
+    Flag,
+    /// `true` or `false`, the opposite of the flag (`guest.pooling = false` is `--no-pooling`).
+    NotFlag,
+    /// A path, relative to the file's directory.
+    Path,
+    /// A list of paths (one flag per item), relative to the file's directory.
+    Paths,
+}
+
+/// A worker setting: its key in the file and the `sluice worker` argument it sets.
+#[derive(Debug)]
+pub struct Setting {
+    pub key: &'static str,
+    /// The clap id of the argument (the field name in `WorkerSettings`).
+    pub arg: &'static str,
+    kind: Kind,
+}
+
+const fn s(key: &'static str, arg: &'static str, kind: Kind) -> Setting {
+    Setting { key, arg, kind }
+}
+
+/// Every setting of a worker, with its key in the configuration file. Kafka Streams' name
+/// where one means the same thing (`num.standby.replicas`, `acceptable.recovery.lag`,
+/// `state.dir`, `group.instance.id`…), otherwise the flag's name in the same style.
+pub const SETTINGS: &[Setting] = &[
+    s("bootstrap.servers", "bootstrap", Kind::Value),
+    s("cluster.name", "cluster", Kind::Value),
+    s("topologies", "topologies", Kind::Paths),
+    s("processing.guarantee", "processing_guarantee", Kind::Value),
+    s("num.stream.threads", "threads", Kind::Value),
+    s("num.standby.replicas", "standby_replicas", Kind::Value),
+    s("max.learner.tasks", "max_learner_tasks", Kind::Value),
+    s("acceptable.recovery.lag", "acceptable_recovery_lag", Kind::Value),
+    s("learner.rejoin", "learner_rejoin", Kind::Value),
+    s("commit.interval.ms", "commit_interval", Kind::Millis),
+    s("idle.commit.interval.ms", "idle_commit_interval", Kind::Millis),
+    s("punctuate.interval.ms", "punctuate_interval", Kind::Millis),
+    s("batch.max.records", "batch_size", Kind::Value),
+    s("batch.max.bytes", "max_batch_bytes", Kind::Bytes),
+    s("prefetch.max.bytes", "prefetch", Kind::Bytes),
+    s(
+        "changelog.replication.factor",
+        "changelog_replication_factor",
+        Kind::Value,
+    ),
+    s(
+        "changelog.min.insync.replicas",
+        "changelog_min_insync_replicas",
+        Kind::Value,
+    ),
+    s("guest.memory.max.bytes", "memory_limit", Kind::Bytes),
+    s("guest.host.memory.max.bytes", "host_memory_limit", Kind::Bytes),
+    s("guest.call.timeout.ms", "call_timeout", Kind::Millis),
+    s("guest.max.instances", "max_instances", Kind::Value),
+    s("guest.pooling", "no_pooling", Kind::NotFlag),
+    s("component.max.bytes", "max_component_size", Kind::Bytes),
+    s("worker.capacity", "capacity", Kind::Value),
+    s("group.instance.id", "instance_id", Kind::Value),
+    s("session.timeout.ms", "session_timeout", Kind::Millis),
+    s("heartbeat.interval.ms", "heartbeat_interval", Kind::Millis),
+    s("task.assignor", "assignor", Kind::Value),
+    s("release.failed.tasks", "release_failed_tasks", Kind::Flag),
+    s("drain.on.stop", "drain_on_stop", Kind::Flag),
+    s("scale.down.timeout.ms", "scale_down_timeout", Kind::Millis),
+    s("state.dir", "state_dir", Kind::Path),
+    s("state.block.cache.bytes", "state_cache", Kind::Bytes),
+    s("state.write.buffer.bytes", "state_write_buffers", Kind::Bytes),
+    s("state.max.bytes", "state_limit", Kind::Bytes),
+    s("admin.listener", "metrics", Kind::Value),
+    s("admin.advertised.listener", "advertise_admin", Kind::Value),
+];
+
+/// Where a setting's value came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    Default,
+    File,
+    Env(String),
+    Flag,
+    /// Not set anywhere, and no default: the worker works it out (see the flag's help).
+    Unset,
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Origin::Default => f.write_str("default"),
+            Origin::File => f.write_str("file"),
+            Origin::Env(name) => write!(f, "env {name}"),
+            Origin::Flag => f.write_str("flag"),
+            Origin::Unset => f.write_str("unset"),
+        }
+    }
+}
+
+/// The configuration file's contribution, once checked.
+#[derive(Debug, Clone, Default)]
+pub struct Layered {
+    pub file: Option<PathBuf>,
+    /// The file's `[admin] tokens` and `[tenants.*]`.
+    pub tenancy: TenancyConfig,
+    /// Each setting's origin, by key.
+    pub origins: BTreeMap<&'static str, Origin>,
+    /// Each setting's value as written (a list joined with `,`; `-` when unset), by key.
+    pub values: BTreeMap<&'static str, String>,
+}
+
+impl Layered {
+    /// How many settings the file decided.
+    pub fn from_file(&self) -> usize {
+        self.origins.values().filter(|o| **o == Origin::File).count()
+    }
+}
+
+/// The environment variable of a setting without one of its own: `SLUICE_` and the key
+/// in capitals with `_` for `.`.
+pub fn env_name(key: &str) -> String {
+    format!("SLUICE_{}", key.to_ascii_uppercase().replace('.', "_"))
+}
+
+/// Gives every setting of `cmd` (a command with `WorkerSettings` flattened in) an
+/// environment variable, unless its flag declares one already (`KAFKA_BOOTSTRAP`, …).
+fn with_env(mut cmd: Command) -> Command {
+    for setting in SETTINGS {
+        cmd = cmd.mut_arg(setting.arg, |a| {
+            if a.get_env().is_some() {
+                a
+            } else {
+                // Leaked once per setting at start: clap keeps `&'static str` names.
+                a.env(&*Box::leak(env_name(setting.key).into_boxed_str()))
+            }
+        });
+    }
+    cmd
+}
+
+/// The `sluice` command with every worker setting's environment variable.
+pub fn command() -> Command {
+    Cli::command()
+        .mut_subcommand("worker", with_env)
+        .mut_subcommand("config", |c| c.mut_subcommand("show", with_env))
+}
+
+/// Parses the command line with the configuration file layered under the environment and
+/// flags. Exits (as clap does) on a command-line error or `--help`; returns an error naming
+/// the file and key when the file is wrong.
+pub fn parse(argv: Vec<OsString>) -> anyhow::Result<(Cli, Layered)> {
+    let cmd = command();
+    // A first, lenient pass: which subcommand, what its settings' sources are, which file.
+    let pre = cmd.clone().ignore_errors(true).try_get_matches_from(&argv).ok();
+    let settings = pre.as_ref().and_then(|m| match m.subcommand() {
+        Some(("worker", w)) if w.subcommand().is_none() => Some(("worker", w)),
+        Some(("config", c)) => match c.subcommand() {
+            Some(("show", show)) => Some(("config show", show)),
+            _ => None,
+        },
+        _ => None,
+    });
+    let mut layered = Layered::default();
+    let mut argv = argv;
+    let mut from_file = BTreeSet::new();
+    if let Some((path, m)) = settings {
+        let sub = match path {
+            "worker" => cmd.find_subcommand("worker"),
+            _ => cmd.find_subcommand("config").and_then(|c| c.find_subcommand("show")),
+        }
+        .expect("the subcommand exists");
+        if let Ok(Some(file)) = m.try_get_one::<PathBuf>("config") {
+            let text = std::fs::read_to_string(file)
+                .map_err(|e| anyhow::anyhow!("cannot read configuration file {}: {e}", file.display()))?;
+            let (extra, keys, tenancy) = layer(sub, m, file, &text)?;
+            argv.extend(extra);
+            from_file = keys;
+            layered.file = Some(file.clone());
+            layered.tenancy = tenancy;
+        }
+    }
+    let matches = cmd.try_get_matches_from(&argv).unwrap_or_else(|e| e.exit());
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let sub = match matches.subcommand() {
+        Some(("worker", w)) => Some(w),
+        Some(("config", c)) => c.subcommand().map(|(_, m)| m),
+        _ => None,
+    };
+    if let Some(m) = sub {
+        let worker = command();
+        let worker = worker.find_subcommand("worker").expect("worker");
+        layered.origins = origins(worker, m, &from_file);
+        layered.values = SETTINGS
+            .iter()
+            .filter(|s| m.try_contains_id(s.arg).is_ok())
+            .map(|s| (s.key, shown(s, m)))
+            .collect();
+    }
+    Ok((cli, layered))
+}
+
+/// Each setting's origin in the final matches `m` of a command with the settings of `cmd`.
+fn origins(cmd: &Command, m: &ArgMatches, from_file: &BTreeSet<&'static str>) -> BTreeMap<&'static str, Origin> {
+    SETTINGS
+        .iter()
+        .filter(|s| m.try_contains_id(s.arg).is_ok())
+        .map(|s| {
+            let origin = if from_file.contains(s.key) {
+                Origin::File
+            } else {
+                match m.value_source(s.arg) {
+                    Some(ValueSource::CommandLine) => Origin::Flag,
+                    Some(ValueSource::EnvVariable) => {
+                        let env = cmd
+                            .get_arguments()
+                            .find(|a| a.get_id() == s.arg)
+                            .and_then(|a| a.get_env());
+                        Origin::Env(env.map_or_else(|| env_name(s.key), |e| e.to_string_lossy().into_owned()))
+                    }
+                    Some(ValueSource::DefaultValue) => Origin::Default,
+                    _ => Origin::Unset,
+                }
+            };
+            (s.key, origin)
+        })
+        .collect()
+}
+
+/// A setting's value as the command line would write it.
+fn shown(s: &Setting, m: &ArgMatches) -> String {
+    let raw: Vec<String> = m
+        .get_raw(s.arg)
+        .map(|raw| raw.map(|v| v.to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    let value = raw.join(",");
+    match (s.kind, value.as_str()) {
+        (Kind::NotFlag, "true") => "false".into(),
+        (Kind::NotFlag, "false") => "true".into(),
+        (_, "") => "-".into(),
+        _ => value,
+    }
+}
+
+/// Reads the file's settings for the subcommand `sub` (lenient matches `m`): the flags to
+/// add to the command line for the settings no flag or variable sets, the keys the file
+/// decides, and its tenancy sections.
+fn layer(
+    sub: &Command,
+    m: &ArgMatches,
+    file: &Path,
+    text: &str,
+) -> anyhow::Result<(Vec<OsString>, BTreeSet<&'static str>, TenancyConfig)> {
+    let bad = |e: String| anyhow::anyhow!("configuration file {}: {e}", file.display());
+    let mut table: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| bad(format!("not valid TOML: {e}")))?;
+    // The tenancy sections go to their own parser.
+    let mut tenancy = toml::Table::new();
+    if let Some(tenants) = table.remove("tenants") {
+        tenancy.insert("tenants".into(), tenants);
+    }
+    if let Some(toml::Value::Table(admin)) = table.get_mut("admin") {
+        if let Some(tokens) = admin.remove("tokens") {
+            tenancy.insert(
+                "admin".into(),
+                toml::Value::Table([("tokens".to_string(), tokens)].into_iter().collect()),
+            );
+        }
+    }
+    let tenancy: TenancyConfig = toml::Value::Table(tenancy)
+        .try_into()
+        .map_err(|e: toml::de::Error| bad(e.to_string().trim().to_string()))?;
+    let mut leaves = Vec::new();
+    flatten("", table, &mut leaves);
+    let base = file.parent().unwrap_or(Path::new("."));
+    let mut extra = Vec::new();
+    let mut decided = BTreeSet::new();
+    for (key, value) in leaves {
+        let Some(setting) = SETTINGS.iter().find(|s| s.key == key) else {
+            return Err(bad(unknown(&key)));
+        };
+        let arg = sub
+            .get_arguments()
+            .find(|a| a.get_id() == setting.arg)
+            .expect("every setting is an argument");
+        let values = values(setting, &value, base).map_err(|e| bad(format!("{key} = {value}: {e}")))?;
+        // Checked with the flag's own parser, so the error names the key, not the flag.
+        let long = format!("--{}", arg.get_long().expect("settings have long flags"));
+        let check = Command::new("sluice")
+            .no_binary_name(true)
+            .arg(arg.clone().env(None::<&str>));
+        for v in values.iter().filter_map(|v| v.as_ref()) {
+            let mut flag = OsString::from(format!("{long}="));
+            flag.push(v);
+            if let Err(e) = check.clone().try_get_matches_from([flag]) {
+                let message = e.to_string();
+                let message = message.lines().next().unwrap_or_default().trim_start_matches("error: ");
+                return Err(bad(format!("{key} = {value}: {message}")));
+            }
+        }
+        // A flag or variable sets it: the file yields.
+        if matches!(
+            m.value_source(setting.arg),
+            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+        ) {
+            continue;
+        }
+        decided.insert(setting.key);
+        for v in values {
+            match v {
+                Some(v) => {
+                    let mut flag = OsString::from(format!("{long}="));
+                    flag.push(v);
+                    extra.push(flag);
+                }
+                None => extra.push(OsString::from(&long)),
+            }
+        }
+    }
+    Ok((extra, decided, tenancy))
+}
+
+/// `a.b.c` for every non-table value under `prefix`.
+fn flatten(prefix: &str, table: toml::Table, out: &mut Vec<(String, toml::Value)>) {
+    for (k, v) in table {
+        let key = if prefix.is_empty() { k } else { format!("{prefix}.{k}") };
+        match v {
+            toml::Value::Table(t) => flatten(&key, t, out),
+            v => out.push((key, v)),
+        }
+    }
+}
+
+/// The flag values a file value stands for: `Some(text)` is `--flag=text`, `None` is a
+/// bare `--flag`.
+fn values(setting: &Setting, value: &toml::Value, base: &Path) -> Result<Vec<Option<OsString>>, String> {
+    use toml::Value as V;
+    let text = |v: &V| -> Result<String, String> {
+        match v {
+            V::String(s) => Ok(s.clone()),
+            V::Integer(i) => Ok(i.to_string()),
+            other => Err(format!("expected a string or an integer, found {}", other.type_str())),
+        }
+    };
+    let path = |v: &V| -> Result<OsString, String> {
+        match v {
+            V::String(s) => Ok(base.join(s).into_os_string()),
+            other => Err(format!("expected a path (a string), found {}", other.type_str())),
+        }
+    };
+    let flag = |v: &V| -> Result<bool, String> {
+        v.as_bool()
+            .ok_or_else(|| format!("expected true or false, found {}", v.type_str()))
+    };
+    Ok(match setting.kind {
+        Kind::Value | Kind::Bytes => vec![Some(text(value)?.into())],
+        Kind::Millis => match value {
+            V::Integer(ms) if *ms >= 0 => vec![Some(format!("{ms}ms").into())],
+            V::Integer(_) => return Err("a duration cannot be negative".into()),
+            V::String(s) => vec![Some(s.into())],
+            other => {
+                return Err(format!(
+                    "expected milliseconds or a duration like \"1s\", found {}",
+                    other.type_str()
+                ))
+            }
+        },
+        Kind::Flag => {
+            if flag(value)? {
+                vec![None]
+            } else {
+                vec![]
+            }
+        }
+        Kind::NotFlag => {
+            if flag(value)? {
+                vec![]
+            } else {
+                vec![None]
+            }
+        }
+        Kind::Path => vec![Some(path(value)?)],
+        Kind::Paths => match value {
+            V::Array(items) => items.iter().map(|v| path(v).map(Some)).collect::<Result<_, _>>()?,
+            v => vec![Some(path(v)?)],
+        },
+    })
+}
+
+/// The error for a key no setting has, with the nearest key when one is close.
+fn unknown(key: &str) -> String {
+    let nearest = SETTINGS
+        .iter()
+        .map(|s| (distance(key, s.key), s.key))
+        .min()
+        .filter(|(d, _)| *d <= 3 + key.len() / 6);
+    let hint = match nearest {
+        Some((_, k)) => format!(" (did you mean `{k}`?)"),
+        None => String::new(),
+    };
+    format!("unknown key `{key}`{hint}; `sluice config show` lists every setting, and tenants go under [tenants.NAME]")
+}
+
+/// Levenshtein distance, for suggestions.
+fn distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
+/// `sluice config show`: the settings a worker would start with.
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    #[command(flatten)]
+    settings: WorkerSettings,
+    #[arg(long, value_enum, default_value = "text")]
+    output: Output,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum ConfigAction {
+    /// Print every worker setting (from `--config FILE`, the environment and these flags)
+    /// with its value and origin, and the tenants; exit 1 if a worker would refuse them.
+    Show(Box<ShowArgs>),
+}
+
+#[derive(Debug, Args)]
+pub struct ConfigArgs {
+    #[command(subcommand)]
+    action: ConfigAction,
+}
+
+pub fn run(args: ConfigArgs, layered: Layered) -> anyhow::Result<ExitCode> {
+    let ConfigAction::Show(show) = args.action;
+    let rows = rows(&layered);
+    let tenants = &layered.tenancy.tenants;
+    let checked = show.settings.into_config(&layered, None);
+    match show.output {
+        Output::Json => {
+            let settings: serde_json::Map<String, serde_json::Value> = rows
+                .iter()
+                .map(|(key, value, origin)| {
+                    (
+                        key.to_string(),
+                        serde_json::json!({ "value": value, "origin": origin.to_string() }),
+                    )
+                })
+                .collect();
+            let tenants: serde_json::Map<String, serde_json::Value> =
+                tenants.iter().map(|(name, t)| (name.clone(), tenant_json(t))).collect();
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&serde_json::json!({
+                    "file": layered.file,
+                    "settings": settings,
+                    "admin_tokens": layered.tenancy.admin.tokens.len(),
+                    "tenants": tenants,
+                    "valid": checked.is_ok(),
+                    "error": checked.as_ref().err().map(|e| format!("{e:#}")),
+                }))?
+            );
+        }
+        Output::Text => {
+            match &layered.file {
+                Some(file) => println!("configuration file: {}", file.display()),
+                None => println!("configuration file: none (--config FILE or SLUICE_CONFIG)"),
+            }
+            let width = rows.iter().map(|(k, _, _)| k.len()).max().unwrap_or(0);
+            let vwidth = rows.iter().map(|(_, v, _)| v.len()).max().unwrap_or(0).min(40);
+            println!("{:width$}  {:vwidth$}  ORIGIN", "KEY", "VALUE");
+            for (key, value, origin) in &rows {
+                println!("{key:width$}  {value:vwidth$}  {origin}");
+            }
+            println!();
+            println!(
+                "admin tokens: {}{}",
+                layered.tenancy.admin.tokens.len(),
+                if layered.tenancy.admin.tokens.is_empty() && tenants.is_empty() {
+                    " (no tokens at all: the admin API is open)"
+                } else {
+                    ""
+                }
+            );
+            for (name, t) in tenants {
+                println!("tenant {name}: {}", tenant_json(t));
+            }
+        }
+    }
+    match checked {
+        Ok(_) => Ok(ExitCode::SUCCESS),
+        Err(e) => {
+            eprintln!("sluice: a worker would refuse this configuration: {e:#}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+fn tenant_json(t: &sluice::tenants::RawTenant) -> serde_json::Value {
+    serde_json::json!({
+        "namespace": t.namespace,
+        "tokens": t.tokens.len(),
+        "max-topologies": t.max_topologies,
+        "max-tasks": t.max_tasks,
+        "max-memory": t.max_memory,
+        "max-call-timeout": t.max_call_timeout,
+        "max-state": t.max_state,
+        "max-records-per-second": t.max_records_per_second,
+        "max-deploys-per-minute": t.max_deploys_per_minute,
+    })
+}
+
+/// (key, value, origin) of every setting, in the order of [`SETTINGS`].
+fn rows(layered: &Layered) -> Vec<(&'static str, String, Origin)> {
+    SETTINGS
+        .iter()
+        .map(|s| {
+            let value = layered.values.get(s.key).cloned().unwrap_or_else(|| "-".into());
+            let origin = layered.origins.get(s.key).cloned().unwrap_or(Origin::Unset);
+            (s.key, value, origin)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_setting_is_a_worker_flag_once() {
+        let cmd = command();
+        let worker = cmd.find_subcommand("worker").unwrap();
+        let mut keys = BTreeSet::new();
+        let mut args = BTreeSet::new();
+        for s in SETTINGS {
+            assert!(keys.insert(s.key), "{} twice", s.key);
+            assert!(args.insert(s.arg), "{} twice", s.arg);
+            let arg = worker.get_arguments().find(|a| a.get_id() == s.arg);
+            let arg = arg.unwrap_or_else(|| panic!("{} names no argument", s.arg));
+            assert!(arg.get_env().is_some(), "{} has an environment variable", s.key);
+        }
+        // Every worker flag but the file itself and hidden ones is a setting.
+        for arg in worker.get_arguments() {
+            let id = arg.get_id().as_str();
+            if arg.is_hide_set() || ["config", "help", "log"].contains(&id) || arg.get_long().is_none() {
+                continue;
+            }
+            assert!(args.contains(id), "--{} has no key in the configuration file", id);
+        }
+    }
+
+    fn file(text: &str) -> (tempfile_path::Dir, PathBuf) {
+        let dir = tempfile_path::Dir::new();
+        let path = dir.0.join("sluice.toml");
+        std::fs::write(&path, text).unwrap();
+        (dir, path)
+    }
+
+    /// A directory removed on drop (the host has no tempfile dependency).
+    mod tempfile_path {
+        pub struct Dir(pub std::path::PathBuf);
+        impl Dir {
+            pub fn new() -> Dir {
+                let p = std::env::temp_dir().join(format!("sluice-config-{}", uuid::Uuid::new_v4()));
+                std::fs::create_dir_all(&p).unwrap();
+                Dir(p)
+            }
+        }
+        impl Drop for Dir {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+    }
+
+    fn argv(args: &[&str]) -> Vec<OsString> {
+        std::iter::once("sluice")
+            .chain(args.iter().copied())
+            .map(OsString::from)
+            .collect()
+    }
+
+    #[test]
+    fn the_file_sits_under_flags_and_over_defaults() {
+        let (dir, path) = file(
+            "bootstrap.servers = \"k:9092\"\nnum.standby.replicas = 2\ncommit.interval.ms = 250\n\
+             guest.pooling = false\nheartbeat.interval.ms = 500\ntopologies = [\"a.toml\", \"b.toml\"]\n\
+             [admin]\nlistener = \"127.0.0.1:0\"\n[tenants.t]\nnamespace = \"t.\"\n",
+        );
+        let p = path.to_str().unwrap();
+        // The environment sits over the file (no other test reads this variable).
+        std::env::set_var("SLUICE_HEARTBEAT_INTERVAL_MS", "1s");
+        let (_, l) = parse(argv(&["config", "show", "--config", p, "--standby-replicas", "1"])).unwrap();
+        assert_eq!(l.values["num.standby.replicas"], "1");
+        assert_eq!(l.origins["num.standby.replicas"], Origin::Flag);
+        assert_eq!(l.values["commit.interval.ms"], "250ms");
+        assert_eq!(l.origins["commit.interval.ms"], Origin::File);
+        assert_eq!(l.values["guest.pooling"], "false");
+        assert_eq!(l.origins["punctuate.interval.ms"], Origin::Default);
+        assert_eq!(l.values["heartbeat.interval.ms"], "1s");
+        assert_eq!(
+            l.origins["heartbeat.interval.ms"],
+            Origin::Env("SLUICE_HEARTBEAT_INTERVAL_MS".into())
+        );
+        assert_eq!(l.origins["worker.capacity"], Origin::Unset);
+        assert_eq!(l.origins["admin.listener"], Origin::File);
+        // Paths in the file are relative to it.
+        let a = dir.0.join("a.toml");
+        let b = dir.0.join("b.toml");
+        assert_eq!(l.values["topologies"], format!("{},{}", a.display(), b.display()));
+        assert_eq!(l.tenancy.tenants["t"].namespace, "t.");
+        // The worker's own parse sees the same.
+        let (cli, l) = parse(argv(&["worker", "--config", p])).unwrap();
+        assert!(matches!(cli.command, super::super::Command::Worker(_)));
+        assert_eq!(l.values["num.standby.replicas"], "2");
+        assert_eq!(l.from_file(), 6, "all but the heartbeat, which the environment sets");
+    }
+
+    #[test]
+    fn a_bad_file_names_its_key() {
+        let (_dir, path) = file("num.standby.replicas = -3\n");
+        let e = parse(argv(&["worker", "--config", path.to_str().unwrap()]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("num.standby.replicas = -3: invalid value '-3'"), "{e}");
+        let (_dir, path) = file("[session]\ntimeout.ms = true\n");
+        let e = parse(argv(&["worker", "--config", path.to_str().unwrap()]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("session.timeout.ms = true: expected milliseconds"), "{e}");
+        let (_dir, path) = file("bootstrap = \"x\"\n");
+        let e = parse(argv(&["worker", "--config", path.to_str().unwrap()]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown key `bootstrap`"), "{e}");
+        let (_dir, path) = file("[admin]\ntoken = []\n");
+        let e = parse(argv(&["worker", "--config", path.to_str().unwrap()]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown key `admin.token`"), "{e}");
+    }
+
+    #[test]
+    fn unknown_keys_are_named_with_the_nearest_one() {
+        let e = unknown("num.standbys.replicas");
+        assert!(e.contains("`num.standbys.replicas`"), "{e}");
+        assert!(e.contains("did you mean `num.standby.replicas`"), "{e}");
+        assert!(!unknown("completely.different.thing.entirely").contains("did you mean"));
+    }
+}
