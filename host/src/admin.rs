@@ -127,6 +127,26 @@ pub struct TopologyView {
     pub entry: Entry,
     /// `registry` (uploaded) or `manifest` (given to a worker with `--topology`).
     pub origin: &'static str,
+    /// Its tasks as the workers running them report them now: each active, standby and
+    /// learner copy, on which worker, in which phase, how far behind (describe only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tasks: Option<Vec<TaskPlace>>,
+    /// Partitions no worker reports an active task for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unassigned: Option<Vec<u32>>,
+    /// Workers that could not be asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub problems: Option<Vec<String>>,
+}
+
+/// One copy of a task, on one worker.
+#[derive(Debug, Serialize)]
+pub struct TaskPlace {
+    pub task: String,
+    /// The admin address of the worker that has it.
+    pub worker: String,
+    #[serde(flatten)]
+    pub status: crate::worker::board::TaskStatus,
 }
 
 /// The routes, for the worker's admin listener.
@@ -175,6 +195,9 @@ async fn list(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Resul
             .map(|(entry, _)| TopologyView {
                 entry: entry.clone(),
                 origin: "registry",
+                tasks: None,
+                unassigned: None,
+                problems: None,
             })
             .collect(),
     ))
@@ -188,13 +211,79 @@ async fn describe(
     let who = caller(&state, &headers)?;
     let snapshot = state.registry.snapshot();
     // Another tenant's topology is not there, as far as this caller can tell.
-    match snapshot.entries.get(&name).filter(|(e, _)| who.owns(&e.tenant)) {
-        Some((entry, _)) => Ok(Json(TopologyView {
-            entry: entry.clone(),
-            origin: "registry",
-        })),
-        None => Err(not_found(&state, &name)),
+    let Some((entry, _)) = snapshot.entries.get(&name).filter(|(e, _)| who.owns(&e.tenant)) else {
+        return Err(not_found(&state, &name));
+    };
+    // Where its tasks are: every member's live status.
+    let mut tasks = Vec::new();
+    let mut problems = Vec::new();
+    match ask_members(&state, "/status", None).await {
+        Ok(answers) => {
+            for (admin, answer) in answers {
+                match answer {
+                    Ok((code, body)) if code.is_success() => {
+                        match serde_json::from_slice::<crate::worker::board::WorkerStatus>(&body) {
+                            Ok(status) => tasks.extend(
+                                status
+                                    .tasks
+                                    .into_iter()
+                                    .filter(|t| t.task.rsplit_once('/').is_some_and(|(topology, _)| topology == name))
+                                    .map(|t| TaskPlace {
+                                        task: t.task.clone(),
+                                        worker: admin.clone(),
+                                        status: t,
+                                    }),
+                            ),
+                            Err(e) => problems.push(format!("{admin}: its status is not readable: {e}")),
+                        }
+                    }
+                    Ok((code, body)) => {
+                        problems.push(format!("{admin} answered {code}: {}", String::from_utf8_lossy(&body)))
+                    }
+                    Err(e) => problems.push(format!("{admin}: {e:#}")),
+                }
+            }
+        }
+        Err(e) => problems.push(e.message),
     }
+    let partition = |t: &TaskPlace| t.task.rsplit_once('/').and_then(|(_, p)| p.parse::<u32>().ok());
+    tasks.sort_by_key(|t| (partition(t), t.status.role as u8, t.worker.clone()));
+    let unassigned = (0..entry.partitions)
+        .filter(|p| {
+            !tasks
+                .iter()
+                .any(|t| partition(t) == Some(*p) && t.status.role == crate::worker::board::Role::Active)
+        })
+        .collect();
+    Ok(Json(TopologyView {
+        entry: entry.clone(),
+        origin: "registry",
+        tasks: Some(tasks),
+        unassigned: Some(unassigned),
+        problems: Some(problems),
+    }))
+}
+
+/// Asks every member of the cluster (by its admin address) for `path`.
+async fn ask_members(
+    state: &AdminState,
+    path: &str,
+    token: Option<&str>,
+) -> Result<Vec<(String, anyhow::Result<(StatusCode, bytes::Bytes)>)>, ApiError> {
+    let (bootstrap, group) = (
+        state.bootstrap.clone(),
+        crate::worker::group_runner::group_id(&state.cluster),
+    );
+    let admins = tokio::task::spawn_blocking(move || member_admins(&bootstrap, &group))
+        .await
+        .map_err(internal)?
+        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "cluster", e))?;
+    let asks = admins.iter().map(|admin| async move {
+        let answer =
+            crate::http_client::send(hyper::Method::GET, admin, path, token, None, Duration::from_secs(10)).await;
+        (admin.clone(), answer)
+    });
+    Ok(futures::future::join_all(asks).await)
 }
 
 /// What a query asks: one key, or a range of keys (`from` inclusive, `to` exclusive, at most
@@ -317,14 +406,6 @@ async fn query(
         return Ok(Json(serde_json::json!({ "entries": local.0, "partitions": local.1 })));
     }
     // Every member answers for the tasks it runs.
-    let (bootstrap, group) = (
-        state.bootstrap.clone(),
-        crate::worker::group_runner::group_id(&state.cluster),
-    );
-    let admins = tokio::task::spawn_blocking(move || member_admins(&bootstrap, &group))
-        .await
-        .map_err(internal)?
-        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "cluster", e))?;
     let mut path = format!("/v1/topologies/{name}/stores/{store}?local=true&limit={limit}");
     for (k, v) in [
         (
@@ -350,26 +431,11 @@ async fn query(
             path.push_str(&format!("&{k}={v}"));
         }
     }
-    let token = bearer(&headers).map(str::to_string);
-    let asks = admins.iter().map(|admin| {
-        let (path, token) = (path.clone(), token.clone());
-        async move {
-            let answer = crate::http_client::send(
-                hyper::Method::GET,
-                admin,
-                &path,
-                token.as_deref(),
-                None,
-                Duration::from_secs(10),
-            )
-            .await;
-            (admin.clone(), answer)
-        }
-    });
+    let answers = ask_members(&state, &path, bearer(&headers)).await?;
     let mut entries: Vec<Found> = Vec::new();
     let mut answered: Vec<i32> = Vec::new();
     let mut problems: Vec<String> = Vec::new();
-    for (admin, answer) in futures::future::join_all(asks).await {
+    for (admin, answer) in answers {
         match answer {
             Ok((code, body)) if code.is_success() => {
                 let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();

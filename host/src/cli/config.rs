@@ -680,6 +680,14 @@ mod tests {
     }
 
     #[test]
+    fn the_documentation_lists_every_setting() {
+        let doc = include_str!("../../../docs/configuration.md");
+        for s in SETTINGS {
+            assert!(doc.contains(&format!("| `{}` |", s.key)), "docs/configuration.md lacks {}", s.key);
+        }
+    }
+
+    #[test]
     fn unknown_keys_are_named_with_the_nearest_one() {
         let e = unknown("num.standbys.replicas");
         assert!(e.contains("`num.standbys.replicas`"), "{e}");

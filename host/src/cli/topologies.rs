@@ -245,6 +245,31 @@ pub async fn topologies(args: TopologiesArgs) -> anyhow::Result<ExitCode> {
             for line in json["manifest"].as_str().unwrap_or("").lines() {
                 println!("  {line}");
             }
+            println!();
+            println!("{:<40} {:<8} {:<10} {:>10}  WORKER", "TASK", "ROLE", "PHASE", "LAG");
+            for t in json["tasks"].as_array().into_iter().flatten() {
+                let text = |v: &Value| v.as_str().map(str::to_string).unwrap_or_else(|| "-".into());
+                println!(
+                    "{:<40} {:<8} {:<10} {:>10}  {}",
+                    text(&t["task"]),
+                    text(&t["role"]),
+                    text(&t["phase"]),
+                    t["lag"].as_i64().map_or("-".to_string(), |l| l.to_string()),
+                    text(&t["worker"]),
+                );
+            }
+            let unassigned: Vec<String> = json["unassigned"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|p| p.to_string())
+                .collect();
+            if !unassigned.is_empty() {
+                println!("no active task for partitions: {}", unassigned.join(", "));
+            }
+            for p in json["problems"].as_array().into_iter().flatten() {
+                println!("problem: {}", p.as_str().unwrap_or("?"));
+            }
         }
         TopologiesAction::Delete { name, .. } => {
             println!(

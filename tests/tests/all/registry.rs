@@ -129,6 +129,48 @@ async fn a_topology_deployed_through_one_worker_runs_across_the_cluster_and_bad_
     // The other worker lists it.
     let before = listed(ports[1])?;
     assert_eq!(before.get(&name), Some(&1), "{before:?}");
+    // Describing it through either worker shows where its tasks run: four active tasks,
+    // two on each worker, all running.
+    let (ok, out, err) = cli(&[
+        "topologies",
+        "describe",
+        &name,
+        "--admin",
+        &format!("127.0.0.1:{}", ports[1]),
+        "--output",
+        "json",
+    ])?;
+    assert!(ok, "{err}");
+    let described: serde_json::Value = serde_json::from_str(&out)?;
+    let mut placed: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for t in described["tasks"].as_array().unwrap() {
+        assert_eq!(
+            (t["role"].as_str(), t["phase"].as_str()),
+            (Some("active"), Some("running")),
+            "{t}"
+        );
+        placed
+            .entry(t["worker"].as_str().unwrap().to_string())
+            .or_default()
+            .push(t["task"].as_str().unwrap().to_string());
+    }
+    let admins: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let mut sorted = admins.clone();
+    sorted.sort();
+    assert_eq!(placed.keys().cloned().collect::<Vec<_>>(), sorted, "{described}");
+    assert!(placed.values().all(|tasks| tasks.len() == 2), "{described}");
+    let mut all: Vec<String> = placed.into_values().flatten().collect();
+    all.sort();
+    assert_eq!(all, (0..4).map(|p| format!("{name}/{p}")).collect::<Vec<_>>());
+    assert_eq!(described["unassigned"], serde_json::json!([]), "{described}");
+    assert_eq!(described["problems"], serde_json::json!([]), "{described}");
+    let (ok, text, err) = cli(&["topologies", "describe", &name, "--admin", &admins[0]])?;
+    assert!(ok, "{err}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with(&format!("{name}/3")) && l.contains("active") && l.contains("running")),
+        "{text}"
+    );
 
     // Each bad upload gets its own error, and the registry stays as it was.
     let junk = dir.write("junk.wasm", "hello, not wasm");
