@@ -1,9 +1,20 @@
-//! Codecs: how keys and values turn into bytes and back (raw bytes, UTF-8 text, JSON).
+//! Codecs: how keys and values turn into bytes and back (raw bytes, UTF-8 text, integers,
+//! JSON, and the order-preserving tuple keys of [`ordered`]).
+//!
+//! A store's scans follow the byte order of its encoded keys. Raw bytes and UTF-8 text sort
+//! as the bytes and the text do, and `u64` numerically. A plain `i64` does not: it is
+//! two's complement, so `-1` sorts after `i64::MAX`. That encoding stays as it is (stores
+//! written with it depend on it); for keys that must scan in order, negatives included, use
+//! [`Ordered<i64>`](Ordered) or a tuple key such as `(String, i64)`.
+
+pub mod ordered;
 
 use std::fmt;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+
+pub use ordered::{Ordered, OrderedAs, OrderedDecode, OrderedEncode, Prefix};
 
 /// Why a key or value could not be decoded or encoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,7 +112,8 @@ impl<T: Encode + ?Sized> Encode for &T {
 }
 
 /// Integers are 8 bytes, big-endian: for `u64` the byte order is the numeric order, so
-/// range scans over `u64` keys run in numeric order.
+/// range scans over `u64` keys run in numeric order. For `i64` it is only for values of one
+/// sign (negatives sort after positives); [`Ordered<i64>`](Ordered) sorts them all.
 macro_rules! big_endian {
     ($($t:ty),*) => {$(
         impl<'a> Decode<'a> for $t {

@@ -7,22 +7,9 @@ use crate::codec::Encode;
 use crate::wire::{self, Header, Writer, INHERIT_TIMESTAMP};
 use crate::{Description, Error, Processor, Record, TaskInfo};
 
-#[doc(hidden)]
-pub mod bindings {
-    wit_bindgen::generate!({
-        world: "topology",
-        // A copy of the repository's `wit/`, inside the crate so that it builds as a
-        // dependency anywhere (the host checks that the two are the same).
-        path: "wit",
-        pub_export_macro: true,
-        export_macro_name: "__export_topology",
-        default_bindings_module: "sluice_guest::__private::bindings",
-    });
-}
-
-use bindings::exports::sluice::topology::processor as wit;
-use bindings::sluice::topology::host;
-use bindings::sluice::topology::types as wit_types;
+use __private::bindings::exports::sluice::topology::processor as wit;
+use __private::bindings::sluice::topology::host;
+use __private::bindings::sluice::topology::types as wit_types;
 
 /// Severity of a log line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,11 +36,33 @@ pub struct Context {
 
 impl Context {
     /// Emits a record with `key` (none for a record without key) and `value` to `sink`,
-    /// with the timestamp of the input being processed (in `punctuate`, the stream time).
+    /// with the timestamp of the input being processed (in `punctuate`, the stream time;
+    /// in `close`, the time the host produces it).
     ///
     /// Keys and values are encoded with their [`Encode`] impl: `&str`, `String`, `&[u8]`,
-    /// `Vec<u8>`, [`crate::Json`]. An undeclared sink is an error.
+    /// `Vec<u8>`, `u64`, tuples, [`crate::Json`], … An undeclared sink is an error.
     pub fn emit<K, V>(&mut self, sink: &str, key: Option<&K>, value: &V) -> Result<(), Error>
+    where
+        K: Encode + ?Sized,
+        V: Encode + ?Sized,
+    {
+        self.emit_with(sink, key, value, self.timestamp)
+    }
+
+    /// Emits like [`Context::emit`], with an explicit timestamp (milliseconds since the
+    /// epoch) instead of the input's: a window's end, an event time carried in the value.
+    /// Kafka has no negative timestamps: a negative one is sent as "none", and the producer
+    /// stamps the record with the time it sends it.
+    pub fn emit_at<K, V>(&mut self, sink: &str, key: Option<&K>, value: &V, timestamp_ms: i64) -> Result<(), Error>
+    where
+        K: Encode + ?Sized,
+        V: Encode + ?Sized,
+    {
+        // -1 is Kafka's "no timestamp"; `INHERIT_TIMESTAMP` (i64::MIN) must not leak through.
+        self.emit_with(sink, key, value, timestamp_ms.max(-1))
+    }
+
+    fn emit_with<K, V>(&mut self, sink: &str, key: Option<&K>, value: &V, timestamp: i64) -> Result<(), Error>
     where
         K: Encode + ?Sized,
         V: Encode + ?Sized,
@@ -72,12 +81,12 @@ impl Context {
             self.out.truncate(start);
             return Err(Error::msg(format!("encoding a record for sink {sink:?}: {e}")));
         }
-        self.out.finish_emitted(self.timestamp, std::iter::empty());
+        self.out.finish_emitted(timestamp, std::iter::empty());
         Ok(())
     }
 
     /// Emits a record with every field spelled out: raw key and value (none for null),
-    /// an explicit timestamp (none: the input's) and headers.
+    /// an explicit timestamp (none: the input's, as [`Context::emit`] has it) and headers.
     pub fn emit_raw(
         &mut self,
         sink: &str,
@@ -91,8 +100,13 @@ impl Context {
             name: name.as_bytes(),
             value: *value,
         });
-        self.out
-            .push_emitted(index, key, value, timestamp.unwrap_or(self.timestamp), headers);
+        self.out.push_emitted(
+            index,
+            key,
+            value,
+            timestamp.map_or(self.timestamp, |t| t.max(-1)),
+            headers,
+        );
         Ok(())
     }
 
@@ -192,11 +206,25 @@ fn guest_error(record_index: Option<u32>, message: impl Into<String>) -> wit_typ
 
 const NOT_INITIALISED: &str = "the host called the topology before init";
 
+/// What `export!` expands to needs these paths; they are not API and may change in any release.
 #[doc(hidden)]
 pub mod __private {
-    pub use super::bindings;
-    pub use super::bindings::exports::sluice::topology::processor::Guest;
-    pub use super::bindings::sluice::topology::types::{
+    /// The raw WIT bindings. Hidden behind [`crate::Processor`], [`crate::Context`] and
+    /// [`crate::Store`]; only the repository's hostile test guests speak WIT directly.
+    pub mod bindings {
+        wit_bindgen::generate!({
+            world: "topology",
+            // A copy of the repository's `wit/`, inside the crate so that it builds as a
+            // dependency anywhere (the host checks that the two are the same).
+            path: "wit",
+            pub_export_macro: true,
+            export_macro_name: "__export_topology",
+            default_bindings_module: "sluice_guest::__private::bindings",
+        });
+    }
+
+    pub use self::bindings::exports::sluice::topology::processor::Guest;
+    pub use self::bindings::sluice::topology::types::{
         Description as WitDescription, GuestError, TaskInfo as WitTaskInfo,
     };
     pub use super::{close, describe, init, process, punctuate, Slot};

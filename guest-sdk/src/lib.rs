@@ -1,75 +1,24 @@
 #![doc = include_str!("../README.md")]
 
 pub mod codec;
-pub mod wire;
-
-#[cfg(feature = "bindings")]
 mod guest;
-#[cfg(feature = "bindings")]
 mod store;
 
 use std::fmt;
 
-pub use codec::{CodecError, Decode, Encode, Json};
-#[cfg(feature = "bindings")]
+pub use codec::{CodecError, Decode, Encode, Json, Ordered};
 #[doc(hidden)]
 pub use guest::__private;
-#[cfg(feature = "bindings")]
 pub use guest::{Context, Level};
-#[cfg(feature = "bindings")]
+pub use sluice_wire::{wire, Description, TaskInfo};
 pub use store::{Scan, Store};
 
-/// What a topology declares: its name, sources, sinks and state stores, by logical name.
-/// The manifest binds sources and sinks to topics at deployment; anything not declared
-/// here is refused at run time.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Description {
-    pub name: String,
-    pub sources: Vec<String>,
-    pub sinks: Vec<String>,
-    pub stores: Vec<String>,
-}
-
-impl Description {
-    pub fn new(name: impl Into<String>) -> Self {
-        Description {
-            name: name.into(),
-            ..Default::default()
-        }
-    }
-
-    /// Declares an input.
-    pub fn source(mut self, name: impl Into<String>) -> Self {
-        self.sources.push(name.into());
-        self
-    }
-
-    /// Declares an output.
-    pub fn sink(mut self, name: impl Into<String>) -> Self {
-        self.sinks.push(name.into());
-        self
-    }
-
-    /// Declares a key-value state store.
-    pub fn store(mut self, name: impl Into<String>) -> Self {
-        self.stores.push(name.into());
-        self
-    }
-}
-
-/// The task an instance of the topology runs: one partition of its sources.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TaskInfo {
-    /// The deployed topology's name.
-    pub topology: String,
-    /// `<topology>/<partition>`.
-    pub task_id: String,
-    pub partition: i32,
-    /// The topic each source is bound to, in declaration order.
-    pub source_topics: Vec<String>,
-    /// The topic each sink is bound to, in declaration order.
-    pub sink_topics: Vec<String>,
-}
+/// serde, with its derive macros, for [`Json<T>`] without a serde dependency of your own:
+/// derive with `#[derive(sluice_guest::serde::Serialize)]` and add
+/// `#[serde(crate = "sluice_guest::serde")]` so the generated code finds it.
+pub use serde;
+/// serde_json, the format behind [`Json<T>`].
+pub use serde_json;
 
 /// A failure in a topology's code. The task stops and the host reports the message with
 /// the topology, partition and offset; nothing after the last good record is committed.
@@ -177,7 +126,6 @@ impl<'a> Record<'a> {
 }
 
 /// A stream-processing topology. One value of it exists per task, created by `init`.
-#[cfg(feature = "bindings")]
 pub trait Processor: Sized + 'static {
     /// Declares sources, sinks and stores. Called before any task starts.
     fn describe() -> Description;
@@ -189,8 +137,30 @@ pub trait Processor: Sized + 'static {
     /// the manifest's `on-error` says, skips it or sends it to the dead-letter topic.
     fn process(&mut self, record: &Record<'_>, ctx: &mut Context) -> Result<(), Error>;
 
-    /// Called as time advances: `stream_time_ms` is the largest record timestamp seen. Only
-    /// called once the task has seen a record (before that there is no stream time).
+    /// Called as time advances, for work that is due by time rather than by a record:
+    /// closing windows, expiring state, periodic summaries.
+    ///
+    /// - **When.** Between batches, on the task's thread (never during `process`), about once
+    ///   per punctuation interval (the worker's `--punctuate-interval`, 1 s by default) of
+    ///   stream time or of wall-clock time, whichever passes first; so also while no records
+    ///   arrive, with an unchanged stream time. A jump in stream time gives one call, not one
+    ///   per interval jumped. Never before the task has read a record.
+    /// - **`stream_time_ms`** is the largest timestamp (milliseconds since the epoch) of the
+    ///   records this task has read since it started on this worker, and every one of them
+    ///   has been through `process` when this is called. It never decreases while the task
+    ///   runs, but it is not stored: after a restart or a move to another worker it starts
+    ///   again from the first record read there, and that record may be older than ones seen
+    ///   before.
+    /// - **Emitting.** To any declared sink, as in `process`: [`Context::emit`] stamps
+    ///   records with `stream_time_ms`, [`Context::emit_at`] with a time of your choosing.
+    ///   They are produced with the task's other output, under the same guarantee.
+    /// - **State.** Stores may be read and written as in `process`; the writes are committed
+    ///   with the task's next commit, together with the input offsets.
+    /// - **Errors.** An `Err` (or a trap, the call's deadline, an emit to an undeclared sink)
+    ///   drops what this call emitted and wrote and fails the task; the manifest's `on-error`
+    ///   does not apply (there is no record to skip). Nothing since the task's last commit is
+    ///   committed (state writes, input offsets and, under exactly-once, output): whoever
+    ///   runs the task next processes those records again.
     fn punctuate(&mut self, _stream_time_ms: i64, _ctx: &mut Context) -> Result<(), Error> {
         Ok(())
     }

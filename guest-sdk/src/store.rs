@@ -5,17 +5,22 @@
 
 use std::marker::PhantomData;
 
-use crate::codec::{Decode, Encode};
-use crate::guest::bindings::sluice::topology::state as wit;
+use crate::__private::bindings::sluice::topology::state as wit;
+use crate::codec::{Decode, Encode, Prefix};
 use crate::Error;
 
 /// How many entries a scan fetches from the host per call.
 const PAGE: u32 = 256;
 
 /// A store the topology declared with [`crate::Description::store`], with keys and values
-/// of types `K` and `V` (any codec: `String`, `Vec<u8>`, `u64`, `Json<T>`, …).
+/// of types `K` and `V` (any codec: `String`, `Vec<u8>`, `u64`, `Json<T>`, tuples such as
+/// `(String, i64)`, [`Ordered<T>`](crate::Ordered), …).
 ///
 /// Open it once, in `init`, and keep it: `Store::<String, u64>::open("counts")?`.
+///
+/// Entries are kept in the byte order of their encoded keys, and scans return them in that
+/// order: for tuple keys and [`Ordered`](crate::Ordered) keys it is the order of the values
+/// (see [`crate::codec::ordered`]).
 pub struct Store<K, V> {
     inner: wit::Store,
     name: String,
@@ -90,21 +95,60 @@ where
         self.inner.write_batch(&encoded).map_err(|e| state_error(&self.name, e))
     }
 
-    /// Entries with `start <= key < end` in the order of the encoded keys.
+    /// Entries with `start <= key < end` (a bound left out is open), in the order of the
+    /// encoded keys.
     pub fn range(&self, start: Option<&K>, end: Option<&K>) -> Result<Scan<K, V>, Error> {
-        let start = start.map(|k| encode(&self.name, "key", k)).transpose()?;
-        let end = end.map(|k| encode(&self.name, "key", k)).transpose()?;
-        let inner = self
-            .inner
-            .range(start.as_deref(), end.as_deref())
-            .map_err(|e| state_error(&self.name, e))?;
+        Ok(Scan::new(self.raw_range(start, end)?, &self.name))
+    }
+
+    /// Entries whose key starts with `prefix`, a leading part of the key type ([`Prefix`]):
+    /// for a `Store<(String, u64), V>`, `store.prefix(&("user-1",))` scans the entries of
+    /// `"user-1"` in `u64` order (and not those of `"user-10"`); for a `String` key, text the
+    /// key starts with.
+    pub fn prefix<P: Prefix<K> + ?Sized>(&self, prefix: &P) -> Result<Scan<K, V>, Error> {
+        let prefix = encode(&self.name, "key prefix", prefix)?;
+        self.prefix_bytes(&prefix)
+    }
+
+    /// Entries whose *encoded* key starts with the bytes `prefix`, whatever the key type.
+    pub fn prefix_bytes(&self, prefix: &[u8]) -> Result<Scan<K, V>, Error> {
+        let inner = self.inner.prefix(prefix).map_err(|e| state_error(&self.name, e))?;
         Ok(Scan::new(inner, &self.name))
     }
 
-    /// Entries whose encoded key starts with `prefix`.
-    pub fn prefix(&self, prefix: &[u8]) -> Result<Scan<K, V>, Error> {
-        let inner = self.inner.prefix(prefix).map_err(|e| state_error(&self.name, e))?;
-        Ok(Scan::new(inner, &self.name))
+    /// Deletes every entry with `start <= key < end` (a bound left out is open) and returns
+    /// how many there were.
+    ///
+    /// The host has no range deletion: this scans the range a page at a time and deletes
+    /// each page's keys in one [`Store::write_batch`]. So it costs what that costs: every
+    /// entry in the range is read once (values included) and deleted one by one, each
+    /// deletion is a tombstone in the store's changelog at the next commit, and the time
+    /// counts against the call's deadline and the deletions against the task's budget for
+    /// uncommitted writes (the manifest's `[limits]`). Keep ranges to what one call can
+    /// afford, e.g. what one punctuation expires, rather than most of a large store.
+    pub fn delete_range(&self, start: Option<&K>, end: Option<&K>) -> Result<u64, Error> {
+        let scan = self.raw_range(start, end)?;
+        let mut deleted = 0u64;
+        loop {
+            let page = scan.next_page(PAGE).map_err(|e| state_error(&self.name, e))?;
+            if page.is_empty() {
+                return Ok(deleted);
+            }
+            deleted += page.len() as u64;
+            // The scan resumes after the last key it returned, so deleting behind it is safe.
+            let deletions: Vec<(Vec<u8>, Option<Vec<u8>>)> = page.into_iter().map(|e| (e.key, None)).collect();
+            self.inner
+                .write_batch(&deletions)
+                .map_err(|e| state_error(&self.name, e))?;
+        }
+    }
+
+    fn raw_range(&self, start: Option<&K>, end: Option<&K>) -> Result<wit::Scan, Error> {
+        let start = start.map(|k| encode(&self.name, "key", k)).transpose()?;
+        let end = end.map(|k| encode(&self.name, "key", k)).transpose()?;
+        self.inner
+            .range(start.as_deref(), end.as_deref())
+            .map_err(|e| state_error(&self.name, e))
     }
 
     /// The store's name.

@@ -907,7 +907,7 @@ fn check(
     state: &AdminState,
     manifest: Manifest,
     component: &[u8],
-) -> Result<(sluice_guest::Description, i32), ApiError> {
+) -> Result<(sluice_wire::Description, i32), ApiError> {
     let loaded = state
         .runtime
         .load_bytes(&manifest.component.display().to_string(), component)

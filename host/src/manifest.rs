@@ -36,7 +36,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
-use sluice_guest::Description;
+use sluice_wire::Description;
 
 /// A manifest that cannot be used; the message names the file and the problem.
 #[derive(Debug, thiserror::Error)]

@@ -13,7 +13,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use sluice::group::metadata::{Assignment, MemberMetadata};
 use sluice::manifest::Manifest;
-use sluice_guest::wire::{self, Header, Writer};
+use sluice_wire::wire::{self, Header, Writer};
 
 fn runner() -> TestRunner {
     let cases = std::env::var("SLUICE_FUZZ_CASES")

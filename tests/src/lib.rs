@@ -79,6 +79,8 @@ pub struct Received {
     pub value: Option<Vec<u8>>,
     pub partition: i32,
     pub offset: i64,
+    /// Milliseconds since the epoch, if the record has a timestamp.
+    pub timestamp: Option<i64>,
     pub headers: Vec<(String, Option<Vec<u8>>)>,
 }
 
@@ -90,6 +92,7 @@ impl Received {
             value: message.payload().map(<[u8]>::to_vec),
             partition: message.partition(),
             offset: message.offset(),
+            timestamp: message.timestamp().to_millis(),
             headers: message
                 .headers()
                 .map(|h| {

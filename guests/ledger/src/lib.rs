@@ -40,7 +40,7 @@ impl Processor for Ledger {
         self.counts.put(&key.to_string(), &count)?;
         self.log.put(&format!("{key}/{count:010}"), &value.to_string())?;
         let mut logged = 0u64;
-        for entry in self.log.prefix(format!("{key}/").as_bytes())? {
+        for entry in self.log.prefix(&format!("{key}/"))? {
             entry?;
             logged += 1;
         }

@@ -13,7 +13,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use super::bindings::sluice::topology::{host, types};
 use super::fault::GuestFault;
 use super::state_host::NamedStore;
-use sluice_guest::wire::{Header, Writer, INHERIT_TIMESTAMP};
+use sluice_wire::wire::{Header, Writer, INHERIT_TIMESTAMP};
 
 /// How much guest stdout/stderr a task keeps: the last bytes, to explain a trap (e.g. a
 /// panic message). Writing more never fails; older output is dropped.

@@ -10,8 +10,8 @@ use super::fault::GuestFault;
 use super::host::TaskData;
 use super::state_host::NamedStore;
 use super::{LoadedTopology, EPOCH_TICK};
-use sluice_guest::wire::{self, Emitted};
-use sluice_guest::{Description, TaskInfo};
+use sluice_wire::wire::{self, Emitted};
+use sluice_wire::{Description, TaskInfo};
 
 /// An instance of a topology for one task. After a fault it refuses further calls: a
 /// trapped instance may be in any state, so the task must start over with a new one.
@@ -138,7 +138,7 @@ impl TaskInstance {
         Ok(())
     }
 
-    /// Processes one encoded batch (see `sluice_guest::wire`).
+    /// Processes one encoded batch (see `sluice_wire::wire`).
     pub fn process(&mut self, batch: &[u8]) -> Result<CallOutput, GuestFault> {
         let result = self.call(|p, s| p.call_process(s, batch))?;
         self.output(result)

@@ -300,7 +300,7 @@ fn is_component(bytes: &[u8]) -> bool {
     bytes.len() >= 8 && bytes.starts_with(b"\0asm") && bytes[6..8] == [1, 0]
 }
 
-fn check_description(d: &sluice_guest::Description) -> Result<(), String> {
+fn check_description(d: &sluice_wire::Description) -> Result<(), String> {
     if d.sources.is_empty() {
         return Err("it declares no sources".into());
     }
@@ -324,13 +324,13 @@ fn check_description(d: &sluice_guest::Description) -> Result<(), String> {
 #[derive(Clone)]
 pub struct LoadedTopology {
     pre: bindings::TopologyPre<TaskData>,
-    description: sluice_guest::Description,
+    description: sluice_wire::Description,
     engine: Engine,
     config: RuntimeConfig,
 }
 
 impl LoadedTopology {
-    pub fn description(&self) -> &sluice_guest::Description {
+    pub fn description(&self) -> &sluice_wire::Description {
         &self.description
     }
 
@@ -362,7 +362,7 @@ impl LoadedTopology {
         &self.config
     }
 
-    fn describe(&self) -> Result<sluice_guest::Description, GuestFault> {
+    fn describe(&self) -> Result<sluice_wire::Description, GuestFault> {
         let mut instance = TaskInstance::new(self, "(describe)", Vec::new(), Vec::new())?;
         instance.describe()
     }

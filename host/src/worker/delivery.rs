@@ -125,7 +125,7 @@ pub struct Outgoing<'a> {
     pub key: Option<&'a [u8]>,
     pub value: Option<&'a [u8]>,
     pub timestamp: i64,
-    pub headers: sluice_guest::wire::Headers<'a>,
+    pub headers: sluice_wire::wire::Headers<'a>,
 }
 
 /// Records one task may have in flight (enqueued, not yet acknowledged) at once. The

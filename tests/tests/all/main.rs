@@ -14,5 +14,6 @@ mod policies;
 mod registry;
 mod runtime;
 mod sandbox;
+mod sdk;
 mod state;
 mod worker;

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use sluice::runtime::{GuestFault, LoadError, LoadedTopology, Runtime, RuntimeConfig};
-use sluice_guest::wire::{self, Writer};
-use sluice_guest::TaskInfo;
+use sluice_wire::wire::{self, Writer};
+use sluice_wire::TaskInfo;
 use sluice_tests::worker::{guest, TempDir};
 
 fn runtime(memory: usize, timeout: Duration) -> Runtime {

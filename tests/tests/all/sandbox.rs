@@ -6,9 +6,9 @@
 use std::time::{Duration, Instant};
 
 use sluice::runtime::{GuestFault, LoadError, LoadedTopology, NamedStore, Runtime, RuntimeConfig};
-use sluice_guest::wire::Writer;
-use sluice_guest::TaskInfo;
 use sluice_tests::worker::guest;
+use sluice_wire::wire::Writer;
+use sluice_wire::TaskInfo;
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::{Consumer, ConsumerGroupMetadata};
 use rdkafka::message::{Headers as _, Message};
 use rdkafka::{Offset, TopicPartitionList};
-use sluice_guest::wire::{self, Header, Writer, INHERIT_TIMESTAMP};
-use sluice_guest::TaskInfo;
+use sluice_wire::wire::{self, Header, Writer, INHERIT_TIMESTAMP};
+use sluice_wire::TaskInfo;
 
 use super::control::{Lease, Request, TaskControl};
 use super::delivery::{DeliveryTracker, Outgoing, WorkerProducer};

@@ -2,8 +2,8 @@
 //!
 //! One contiguous little-endian buffer per batch in each direction: the host writes inputs,
 //! the guest decodes them in place (no allocation per record or field) and writes what it
-//! emits into one output buffer that the host decodes the same way. The host and the SDK
-//! share this module, so the two ends cannot drift apart.
+//! emits into one output buffer that the host decodes the same way. The host and the guest
+//! SDK share this module, so the two ends cannot drift apart.
 
 use std::fmt;
 
@@ -505,7 +505,75 @@ impl Writer {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+
+    type Fields = Option<Vec<u8>>;
+    type AnyHeaders = Vec<(Vec<u8>, Fields)>;
+    /// key, value, timestamp, source, partition, offset, headers
+    type AnyInput = (Fields, Fields, i64, u32, i32, i64, AnyHeaders);
+
+    fn any_input() -> impl Strategy<Value = AnyInput> {
+        let bytes = || proptest::collection::vec(any::<u8>(), 0..12);
+        (
+            proptest::option::of(bytes()),
+            proptest::option::of(bytes()),
+            any::<i64>(),
+            any::<u32>(),
+            any::<i32>(),
+            any::<i64>(),
+            proptest::collection::vec((bytes(), proptest::option::of(bytes())), 0..3),
+        )
+    }
+
+    fn headers(list: &AnyHeaders) -> Vec<Header<'_>> {
+        list.iter()
+            .map(|(name, value)| Header {
+                name,
+                value: value.as_deref(),
+            })
+            .collect()
+    }
+
+    fn header_list(headers: Headers<'_>) -> AnyHeaders {
+        headers
+            .iter()
+            .map(|h| (h.name.to_vec(), h.value.map(<[u8]>::to_vec)))
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 500, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// Whatever the writer writes, as inputs or as emitted records, decodes to the same fields.
+        #[test]
+        fn any_records_decode_to_what_was_written(records in proptest::collection::vec(any_input(), 0..6)) {
+            let mut w = Writer::new();
+            for (key, value, timestamp, source, partition, offset, list) in &records {
+                let hs = headers(list);
+                w.push_input(key.as_deref(), value.as_deref(), *timestamp, *source, *partition, *offset, hs.into_iter());
+            }
+            let buf = w.take();
+            let decoded: Vec<Input<'_>> = inputs(&buf).unwrap().collect::<Result<_, _>>().unwrap();
+            prop_assert_eq!(decoded.len(), records.len());
+            for (got, (key, value, timestamp, source, partition, offset, list)) in decoded.iter().zip(&records) {
+                prop_assert_eq!((got.key, got.value), (key.as_deref(), value.as_deref()));
+                prop_assert_eq!((got.timestamp, got.source, got.partition, got.offset), (*timestamp, *source, *partition, *offset));
+                prop_assert_eq!(&header_list(got.headers), list);
+            }
+            for (key, value, timestamp, source, _, _, list) in &records {
+                let hs = headers(list);
+                w.push_emitted(*source, key.as_deref(), value.as_deref(), *timestamp, hs.into_iter());
+            }
+            let decoded: Vec<Emitted<'_>> = emitted(w.as_bytes()).unwrap().collect::<Result<_, _>>().unwrap();
+            prop_assert_eq!(decoded.len(), records.len());
+            for (got, (key, value, timestamp, source, _, _, list)) in decoded.iter().zip(&records) {
+                prop_assert_eq!((got.sink, got.key, got.value, got.timestamp), (*source, key.as_deref(), value.as_deref(), *timestamp));
+                prop_assert_eq!(&header_list(got.headers), list);
+            }
+        }
+    }
 
     #[test]
     fn inputs_round_trip() {
