@@ -917,6 +917,8 @@ fn check(
                     (StatusCode::BAD_REQUEST, "not-a-component")
                 }
                 LoadError::WrongWorld { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "wrong-world"),
+                LoadError::WrongVersion { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "wrong-version"),
+                LoadError::MissingExport { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "missing-export"),
                 LoadError::Describe { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "describe-failed"),
                 LoadError::BadDescription { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "bad-description"),
             };

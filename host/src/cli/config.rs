@@ -88,6 +88,8 @@ pub const SETTINGS: &[Setting] = &[
     s("guest.call.timeout.ms", "call_timeout", Kind::Millis),
     s("guest.max.instances", "max_instances", Kind::Value),
     s("guest.pooling", "no_pooling", Kind::NotFlag),
+    s("compile.cache.dir", "compile_cache", Kind::Path),
+    s("compile.cache.enabled", "no_compile_cache", Kind::NotFlag),
     s("component.max.bytes", "max_component_size", Kind::Bytes),
     s("worker.capacity", "capacity", Kind::Value),
     s("group.instance.id", "instance_id", Kind::Value),
@@ -142,7 +144,7 @@ pub struct Layered {
 
 impl Layered {
     /// How many settings the file decided.
-    pub fn from_file(&self) -> usize {
+    pub fn decided_by_file(&self) -> usize {
         self.origins.values().filter(|o| **o == Origin::File).count()
     }
 }
@@ -161,8 +163,13 @@ fn with_env(mut cmd: Command) -> Command {
             if a.get_env().is_some() {
                 a
             } else {
+                // A negated flag keeps the flag's sense (`SLUICE_NO_POOLING=true`).
+                let name = match setting.kind {
+                    Kind::NotFlag => format!("SLUICE_{}", setting.arg.to_ascii_uppercase()),
+                    _ => env_name(setting.key),
+                };
                 // Leaked once per setting at start: clap keeps `&'static str` names.
-                a.env(&*Box::leak(env_name(setting.key).into_boxed_str()))
+                a.env(&*Box::leak(name.into_boxed_str()))
             }
         });
     }
@@ -652,7 +659,11 @@ mod tests {
         let (cli, l) = parse(argv(&["worker", "--config", p])).unwrap();
         assert!(matches!(cli.command, super::super::Command::Worker(_)));
         assert_eq!(l.values["num.standby.replicas"], "2");
-        assert_eq!(l.from_file(), 6, "all but the heartbeat, which the environment sets");
+        assert_eq!(
+            l.decided_by_file(),
+            6,
+            "all but the heartbeat, which the environment sets"
+        );
     }
 
     #[test]
@@ -683,7 +694,11 @@ mod tests {
     fn the_documentation_lists_every_setting() {
         let doc = include_str!("../../../docs/configuration.md");
         for s in SETTINGS {
-            assert!(doc.contains(&format!("| `{}` |", s.key)), "docs/configuration.md lacks {}", s.key);
+            assert!(
+                doc.contains(&format!("| `{}` |", s.key)),
+                "docs/configuration.md lacks {}",
+                s.key
+            );
         }
     }
 

@@ -113,6 +113,13 @@ pub struct WorkerSettings {
     /// Allocate instances on demand instead of from the pooling allocator.
     #[arg(long)]
     no_pooling: bool,
+    /// Where compiled components are kept (by SHA-256 and engine version), so a restart or a
+    /// re-upload skips compiling (default: `compiled` in the state directory).
+    #[arg(long, value_name = "DIR")]
+    compile_cache: Option<PathBuf>,
+    /// Compile every component every time (no compile cache).
+    #[arg(long)]
+    no_compile_cache: bool,
     /// Share the tasks of all topologies with every worker started with the same cluster name
     /// (a Kafka group); without it this worker owns every task.
     #[arg(long, env = "SLUICE_CLUSTER")]
@@ -202,7 +209,7 @@ pub async fn run(args: WorkerArgs, layered: super::config::Layered) -> anyhow::R
     if let Some(file) = &layered.file {
         tracing::info!(
             file = %file.display(),
-            settings = layered.from_file(),
+            settings = layered.decided_by_file(),
             tenants = layered.tenancy.tenants.len(),
             "configuration file read"
         );
@@ -322,6 +329,11 @@ impl WorkerSettings {
                 host_memory_limit: args.host_memory_limit,
                 pooling: !args.no_pooling,
                 max_instances: args.max_instances,
+                compile_cache: (!args.no_compile_cache).then(|| {
+                    args.compile_cache
+                        .clone()
+                        .unwrap_or_else(|| args.state_dir.join("compiled"))
+                }),
             },
             state_dir: args.state_dir,
             state_block_cache: args.state_cache,

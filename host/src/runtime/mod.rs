@@ -16,12 +16,13 @@
 //! capability in it is denied, and stdout/stderr go to a small per-task buffer used to
 //! explain traps).
 
+mod cache;
 mod fault;
 mod host;
 mod instance;
 mod state_host;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -69,6 +70,8 @@ pub struct RuntimeConfig {
     pub pooling: bool,
     /// Instances the pooling allocator has room for (one per task).
     pub max_instances: u32,
+    /// Where compiled components are kept (see [`cache`]); none: compile every time.
+    pub compile_cache: Option<PathBuf>,
 }
 
 impl Default for RuntimeConfig {
@@ -79,6 +82,7 @@ impl Default for RuntimeConfig {
             host_memory_limit: 64 << 20,
             pooling: true,
             max_instances: 1000,
+            compile_cache: None,
         }
     }
 }
@@ -90,8 +94,19 @@ pub enum LoadError {
     Read { path: String, source: std::io::Error },
     #[error("{path} is not a WebAssembly component: {detail}")]
     NotAComponent { path: String, detail: String },
-    #[error("component {path} does not fit the sluice:topology@0.1.0 world: {detail}")]
+    #[error("component {path} does not fit the sluice:topology@{WIT_VERSION} world: {detail}")]
     WrongWorld { path: String, detail: String },
+    #[error(
+        "component {path} was built for sluice:topology@{found}; this worker runs sluice:topology@{WIT_VERSION} \
+         topologies: rebuild it with a sluice-guest for {WIT_VERSION}"
+    )]
+    WrongVersion { path: String, found: String },
+    #[error(
+        "component {path} exports sluice:topology/processor without {}: a topology exports all of {}",
+        missing.join(", "),
+        PROCESSOR_FUNCTIONS.join(", ")
+    )]
+    MissingExport { path: String, missing: Vec<String> },
     #[error("component {path} failed while describing itself: {fault}")]
     Describe { path: String, fault: GuestFault },
     #[error("component {path} describes itself inconsistently: {detail}")]
@@ -182,10 +197,8 @@ impl Runtime {
             };
             return Err(LoadError::NotAComponent { path, detail });
         }
-        let component = Component::new(&self.engine, bytes).map_err(|e| LoadError::NotAComponent {
-            path: path.clone(),
-            detail: format!("{e:#}"),
-        })?;
+        let (component, from_cache) = self.compile(&path, bytes)?;
+        check_world(&self.engine, &component, &path)?;
         let pre = self
             .linker
             .instantiate_pre(&component)
@@ -202,6 +215,7 @@ impl Runtime {
             description: Default::default(),
             engine: self.engine.clone(),
             config: self.config.clone(),
+            from_cache,
         };
         let description = topology.describe().map_err(|fault| LoadError::Describe {
             path: path.clone(),
@@ -213,6 +227,108 @@ impl Runtime {
             ..topology
         })
     }
+}
+
+impl Runtime {
+    /// The component compiled: from the compile cache when it holds this component for this
+    /// engine, else by Cranelift (and then kept in the cache). True: it came from the cache.
+    fn compile(&self, path: &str, bytes: &[u8]) -> Result<(Component, bool), LoadError> {
+        let cache = self
+            .config
+            .compile_cache
+            .as_deref()
+            .map(|dir| cache::Cache::new(dir, &self.engine));
+        if let Some(found) = cache.as_ref().and_then(|c| c.get(bytes)) {
+            return Ok((found, true));
+        }
+        let started = std::time::Instant::now();
+        let component = Component::new(&self.engine, bytes).map_err(|e| LoadError::NotAComponent {
+            path: path.to_string(),
+            detail: format!("{e:#}"),
+        })?;
+        tracing::debug!(component = %path, seconds = started.elapsed().as_secs_f64(), "compiled");
+        if let Some(cache) = &cache {
+            cache.put(bytes, &component);
+        }
+        Ok((component, false))
+    }
+}
+
+/// The version of the WIT world this host speaks (`package sluice:topology@…` in wit/).
+pub const WIT_VERSION: &str = "0.1.0";
+
+/// What a topology's `processor` export must hold.
+const PROCESSOR_FUNCTIONS: [&str; 5] = ["describe", "init", "process", "punctuate", "close"];
+
+/// Whether a `sluice:topology` interface of version `found` is one this host links
+/// (wasmtime's rule: the same major version, or for 0.x the same minor).
+fn version_fits(found: &str) -> bool {
+    let key = |v: &str| -> Option<(u64, u64)> {
+        let mut parts = v.split(['.', '-', '+']);
+        let major = parts.next()?.parse().ok()?;
+        let minor = parts.next()?.parse().ok()?;
+        Some(if major == 0 { (0, minor) } else { (major, 0) })
+    };
+    key(found).is_some() && key(found) == key(WIT_VERSION)
+}
+
+/// Checks what a component imports and exports against the topology world, before
+/// linking it: so a component of another world, of another version of ours, or missing an
+/// export gets an error that says which.
+fn check_world(engine: &Engine, component: &Component, path: &str) -> Result<(), LoadError> {
+    use wasmtime::component::types::ComponentItem;
+    let ty = component.component_type();
+    let ours = |name: &str| name.starts_with("sluice:topology/");
+    let version = |name: &str| name.split_once('@').map_or(String::new(), |(_, v)| v.to_string());
+    let wrong_version = |name: &str| {
+        let found = version(name);
+        (!version_fits(&found)).then(|| LoadError::WrongVersion {
+            path: path.to_string(),
+            found: if found.is_empty() { "(no version)".into() } else { found },
+        })
+    };
+    for (name, _) in ty.imports(engine).filter(|(n, _)| ours(n)) {
+        if let Some(e) = wrong_version(name) {
+            return Err(e);
+        }
+    }
+    let exports: Vec<(String, ComponentItem)> = ty.exports(engine).map(|(n, e)| (n.to_string(), e.ty)).collect();
+    let Some((name, item)) = exports
+        .iter()
+        .find(|(n, _)| n.split('@').next() == Some("sluice:topology/processor"))
+    else {
+        let list: Vec<&str> = exports.iter().map(|(n, _)| n.as_str()).collect();
+        return Err(LoadError::WrongWorld {
+            path: path.to_string(),
+            detail: format!(
+                "it exports {}, not sluice:topology/processor@{WIT_VERSION}: it is not a Sluice topology \
+                 (write one with the sluice-guest SDK; `sluice new` scaffolds a project)",
+                if list.is_empty() {
+                    "nothing".to_string()
+                } else {
+                    list.join(", ")
+                }
+            ),
+        });
+    };
+    if let Some(e) = wrong_version(name) {
+        return Err(e);
+    }
+    if let ComponentItem::ComponentInstance(instance) = item {
+        let have: Vec<String> = instance.exports(engine).map(|(n, _)| n.to_string()).collect();
+        let missing: Vec<String> = PROCESSOR_FUNCTIONS
+            .iter()
+            .filter(|f| !have.iter().any(|h| h == *f))
+            .map(|f| f.to_string())
+            .collect();
+        if !missing.is_empty() {
+            return Err(LoadError::MissingExport {
+                path: path.to_string(),
+                missing,
+            });
+        }
+    }
+    Ok(())
 }
 
 impl Drop for Runtime {
@@ -327,9 +443,15 @@ pub struct LoadedTopology {
     description: sluice_wire::Description,
     engine: Engine,
     config: RuntimeConfig,
+    from_cache: bool,
 }
 
 impl LoadedTopology {
+    /// Whether its compiled code came from the compile cache (not from Cranelift).
+    pub fn from_cache(&self) -> bool {
+        self.from_cache
+    }
+
     pub fn description(&self) -> &sluice_wire::Description {
         &self.description
     }
@@ -402,5 +524,16 @@ mod wit_copy {
             include_str!("../../../guest-sdk/wit/topology.wit"),
             "guest-sdk/wit/topology.wit differs from wit/topology.wit: copy it over"
         );
+    }
+
+    #[test]
+    fn the_version_the_host_names_is_the_wits() {
+        let wit = include_str!("../../../wit/topology.wit");
+        assert!(
+            wit.contains(&format!("package sluice:topology@{};", super::WIT_VERSION)),
+            "WIT_VERSION differs from wit/topology.wit's package version"
+        );
+        assert!(super::version_fits("0.1.0") && super::version_fits("0.1.7"));
+        assert!(!super::version_fits("0.2.0") && !super::version_fits("1.1.0") && !super::version_fits(""));
     }
 }

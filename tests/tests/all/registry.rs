@@ -197,6 +197,30 @@ async fn a_topology_deployed_through_one_worker_runs_across_the_cluster_and_bad_
             "it is a core Wasm module; build it for wasm32-wasip2",
         ),
         (
+            "a component of another world",
+            guest("other-world"),
+            good.clone(),
+            ports[0],
+            "does not fit the sluice:topology@0.1.0 world: it exports greet, not \
+             sluice:topology/processor@0.1.0: it is not a Sluice topology",
+        ),
+        (
+            "another version of the world",
+            guest("wrong-version"),
+            good.clone(),
+            ports[0],
+            "was built for sluice:topology@0.9.0; this worker runs sluice:topology@0.1.0 topologies: rebuild it \
+             with a sluice-guest for 0.1.0 [wrong-version]",
+        ),
+        (
+            "a missing export",
+            guest("missing-export"),
+            good.clone(),
+            ports[0],
+            "exports sluice:topology/processor without process: a topology exports all of describe, init, \
+             process, punctuate, close [missing-export]",
+        ),
+        (
             "describe loops",
             guest("hostile-describe-loop"),
             good.clone(),

@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use sluice::runtime::{GuestFault, LoadError, LoadedTopology, Runtime, RuntimeConfig};
+use sluice_tests::worker::{guest, TempDir};
 use sluice_wire::wire::{self, Writer};
 use sluice_wire::TaskInfo;
-use sluice_tests::worker::{guest, TempDir};
 
 fn runtime(memory: usize, timeout: Duration) -> Runtime {
     Runtime::new(&RuntimeConfig {
@@ -383,4 +383,65 @@ fn opening_an_undeclared_store_is_a_named_error() {
         fault.to_string(),
         "the topology reported an error: store \"undeclared\": not declared by the topology, so it cannot be opened (declared stores: none)"
     );
+}
+
+/// The compile cache: a second runtime loads the compiled component from disk instead of
+/// compiling it; a damaged cache file is noticed, removed and compiled again.
+#[test]
+fn compiled_components_are_kept_on_disk_and_a_damaged_one_is_compiled_again() {
+    let dir = TempDir::new("compile-cache");
+    let cache = dir.path().join("compiled");
+    let runtime = || {
+        Runtime::new(&RuntimeConfig {
+            max_instances: 4,
+            compile_cache: Some(cache.clone()),
+            ..RuntimeConfig::default()
+        })
+        .expect("an engine")
+    };
+    let component = guest("word-count");
+    let files = || -> Vec<std::path::PathBuf> {
+        let mut f: Vec<_> = std::fs::read_dir(&cache)
+            .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
+            .unwrap_or_default();
+        f.retain(|p| p.extension().is_some_and(|x| x == "cwasm"));
+        f
+    };
+    assert!(files().is_empty());
+
+    let started = std::time::Instant::now();
+    let first = runtime().load(&component).expect("it loads");
+    let compiled = started.elapsed();
+    assert!(!first.from_cache(), "nothing was cached yet");
+    assert_eq!(files().len(), 1, "one compiled component kept");
+
+    let started = std::time::Instant::now();
+    let second = runtime().load(&component).expect("it loads from the cache");
+    let cached = started.elapsed();
+    assert!(second.from_cache());
+    assert_eq!(second.description(), first.description());
+    eprintln!("word-count: compiled in {compiled:?}, loaded from the cache in {cached:?}");
+
+    // Flip bytes in the middle of the compiled code: the checksum no longer matches.
+    let file = &files()[0];
+    let mut bytes = std::fs::read(file).unwrap();
+    let mid = bytes.len() / 2;
+    for b in &mut bytes[mid..mid + 64] {
+        *b ^= 0xff;
+    }
+    std::fs::write(file, &bytes).unwrap();
+    let third = runtime().load(&component).expect("it compiles again");
+    assert!(!third.from_cache(), "a damaged file is not used");
+    assert_eq!(third.description(), first.description());
+    assert!(runtime().load(&component).unwrap().from_cache(), "and is replaced");
+
+    // Another component is another entry; a runtime without a cache compiles.
+    runtime().load(guest("uppercase")).unwrap();
+    assert_eq!(files().len(), 2);
+    let uncached = Runtime::new(&RuntimeConfig {
+        max_instances: 4,
+        ..RuntimeConfig::default()
+    })
+    .unwrap();
+    assert!(!uncached.load(&component).unwrap().from_cache());
 }
