@@ -355,3 +355,67 @@ async fn a_tenant_whose_sink_is_deleted_stalls_only_itself() -> anyhow::Result<(
     );
     Ok(())
 }
+
+/// `on-error = "skip"` goes on past a record that ran into its deadline, in a fresh
+/// instance: the records after it, in later batches, are processed (they were once skipped
+/// or failed the task, because the next call went to the instance that had faulted).
+#[tokio::test(flavor = "multi_thread")]
+async fn skipping_a_record_that_loops_goes_on_with_the_next_batches() -> anyhow::Result<()> {
+    let kafka = kafka();
+    let dir = TempDir::new("skip-loop");
+    let (input, output) = (unique_name("skip-in"), unique_name("skip-out"));
+    kafka.create_topic(&input, 1).await?;
+    kafka.create_topic(&output, 1).await?;
+    let name = unique_name("skip-loop");
+    let text = format!(
+        "on-error = \"skip\"\n{}",
+        manifest(
+            &name,
+            &guest("hostile"),
+            &[("input", &input)],
+            &[("output", &output)],
+            "call-timeout = \"200ms\"",
+        )
+    );
+    let m = dir.write(&format!("{name}.toml"), &text);
+    let state = dir.path().join("state");
+    let mut worker = WorkerProcess::start(
+        kafka.bootstrap(),
+        dir.path(),
+        &[
+            "--topology",
+            m.to_str().unwrap(),
+            "--batch-size",
+            "1",
+            "--commit-interval",
+            "100ms",
+            "--punctuate-interval",
+            "50ms",
+            "--state-dir",
+            state.to_str().unwrap(),
+        ],
+    )?;
+    let values = ["loop", "after-1", "loop", "after-2", "after-3"];
+    let records: Vec<(&str, &str)> = values.iter().map(|v| ("k", *v)).collect();
+    kafka.produce_to(&input, 0, &records).await?;
+    let got = kafka.consume(&output, 3, Duration::from_secs(60)).await;
+    let got: Vec<String> = got
+        .map_err(|e| anyhow::anyhow!("{e:#}\nworker log:\n{}", worker.log()))?
+        .iter()
+        .map(|r| String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned())
+        .collect();
+    assert_eq!(got, ["after-1", "after-2", "after-3"], "{}", worker.log());
+    // Every record, the skipped ones too, is committed past.
+    let group = format!("sluice-{name}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while kafka.committed_offset(&group, &input, 0).unwrap_or(None) != Some(values.len() as i64) {
+        assert!(
+            Instant::now() < deadline,
+            "not committed past all records:\n{}",
+            worker.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(worker.terminate(Duration::from_secs(30))?.success(), "{}", worker.log());
+    Ok(())
+}

@@ -574,7 +574,12 @@ impl Task {
 
     fn process_batch_inner(&mut self, env: &mut KafkaEnv) -> Result<(), TaskError> {
         let started = Instant::now();
-        let result = self.instance.process(self.writer.as_bytes());
+        // A record skipped or dead-lettered left its faulted instance behind: go on in a
+        // fresh one (or, when none can start, let the policy judge the batch by that).
+        let result = match self.renew_instance()? {
+            Some(fault) => Err(fault),
+            None => self.instance.process(self.writer.as_bytes()),
+        };
         self.counters.calls.inc();
         self.counters.call_seconds.inc_by(started.elapsed().as_secs_f64());
         let fault = match result {
@@ -891,6 +896,14 @@ impl Task {
         at: &str,
         f: impl FnOnce(&mut TaskInstance) -> Result<CallOutput, GuestFault>,
     ) -> Result<CallOutput, TaskError> {
+        // As in `process_batch_inner`: never call an instance that faulted.
+        if let Some(fault) = self.renew_instance()? {
+            return Err(TaskError::Guest {
+                task: self.id.clone(),
+                at: at.to_string(),
+                fault,
+            });
+        }
         let started = Instant::now();
         let result = f(&mut self.instance);
         self.counters.calls.inc();
