@@ -140,6 +140,12 @@ pub enum Ended {
     BeforeStart,
 }
 
+/// A task whose guest call ran into its deadline sits out this many times the call's
+/// duration before its next call: a guest that loops until its deadline on every record
+/// holds its stream thread at most a tenth of the time, and the other tasks on the thread
+/// (other tenants' too) keep the rest.
+pub const DEADLINE_PENALTY: u32 = 9;
+
 pub struct Task {
     ctx: TaskContext,
     /// The topology group's metadata for offsets committed in a transaction (exactly-once).
@@ -164,6 +170,10 @@ pub struct Task {
     batch_records: usize,
     /// Its topology's records-per-second limit.
     rate: Option<rate::Rate>,
+    /// After a call ran into its deadline: no call before this (see [`DEADLINE_PENALTY`]).
+    cooldown_until: Option<Instant>,
+    /// A batch that ran into its deadline is processed one record per turn: the next one.
+    retry: Option<usize>,
     /// Next offset to commit per source, once the batch that read it is produced.
     positions: Vec<Option<i64>>,
     committed: Vec<Option<i64>>,
@@ -396,6 +406,8 @@ impl Task {
                 .batch_size
                 .min(rate.as_ref().map_or(usize::MAX, rate::Rate::batch)),
             rate,
+            cooldown_until: None,
+            retry: None,
             positions: committed.clone(),
             committed,
             stream_time: i64::MIN,
@@ -426,7 +438,7 @@ impl Task {
 
     /// Whether the batch has room for no more records.
     pub fn is_full(&self) -> bool {
-        self.batch.len() >= self.batch_records || self.writer.byte_len() >= self.batch_bytes
+        self.retry.is_some() || self.batch.len() >= self.batch_records || self.writer.byte_len() >= self.batch_bytes
     }
 
     /// Whether the batch holds records not processed yet.
@@ -449,11 +461,22 @@ impl Task {
     /// Whether the task may process now (asked to run, the lease holds, and it is within
     /// its records-per-second limit).
     pub fn may_process(&self) -> bool {
-        self.ctx.control.request() == Request::Run && self.ctx.lease.valid() && self.within_rate()
+        self.ctx.control.request() == Request::Run && self.ctx.lease.valid() && self.within_rate() && self.cooled()
     }
 
     fn within_rate(&self) -> bool {
         self.rate.as_ref().is_none_or(|r| r.ready(Instant::now()))
+    }
+
+    /// Whether the cooldown after a call that ran into its deadline is over.
+    fn cooled(&self) -> bool {
+        self.cooldown_until.is_none_or(|t| Instant::now() >= t)
+    }
+
+    /// A call ran into its deadline after `spent`: the task sits out [`DEADLINE_PENALTY`]
+    /// times that, so its stream thread serves its other tasks meanwhile.
+    fn cool_down(&mut self, spent: Duration) {
+        self.cooldown_until = Some(Instant::now() + spent * DEADLINE_PENALTY);
     }
 
     /// Processes the batch at once (it is full); the task's end if that ended it.
@@ -491,7 +514,7 @@ impl Task {
             // the worker renews the lease or aborts the task.
             return Ok(None);
         }
-        if !self.batch.is_empty() && self.within_rate() {
+        if !self.batch.is_empty() && self.within_rate() && self.cooled() {
             self.process_batch(env)?;
         }
         self.maybe_punctuate()?;
@@ -524,6 +547,7 @@ impl Task {
     fn clear_batch(&mut self) {
         self.writer.clear();
         self.batch.clear();
+        self.retry = None;
     }
 
     /// Stops without committing: uncommitted state is dropped, an open transaction aborted.
@@ -564,12 +588,44 @@ impl Task {
     }
 
     fn process_batch(&mut self, env: &mut KafkaEnv) -> Result<(), TaskError> {
+        if self.retry.is_some() {
+            return self.retry_step(env);
+        }
         if let Some(rate) = &mut self.rate {
             rate.take(self.batch.len(), Instant::now());
         }
         let result = self.process_batch_inner(env);
-        self.clear_batch();
+        if result.is_err() || self.retry.is_none() {
+            self.clear_batch();
+        }
         result
+    }
+
+    /// The next record of a batch that ran into its deadline, alone in a fresh instance; if
+    /// it runs into its deadline too, the policy judges it and the task cools down again.
+    fn retry_step(&mut self, env: &mut KafkaEnv) -> Result<(), TaskError> {
+        let Some(i) = self.retry else {
+            return Ok(());
+        };
+        let whole = self.writer.as_bytes().to_vec();
+        let batch = self.batch.clone();
+        let started = Instant::now();
+        let outcome = match self.process_part(&whole, i..i + 1) {
+            Ok(Some(fault)) => {
+                if matches!(fault, GuestFault::Deadline { .. }) {
+                    self.cool_down(started.elapsed());
+                }
+                self.reject(&whole, &batch, i..i + 1, fault, env)
+            }
+            Ok(None) => Ok(()),
+            Err(e) => Err(e),
+        };
+        if outcome.is_err() || i + 1 >= batch.len() {
+            self.clear_batch();
+        } else {
+            self.retry = Some(i + 1);
+        }
+        outcome
     }
 
     fn process_batch_inner(&mut self, env: &mut KafkaEnv) -> Result<(), TaskError> {
@@ -593,6 +649,17 @@ impl Task {
             },
             Err(fault) => fault,
         };
+        if matches!(fault, GuestFault::Deadline { .. }) {
+            // Each further try may run into the deadline again: rather than halving the
+            // batch at once (up to 2n - 1 calls at the deadline, holding the stream thread
+            // throughout), try its records one per turn, each after a cooldown.
+            self.cool_down(started.elapsed());
+            if self.batch.len() > 1 {
+                tracing::info!(task = %self.id, records = self.batch.len(), "{fault}; processing the batch one record per turn to find the record");
+                self.retry = Some(0);
+                return Ok(());
+            }
+        }
         // Some record of the batch cannot be processed, or the batch as a whole is too much
         // for the guest: find out which by processing parts of it in fresh instances.
         let whole = self.writer.as_bytes().to_vec();
