@@ -68,7 +68,7 @@ fn metric(body: &str, name: &str) -> Option<f64> {
         .ok()
 }
 
-fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
+pub(crate) fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
     write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;

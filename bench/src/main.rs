@@ -5,6 +5,7 @@
 //! - `e2e`: records/s through `uppercase` on a real broker: one worker process, 4 partitions.
 //! - `density`: one worker holding 1,000 tasks: start time, idle threads, RSS, CPU.
 //! - `scaling`: a stateful topology scaled 1 → 2 → 3 → 1 workers: pauses per policy.
+//! - `tenants`: tenant B's throughput alone and beside tenant A looping until its deadline.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -20,6 +21,7 @@ mod e2e;
 mod native;
 mod scaling;
 mod state;
+mod tenants;
 
 #[derive(Parser)]
 struct Args {
@@ -59,6 +61,8 @@ enum Command {
     Density(density::DensityArgs),
     /// A stateful topology scaled 1 -> 2 -> 3 -> 1 workers under eager, sticky and learners.
     Scaling(scaling::ScalingArgs),
+    /// Tenant isolation: tenant B alone, then beside tenant A looping until its deadline.
+    Tenants(tenants::TenantsArgs),
     /// The native baseline process `e2e` runs (a plain rdkafka uppercase program).
     #[command(hide = true)]
     Native(native::NativeArgs),
@@ -85,6 +89,7 @@ fn main() -> anyhow::Result<()> {
         Command::WordCount(args) => tokio::runtime::Runtime::new()?.block_on(state::word_count(args)),
         Command::Density(args) => tokio::runtime::Runtime::new()?.block_on(density::run(args)),
         Command::Scaling(args) => tokio::runtime::Runtime::new()?.block_on(scaling::run(args)),
+        Command::Tenants(args) => tokio::runtime::Runtime::new()?.block_on(tenants::run(args)),
         Command::Native(args) => native::run(args),
     }
 }

@@ -1,0 +1,837 @@
+//! Tenant isolation (issue 12): tenant B's throughput alone, then on fresh input while
+//! tenant A's topology loops until its deadline on every record. Everything goes the
+//! product's way: workers of a cluster (`--cluster`) sharing a configuration file of
+//! tenants (tokens, namespaces, limits), topologies uploaded with `sluice deploy` under each
+//! tenant's token, A's deadline from its tenant's `max-call-timeout`, A's `on-error = "skip"`
+//! so a record that hits the deadline is passed over and the next one loops again.
+//!
+//! B's throughput is read from outside, from its committed offsets (from when all its tasks
+//! have started to the commit of its last record; `tests/tests/all/hostile.rs` starts at
+//! the first commit, which on short runs counts the other tasks' start-up); the workers' CPU from
+//! `/proc/PID/stat`, their peak RSS from `VmHWM`; what A did meanwhile from the workers'
+//! metrics (`sluice_records_rejected_total`, `sluice_guest_calls_total`,
+//! `sluice_guest_call_seconds_total` of A's topology).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use clap::Args;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::{Offset, TopicPartitionList};
+
+use crate::density::http_get;
+use crate::e2e::process_usage;
+
+#[derive(Args)]
+pub struct TenantsArgs {
+    #[arg(long, env = "KAFKA_BOOTSTRAP")]
+    bootstrap: String,
+    /// The uppercase component (tenant B's topology).
+    #[arg(long)]
+    component: PathBuf,
+    /// The hostile component (tenant A's topology: it spins on a record whose value is `loop`).
+    #[arg(long)]
+    hostile: PathBuf,
+    /// B's records in each measurement (each on fresh input).
+    #[arg(long, default_value_t = 2_000_000)]
+    records: u64,
+    /// Value size of B's records in bytes.
+    #[arg(long, default_value_t = 100)]
+    size: usize,
+    /// Partitions of B's input (its tasks).
+    #[arg(long, default_value_t = 4)]
+    partitions: i32,
+    /// Partitions of A's input (its looping tasks).
+    #[arg(long, default_value_t = 1)]
+    hostile_partitions: i32,
+    /// Tenant A's `max-call-timeout` in milliseconds (its manifest asks for 10 s).
+    #[arg(long, default_value_t = 100)]
+    deadline_ms: u64,
+    /// `loop` records per partition in A's input before it starts: its first batch (the
+    /// worker's `--batch-size`, 500, at most) is then all `loop`, and the worker isolates
+    /// the records of a failed batch by halving it, so A's first batch alone keeps it in
+    /// its deadline for about (2 × batch - 1) × deadline.
+    #[arg(long, default_value_t = 500)]
+    loop_backlog: u64,
+    /// `loop` records per second into A's input besides, while it runs: more than A can
+    /// pass over, so it never runs out of them.
+    #[arg(long, default_value_t = 20)]
+    loop_rate: u64,
+    /// Cluster sizes to run, in order.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    workers: Vec<usize>,
+    /// Stream threads per worker (default: the worker's own, the number of cores).
+    #[arg(long)]
+    threads: Option<u32>,
+    /// Runs of each cluster size (each a new cluster: alone, then beside A).
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
+    /// Small enough for CI: `--records 100000 --loop-backlog 100 --workers 1 --rounds 1`.
+    #[arg(long)]
+    quick: bool,
+    /// Longest wait for B's records in one measurement; a measurement that runs out reports
+    /// what B committed until then.
+    #[arg(long, default_value_t = 300)]
+    timeout_secs: u64,
+    /// Keep the workers' logs, configuration and state (their directory is printed).
+    #[arg(long)]
+    keep: bool,
+}
+
+fn config(bootstrap: &str) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", bootstrap);
+    c
+}
+
+/// A worker of the cluster, with its admin endpoint on `port`.
+struct Worker {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+/// B in one measurement.
+#[derive(Clone, Copy)]
+struct Phase {
+    /// Records/s from when all of B's tasks started to its last record's commit (or the timeout).
+    rate: f64,
+    /// Whether every record was committed before the timeout.
+    done: bool,
+    committed: u64,
+    window_s: f64,
+    /// CPU seconds of every worker over the window.
+    cpu_s: f64,
+    /// The largest `VmHWM` of a worker, at the end of the measurement.
+    peak_rss: u64,
+}
+
+/// What tenant A's topology did, summed over the workers.
+#[derive(Clone, Copy, Default, Debug)]
+struct Hostile {
+    /// Records passed over after a deadline (`on-error = "skip"`).
+    skipped: f64,
+    /// Guest calls: each (but a rare punctuation) ran into the deadline.
+    calls: f64,
+    /// Seconds spent in those calls.
+    guest_s: f64,
+    /// A's tasks that failed (none should: `on-error = "skip"`).
+    failed: f64,
+}
+
+impl std::ops::Sub for Hostile {
+    type Output = Hostile;
+    fn sub(self, o: Hostile) -> Hostile {
+        Hostile {
+            skipped: self.skipped - o.skipped,
+            calls: self.calls - o.calls,
+            guest_s: self.guest_s - o.guest_s,
+            failed: self.failed - o.failed,
+        }
+    }
+}
+
+/// One run: a new cluster, B alone, then B beside A.
+struct Run {
+    workers: usize,
+    alone: Phase,
+    beside: Phase,
+    /// A during B's measurement beside it.
+    a: Hostile,
+    /// A's deadline as the registry stored it (the tenant's cap).
+    deadline_ms: u64,
+    /// When A's task failed, in seconds into B's window beside it (none: it did not).
+    a_failed_at: Option<f64>,
+    /// B's records committed by then.
+    b_before_a_failed: u64,
+}
+
+pub async fn run(mut args: TenantsArgs) -> anyhow::Result<()> {
+    if args.quick {
+        args.records = 100_000;
+        args.loop_backlog = 100;
+        args.workers = vec![1];
+        args.rounds = 1;
+    }
+    println!(
+        "tenants benchmark: tenant B's uppercase ({} records of {} bytes, {} partitions) alone, then beside tenant A's \
+         hostile topology looping until its deadline ({} ms, on-error = skip) on every record ({} partition(s), \
+         {} loop records/s); workers {:?}, {}, Kafka at {}",
+        args.records,
+        args.size,
+        args.partitions,
+        args.deadline_ms,
+        args.hostile_partitions,
+        args.loop_rate,
+        args.workers,
+        args.threads
+            .map_or("stream threads: the cores".to_string(), |t| format!("{t} stream threads each")),
+        args.bootstrap
+    );
+    let started = Instant::now();
+    let mut runs = Vec::new();
+    for &workers in &args.workers {
+        for round in 0..args.rounds {
+            let r = one_run(&args, workers)
+                .await
+                .with_context(|| format!("{workers} worker(s), round {}", round + 1))?;
+            println!(
+                "  {workers} worker(s) #{}: B alone {:.0} records/s, beside A {:.0} records/s{} ({:.0}%); \
+                 A: {:.0} records skipped after the deadline, {:.0} guest calls, {:.1} s in the guest over B's {:.1} s; {}",
+                round + 1,
+                r.alone.rate,
+                r.beside.rate,
+                if r.beside.done { "" } else { " (B did not finish)" },
+                100.0 * r.beside.rate / r.alone.rate,
+                r.a.skipped,
+                r.a.calls,
+                r.a.guest_s,
+                r.beside.window_s,
+                match r.a_failed_at {
+                    None => "A's tasks kept running".to_string(),
+                    Some(at) => format!(
+                        "A's task FAILED {at:.1} s into B's window, when B had committed {} of {} records",
+                        r.b_before_a_failed, r.beside.committed
+                    ),
+                }
+            );
+            runs.push(r);
+        }
+    }
+    let us = |p: &Phase| p.cpu_s * 1e6 / p.committed.max(1) as f64;
+    // A looped throughout B's window: its tasks kept running, every call of theirs ran into
+    // the deadline, and they were in the guest at least half the share the worker leaves a
+    // task that runs into its deadline (1 / (1 + DEADLINE_PENALTY)): A always wanted more.
+    let busy = |r: &Run| r.a.guest_s / r.beside.window_s / args.hostile_partitions as f64;
+    let share = 1.0 / (1.0 + f64::from(sluice::worker::task::DEADLINE_PENALTY));
+    let valid = |r: &Run| r.a_failed_at.is_none() && busy(r) >= 0.5 * share;
+    println!();
+    println!(
+        "  {:>7} {:>14} {:>14} {:>6} {:>15} {:>15} {:>14} {:>11} {:>10} {:>8} {:>9} {:>12}",
+        "workers",
+        "B alone rec/s",
+        "B beside A",
+        "ratio",
+        "CPU µs/rec alone",
+        "beside (all)",
+        "peak RSS MiB",
+        "A deadline",
+        "A skipped",
+        "A busy",
+        "deadline",
+        "A failed at"
+    );
+    for r in &runs {
+        println!(
+            "  {:>7} {:>14.0} {:>13.0}{} {:>6.2} {:>15.2} {:>15.2} {:>6} / {:<6} {:>11.0} {:>10.0} {:>7.0}% {:>6} ms {:>12}",
+            r.workers,
+            r.alone.rate,
+            r.beside.rate,
+            if r.beside.done { " " } else { "*" },
+            r.beside.rate / r.alone.rate,
+            us(&r.alone),
+            us(&r.beside),
+            r.alone.peak_rss >> 20,
+            r.beside.peak_rss >> 20,
+            r.a.calls,
+            r.a.skipped,
+            100.0 * busy(r),
+            r.deadline_ms,
+            r.a_failed_at.map_or("-".to_string(), |at| format!("{at:.1} s"))
+        );
+    }
+    println!(
+        "  (A deadline: A's guest calls during B's measurement, each ran into the deadline; A busy: A's time in \
+         the guest over that window, per A task (a task that runs into its deadline sits out 9 times the call \
+         after it, so at most 10%; under 5% makes the run invalid); CPU: every worker's, A's \
+         looping included; A failed at: seconds into B's window; * B did not finish)"
+    );
+    for &w in &args.workers {
+        let ratios: Vec<f64> = runs
+            .iter()
+            .filter(|r| r.workers == w)
+            .map(|r| r.beside.rate / r.alone.rate)
+            .collect();
+        let alone: Vec<f64> = runs.iter().filter(|r| r.workers == w).map(|r| r.alone.rate).collect();
+        let beside: Vec<f64> = runs.iter().filter(|r| r.workers == w).map(|r| r.beside.rate).collect();
+        let median_ratio = crate::median(ratios);
+        let invalid = runs.iter().filter(|r| r.workers == w && !valid(r)).count();
+        println!(
+            "  {w} worker(s): tenant B alone {:.0} records/s, beside A looping until its deadline on every record \
+             {:.0} records/s: B keeps {:.0}% (median of {} run(s); the goal is at least 80%){}",
+            crate::median(alone),
+            crate::median(beside),
+            100.0 * median_ratio,
+            args.rounds,
+            if invalid > 0 {
+                format!(" -- NOT VALID: A did not loop throughout B's window in {invalid} of these runs")
+            } else {
+                String::new()
+            }
+        );
+    }
+    println!("  {:.0} s in all", started.elapsed().as_secs_f64());
+    let invalid = runs.iter().filter(|r| !valid(r)).count();
+    if invalid > 0 {
+        bail!(
+            "in {invalid} of {} run(s) tenant A did not loop throughout B's measurement (its task failed, or it was \
+             in the guest less than half of the share a task that runs into its deadline keeps): those are not \
+             isolation figures (see the workers' logs with --keep)",
+            runs.len()
+        );
+    }
+    Ok(())
+}
+
+async fn one_run(args: &TenantsArgs, workers: usize) -> anyhow::Result<Run> {
+    let id = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
+    let dir = std::env::temp_dir().join(format!("sluice-tenants-{id}"));
+    std::fs::create_dir_all(&dir)?;
+    let (ns_a, ns_b) = (format!("a{id}."), format!("b{id}."));
+    let (token_admin, token_a, token_b) = (format!("admin-{id}"), format!("a-{id}"), format!("b-{id}"));
+    let hash = sluice::tenants::hash_token;
+    let config_file = dir.join("sluice.toml");
+    std::fs::write(
+        &config_file,
+        format!(
+            "[admin]\ntokens = [{:?}]\n\n\
+             [tenants.a]\ntokens = [{:?}]\nnamespace = {ns_a:?}\nmax-topologies = 1\nmax-tasks = {}\n\
+             max-memory = \"64MiB\"\nmax-call-timeout = \"{}ms\"\n\n\
+             [tenants.b]\ntokens = [{:?}]\nnamespace = {ns_b:?}\nmax-topologies = 2\nmax-tasks = {}\n",
+            hash(&token_admin),
+            hash(&token_a),
+            args.hostile_partitions,
+            args.deadline_ms,
+            hash(&token_b),
+            2 * args.partitions
+        ),
+    )?;
+
+    // Topics: B's two inputs (alone, beside) filled now; A's input fed while it runs.
+    let admin: AdminClient<DefaultClientContext> = config(&args.bootstrap).create()?;
+    let b_topics = |what: &str| {
+        (
+            format!("{ns_b}{what}"),
+            format!("{ns_b}{what}-in"),
+            format!("{ns_b}{what}-out"),
+        )
+    };
+    let (a_name, a_in, a_out) = (
+        format!("{ns_a}loop"),
+        format!("{ns_a}loop-in"),
+        format!("{ns_a}loop-out"),
+    );
+    let (alone_name, alone_in, alone_out) = b_topics("alone");
+    let (beside_name, beside_in, beside_out) = b_topics("beside");
+    let (p, hp) = (args.partitions, args.hostile_partitions);
+    let topics = [
+        NewTopic::new(&alone_in, p, TopicReplication::Fixed(1)),
+        NewTopic::new(&alone_out, p, TopicReplication::Fixed(1)),
+        NewTopic::new(&beside_in, p, TopicReplication::Fixed(1)),
+        NewTopic::new(&beside_out, p, TopicReplication::Fixed(1)),
+        NewTopic::new(&a_in, hp, TopicReplication::Fixed(1)),
+        NewTopic::new(&a_out, hp, TopicReplication::Fixed(1)),
+    ];
+    for r in admin.create_topics(&topics, &AdminOptions::new()).await? {
+        r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
+    }
+    for topic in [&alone_in, &beside_in] {
+        produce(&args.bootstrap, topic, p, args.records, args.size)?;
+    }
+
+    let manifest = |name: &str, input: &str, output: &str, extra: &str| -> anyhow::Result<PathBuf> {
+        let path = dir.join(format!("{name}.toml"));
+        std::fs::write(
+            &path,
+            format!("name = {name:?}\n{extra}\n[sources]\ninput = {input:?}\n[sinks]\noutput = {output:?}\n"),
+        )?;
+        Ok(path)
+    };
+    let alone_manifest = manifest(&alone_name, &alone_in, &alone_out, "")?;
+    let beside_manifest = manifest(&beside_name, &beside_in, &beside_out, "")?;
+    // A asks for 10 s; its tenant's max-call-timeout caps it.
+    let a_manifest = manifest(
+        &a_name,
+        &a_in,
+        &a_out,
+        "on-error = \"skip\"\n[limits]\ncall-timeout = \"10s\"",
+    )?;
+
+    let cluster = format!("tenants-{id}");
+    let mut ws = Vec::new();
+    for n in 0..workers {
+        ws.push(start_worker(args, &cluster, &config_file, &dir, n)?);
+    }
+    let outcome = phases(
+        args,
+        &mut ws,
+        [token_a.as_str(), token_b.as_str()],
+        [
+            (alone_name.as_str(), alone_in.as_str(), &alone_manifest),
+            (beside_name.as_str(), beside_in.as_str(), &beside_manifest),
+        ],
+        (a_name.as_str(), a_in.as_str(), &a_manifest),
+    )
+    .await;
+    for w in &mut ws {
+        let _ = Command::new("kill").args(["-TERM", &w.child.id().to_string()]).status();
+    }
+    for w in &mut ws {
+        let end = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = w.child.try_wait()? {
+                break Some(status);
+            }
+            if Instant::now() > end {
+                let _ = w.child.kill();
+                let _ = w.child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        if !status.is_some_and(|s| s.success()) {
+            eprintln!(
+                "  note: a worker ended with {status:?} (not 0 within 30 s of SIGTERM); see {}",
+                w.log.display()
+            );
+        }
+    }
+    let outcome = match outcome {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("  the workers' logs are in {}", dir.display());
+            return Err(e);
+        }
+    };
+    if args.keep {
+        println!("  logs, configuration and state kept in {}", dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(Run {
+        workers,
+        alone: outcome.alone,
+        beside: outcome.beside,
+        a: outcome.a,
+        deadline_ms: outcome.deadline_ms,
+        a_failed_at: outcome.a_failed.map(|(at, _)| at),
+        b_before_a_failed: outcome.a_failed.map_or(0, |(_, n)| n),
+    })
+}
+
+/// B alone; then A deployed and looping, and B again beside it.
+async fn phases(
+    args: &TenantsArgs,
+    ws: &mut [Worker],
+    [token_a, token_b]: [&str; 2],
+    [alone, beside]: [(&str, &str, &PathBuf); 2],
+    (a_name, a_in, a_manifest): (&str, &str, &PathBuf),
+) -> anyhow::Result<Outcome> {
+    until_ready(ws)?;
+    let admin = format!("127.0.0.1:{}", ws[0].port);
+    let timeout = Duration::from_secs(args.timeout_secs);
+
+    // 1. B alone; then its topology is deleted, so only A and B's second one run after.
+    deploy(&admin, token_b, &args.component, alone.2)?;
+    let (alone_phase, _) = measure(args, ws, alone.0, alone.1, None, timeout)?;
+    sluice_cli(&["topologies", "delete", alone.0, "--admin", &admin, "--token", token_b])?;
+    until_tasks(ws, 0, Duration::from_secs(60))?;
+
+    // 2. A, with a backlog of `loop` records and more coming than it can pass over.
+    let (hp, backlog) = (args.hostile_partitions, args.loop_backlog);
+    produce_values(&args.bootstrap, a_in, hp, backlog * hp as u64, |_| b"loop".to_vec())?;
+    let answer = deploy(&admin, token_a, &args.hostile, a_manifest)?;
+    let deadline_ms = json_number(&answer, "max_call_timeout_ms").context("the registry's max_call_timeout_ms of A")?;
+    let feeding = Arc::new(AtomicBool::new(true));
+    let feeder = {
+        let (feeding, bootstrap, topic) = (feeding.clone(), args.bootstrap.clone(), a_in.to_string());
+        let rate = args.loop_rate;
+        std::thread::spawn(move || feed(&bootstrap, &topic, hp, rate, &feeding))
+    };
+    let result = (|| {
+        // A is looping once it passed over a record after a deadline.
+        let check = crate::deadline(
+            "tenant A's first record skipped after a deadline",
+            Duration::from_secs(120),
+        );
+        while hostile(ws, a_name)?.skipped < 1.0 {
+            check()?;
+            exited(ws)?;
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // 3. B again, on fresh input, beside A.
+        deploy(&admin, token_b, &args.component, beside.2)?;
+        measure(args, ws, beside.0, beside.1, Some(a_name), timeout)
+    })();
+    feeding.store(false, Ordering::Relaxed);
+    let fed = feeder
+        .join()
+        .map_err(|_| anyhow::anyhow!("the loop feeder panicked"))??;
+    let (beside_phase, a) = result?;
+    let a = a.context("A's metrics")?;
+    let total = hostile(ws, a_name)?;
+    eprintln!(
+        "  A: {} loop records fed ({} before it started), {:.0} passed over after the deadline in all, {:.0} guest \
+         calls, {:.1} s in the guest{}",
+        fed + backlog * hp as u64,
+        backlog * hp as u64,
+        total.skipped,
+        total.calls,
+        total.guest_s,
+        if total.failed > 0.0 {
+            format!("; {:.0} of its tasks failed although on-error = skip", total.failed)
+        } else {
+            String::new()
+        }
+    );
+    Ok(Outcome {
+        alone: alone_phase,
+        beside: beside_phase,
+        a: a.during,
+        deadline_ms,
+        a_failed: a.failed,
+    })
+}
+
+/// What `phases` measured.
+struct Outcome {
+    alone: Phase,
+    beside: Phase,
+    a: Hostile,
+    deadline_ms: u64,
+    /// When A's task failed (seconds into B's window) and B's records committed by then.
+    a_failed: Option<(f64, u64)>,
+}
+
+/// What A did while B was measured beside it.
+struct Beside {
+    during: Hostile,
+    failed: Option<(f64, u64)>,
+}
+
+/// Produces `records` values of `size` lower-case bytes, spread evenly over the partitions.
+fn produce(bootstrap: &str, topic: &str, partitions: i32, records: u64, size: usize) -> anyhow::Result<()> {
+    let value: Vec<u8> = (0..size).map(|i| b'a' + (i % 26) as u8).collect();
+    produce_values(bootstrap, topic, partitions, records, |_| value.clone())
+}
+
+/// Produces `records` records (value `value(i)`), spread evenly over the partitions.
+fn produce_values(
+    bootstrap: &str,
+    topic: &str,
+    partitions: i32,
+    records: u64,
+    value: impl Fn(u64) -> Vec<u8>,
+) -> anyhow::Result<()> {
+    let producer: ThreadedProducer<DefaultProducerContext> = config(bootstrap)
+        .set("linger.ms", "20")
+        .set("batch.size", "1000000")
+        .set("compression.type", "lz4")
+        .set("queue.buffering.max.messages", "1000000")
+        .create()?;
+    for i in 0..records {
+        let key = format!("{i:08}");
+        let v = value(i);
+        let mut record = BaseRecord::<_, _, ()>::to(topic)
+            .partition((i % partitions as u64) as i32)
+            .key(key.as_bytes())
+            .payload(&v);
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    record = back;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err((e, _)) => bail!("producing to {topic}: {e}"),
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(120))?;
+    Ok(())
+}
+
+/// Sends `loop` records at `rate` per second, round robin over the partitions, until told to
+/// stop; returns how many.
+fn feed(bootstrap: &str, topic: &str, partitions: i32, rate: u64, feeding: &AtomicBool) -> anyhow::Result<u64> {
+    let producer: ThreadedProducer<DefaultProducerContext> = config(bootstrap).set("linger.ms", "5").create()?;
+    let started = Instant::now();
+    let mut sent = 0u64;
+    while feeding.load(Ordering::Relaxed) {
+        let due = (started.elapsed().as_secs_f64() * rate as f64) as u64;
+        while sent < due {
+            let partition = (sent % partitions as u64) as i32;
+            producer
+                .send(BaseRecord::to(topic).partition(partition).key("a").payload("loop"))
+                .map_err(|(e, _)| e)?;
+            sent += 1;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    producer.flush(Duration::from_secs(30))?;
+    Ok(sent)
+}
+
+fn start_worker(args: &TenantsArgs, cluster: &str, config_file: &Path, dir: &Path, n: usize) -> anyhow::Result<Worker> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let log = dir.join(format!("worker-{n}.log"));
+    let mut command = Command::new(crate::sluice_binary()?);
+    command
+        .args(["worker", "--bootstrap", &args.bootstrap, "--cluster", cluster])
+        .arg("--config")
+        .arg(config_file)
+        .args(["--metrics", &format!("127.0.0.1:{port}")])
+        .arg("--state-dir")
+        .arg(dir.join(format!("state-{n}")))
+        .args(["--commit-interval", "100ms", "--heartbeat-interval", "200ms"])
+        .args(["--session-timeout", "6s"]);
+    if let Some(threads) = args.threads {
+        command.args(["--threads", &threads.to_string()]);
+    }
+    let child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .spawn()
+        .context("starting a worker")?;
+    Ok(Worker { child, port, log })
+}
+
+fn exited(ws: &mut [Worker]) -> anyhow::Result<()> {
+    for w in ws.iter_mut() {
+        if let Some(status) = w.child.try_wait()? {
+            bail!("a worker exited ({status}); see {}", w.log.display());
+        }
+    }
+    Ok(())
+}
+
+/// Every worker holds an assignment (`/readyz` answers 200).
+fn until_ready(ws: &mut [Worker]) -> anyhow::Result<()> {
+    let check = crate::deadline("the workers to join the cluster", Duration::from_secs(120));
+    loop {
+        let ready = ws
+            .iter()
+            .all(|w| http_get(w.port, "/readyz").is_ok_and(|r| r.lines().next().is_some_and(|l| l.contains(" 200"))));
+        if ready {
+            return Ok(());
+        }
+        exited(ws)?;
+        check()?;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The workers run `tasks` tasks in all.
+fn until_tasks(ws: &mut [Worker], tasks: usize, timeout: Duration) -> anyhow::Result<()> {
+    let check = crate::deadline("the workers' running tasks to settle", timeout);
+    loop {
+        let mut running = 0.0;
+        for w in ws.iter() {
+            running += metric(&http_get(w.port, "/metrics")?, "sluice_tasks_running", None, &[]);
+        }
+        if running as usize == tasks {
+            return Ok(());
+        }
+        exited(ws)?;
+        check()?;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The sum of metric `name` over the series of `topology` (any, when None) with the given
+/// other labels, in a Prometheus text exposition.
+fn metric(body: &str, name: &str, topology: Option<&str>, labels: &[(&str, &str)]) -> f64 {
+    let label = |line: &str, key: &str| {
+        line.split(&format!("{key}=\""))
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .map(str::to_string)
+    };
+    body.lines()
+        .filter(|l| l.starts_with(name) && matches!(l.as_bytes().get(name.len()), Some(b'{' | b' ')))
+        .filter(|l| topology.is_none_or(|t| label(l, "topology").as_deref() == Some(t)))
+        .filter(|l| labels.iter().all(|(k, v)| label(l, k).as_deref() == Some(*v)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn metric_sum(ws: &[Worker], name: &str, topology: &str, labels: &[(&str, &str)]) -> anyhow::Result<f64> {
+    let mut sum = 0.0;
+    for w in ws {
+        sum += metric(&http_get(w.port, "/metrics")?, name, Some(topology), labels);
+    }
+    Ok(sum)
+}
+
+/// Tasks of `topology` started on the workers (each has its `sluice_guest_calls_total` series).
+fn tasks_started(ws: &[Worker], topology: &str) -> anyhow::Result<usize> {
+    let mut n = 0;
+    for w in ws {
+        let body = http_get(w.port, "/metrics")?;
+        n += body
+            .lines()
+            .filter(|l| l.starts_with("sluice_guest_calls_total{"))
+            .filter(|l| l.contains(&format!("topology=\"{topology}\"")))
+            .count();
+    }
+    Ok(n)
+}
+
+/// A's figures so far, summed over the workers.
+fn hostile(ws: &[Worker], topology: &str) -> anyhow::Result<Hostile> {
+    let mut h = Hostile::default();
+    for w in ws {
+        let body = http_get(w.port, "/metrics")?;
+        h.skipped += metric(
+            &body,
+            "sluice_records_rejected_total",
+            Some(topology),
+            &[("action", "skip"), ("kind", "deadline")],
+        );
+        h.calls += metric(&body, "sluice_guest_calls_total", Some(topology), &[]);
+        h.guest_s += metric(&body, "sluice_guest_call_seconds_total", Some(topology), &[]);
+        h.failed += metric(&body, "sluice_task_failed", Some(topology), &[]);
+    }
+    Ok(h)
+}
+
+/// Every worker's CPU seconds, in all.
+fn cpu(ws: &[Worker]) -> f64 {
+    ws.iter()
+        .filter_map(|w| process_usage(w.child.id()))
+        .map(|(_, cpu)| cpu)
+        .sum()
+}
+
+/// B's throughput from its committed offsets: from when all its tasks have started to the
+/// commit of its last record, or to the timeout. With `a`, what A did over the same window and when
+/// (if) its tasks failed.
+fn measure(
+    args: &TenantsArgs,
+    ws: &mut [Worker],
+    name: &str,
+    input: &str,
+    a: Option<&str>,
+    timeout: Duration,
+) -> anyhow::Result<(Phase, Option<Beside>)> {
+    let group = format!("sluice-{name}");
+    let consumer: BaseConsumer = config(&args.bootstrap)
+        .set("group.id", &group)
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut partitions = TopicPartitionList::new();
+    for p in 0..args.partitions {
+        partitions.add_partition(input, p);
+    }
+    let committed = || -> anyhow::Result<u64> {
+        let list = consumer.committed_offsets(partitions.clone(), Duration::from_secs(10))?;
+        Ok(list
+            .elements()
+            .iter()
+            .map(|e| match e.offset() {
+                Offset::Offset(o) => o.max(0) as u64,
+                _ => 0,
+            })
+            .sum())
+    };
+    let end = Instant::now() + timeout;
+    let mut first: Option<(Instant, u64, f64, Option<Hostile>)> = None;
+    let mut a_failed: Option<(Instant, u64)> = None;
+    let mut last_look = Instant::now();
+    let (last_at, last, done) = loop {
+        let n = committed()?;
+        let now = Instant::now();
+        // The window opens once every task of B has started (its series are in the
+        // metrics): not at B's first commit, while its other tasks may still be starting.
+        if first.is_none() && tasks_started(ws, name)? >= args.partitions as usize {
+            let a0 = a.map(|t| hostile(ws, t)).transpose()?;
+            first = Some((now, n, cpu(ws), a0));
+        }
+        if n >= args.records {
+            break (now, n, true);
+        }
+        if now > end {
+            break (now, n, false);
+        }
+        if let Some(t) = a.filter(|_| a_failed.is_none() && now - last_look > Duration::from_millis(200)) {
+            last_look = now;
+            if metric_sum(ws, "sluice_task_failed", t, &[])? > 0.0 {
+                a_failed = Some((now, n));
+            }
+        }
+        exited(ws)?;
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (cpu1, a1) = (cpu(ws), a.map(|t| hostile(ws, t)).transpose()?);
+    let Some((t0, n0, cpu0, a0)) = first else {
+        bail!("{name}'s tasks did not all start within {timeout:?}");
+    };
+    let window_s = last_at.duration_since(t0).as_secs_f64().max(0.001);
+    let peak_rss = ws
+        .iter()
+        .filter_map(|w| process_usage(w.child.id()))
+        .map(|(rss, _)| rss)
+        .max()
+        .unwrap_or(0);
+    let phase = Phase {
+        rate: (last - n0) as f64 / window_s,
+        done,
+        committed: last - n0,
+        window_s,
+        cpu_s: cpu1 - cpu0,
+        peak_rss,
+    };
+    let beside = a0.zip(a1).map(|(a0, a1)| Beside {
+        during: a1 - a0,
+        failed: a_failed.map(|(at, n)| (at.duration_since(t0).as_secs_f64(), n.saturating_sub(n0))),
+    });
+    Ok((phase, beside))
+}
+
+/// Runs the `sluice` CLI; its stdout.
+fn sluice_cli(args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(crate::sluice_binary()?).args(args).output()?;
+    if !out.status.success() {
+        bail!(
+            "sluice {} failed: {}",
+            args.first().copied().unwrap_or(""),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+/// `sluice deploy` under a tenant's token; the registry entry (JSON).
+fn deploy(admin: &str, token: &str, component: &Path, manifest: &Path) -> anyhow::Result<String> {
+    let (component, manifest) = (component.to_string_lossy(), manifest.to_string_lossy());
+    sluice_cli(&[
+        "deploy",
+        &component,
+        "--manifest",
+        &manifest,
+        "--admin",
+        admin,
+        "--token",
+        token,
+        "--output",
+        "json",
+    ])
+}
+
+/// A number field of a JSON text, by key (enough for the registry entry `deploy` prints).
+fn json_number(json: &str, key: &str) -> Option<u64> {
+    let rest = json.split(&format!("\"{key}\"")).nth(1)?;
+    let rest = rest.trim_start().strip_prefix(':')?.trim_start();
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
