@@ -419,3 +419,87 @@ async fn skipping_a_record_that_loops_goes_on_with_the_next_batches() -> anyhow:
     assert!(worker.terminate(Duration::from_secs(30))?.success(), "{}", worker.log());
     Ok(())
 }
+
+/// A guest that loops until its deadline on every record (on-error = skip) shares one
+/// stream thread with a neighbour: the neighbour's records all get through while the
+/// looping guest goes on, record after record. (Before, the worker halved the looping
+/// batch at once, 2n - 1 calls at the deadline holding the thread: 40 s for these 200.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_guest_looping_on_every_record_leaves_its_stream_thread_to_the_others() -> anyhow::Result<()> {
+    const LOOPS: usize = 200;
+    const NEIGHBOUR: usize = 20_000;
+    let kafka = kafka();
+    let dir = TempDir::new("loop-neighbour");
+    let (a_in, a_out, b_in, b_out) = (
+        unique_name("loop-in"),
+        unique_name("loop-out"),
+        unique_name("nb-in"),
+        unique_name("nb-out"),
+    );
+    for t in [&a_in, &a_out, &b_in, &b_out] {
+        kafka.create_topic(t, 1).await?;
+    }
+    let (a, b) = (unique_name("looping"), unique_name("neighbour"));
+    let a_manifest = dir.write(
+        &format!("{a}.toml"),
+        &format!(
+            "on-error = \"skip\"\n{}",
+            manifest(
+                &a,
+                &guest("hostile"),
+                &[("input", &a_in)],
+                &[("output", &a_out)],
+                "call-timeout = \"100ms\""
+            )
+        ),
+    );
+    let b_manifest = dir.write(
+        &format!("{b}.toml"),
+        &manifest(&b, &guest("uppercase"), &[("input", &b_in)], &[("output", &b_out)], ""),
+    );
+    let loops: Vec<(&str, &str)> = (0..LOOPS).map(|_| ("k", "loop")).collect();
+    kafka.produce_to(&a_in, 0, &loops).await?;
+    let records: Vec<(Vec<u8>, Vec<u8>)> = (0..NEIGHBOUR)
+        .map(|i| (format!("k{i}").into_bytes(), format!("v{i}").into_bytes()))
+        .collect();
+    kafka.produce(&b_in, &records).await?;
+    let state = dir.path().join("state");
+    let mut worker = WorkerProcess::start(
+        kafka.bootstrap(),
+        dir.path(),
+        &[
+            "--topology",
+            a_manifest.to_str().unwrap(),
+            "--topology",
+            b_manifest.to_str().unwrap(),
+            "--threads",
+            "1",
+            "--commit-interval",
+            "100ms",
+            "--state-dir",
+            state.to_str().unwrap(),
+        ],
+    )?;
+    let got = kafka.consume(&b_out, NEIGHBOUR, Duration::from_secs(20)).await;
+    let got = got.map_err(|e| anyhow::anyhow!("the neighbour starved: {e:#}\nlog:\n{}", worker.log()))?;
+    assert_eq!(got.len(), NEIGHBOUR);
+    // The looping guest goes on: it is skipping records, one after another, and its task
+    // has not failed.
+    let group = format!("sluice-{a}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let skipped = kafka.committed_offset(&group, &a_in, 0).unwrap_or(None).unwrap_or(0);
+        if skipped >= 3 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the looping guest is stuck at {skipped}:\n{}",
+            worker.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!worker.log().contains("stays failed"), "{}", worker.log());
+    assert!(worker.terminate(Duration::from_secs(30))?.success(), "{}", worker.log());
+    Ok(())
+}
