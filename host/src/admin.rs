@@ -732,12 +732,25 @@ fn too_large(size: Option<usize>, limit: usize) -> ApiError {
     )
 }
 
+/// `POST /v1/topologies?reprocess_from=…`: where the deployed version starts reading.
+#[derive(Debug, Default, serde::Deserialize)]
+pub struct UploadParams {
+    reprocess_from: Option<String>,
+}
+
 async fn upload(
     State(state): State<Arc<AdminState>>,
     headers: HeaderMap,
+    Query(params): Query<UploadParams>,
     form: Multipart,
 ) -> Result<Response, ApiError> {
     let who = caller(&state, &headers)?;
+    let reprocess_from = params
+        .reprocess_from
+        .as_deref()
+        .map(str::parse::<crate::manifest::StartFrom>)
+        .transpose()
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad-request", format!("reprocess_from: {e}")))?;
     let Upload {
         manifest: (manifest_file, text),
         component: (component_file, component),
@@ -817,12 +830,24 @@ async fn upload(
     }
     let digest = registry::digest(&component);
     let previous = snapshot.entries.get(&name).map(|(e, _)| e.clone());
-    if let Some(p) = previous.as_ref().filter(|p| p.digest == digest && p.manifest == text) {
+    if let Some(p) = previous
+        .as_ref()
+        .filter(|p| p.digest == digest && p.manifest == text && reprocess_from.is_none())
+    {
         return Ok((StatusCode::OK, Json(p.clone())).into_response());
     }
+    let version = previous.as_ref().map_or(1, |p| p.version + 1);
+    // Reprocessing: this version commits in a fresh group, which starts there. Otherwise
+    // the group (and its start) of the version before stays.
+    let (offsets_epoch, reprocess_from) = match reprocess_from {
+        Some(from) => (version, Some(from)),
+        None => previous
+            .as_ref()
+            .map_or((0, None), |p| (p.offsets_epoch, p.reprocess_from)),
+    };
     let entry = Entry {
         name: name.clone(),
-        version: previous.as_ref().map_or(1, |p| p.version + 1),
+        version,
         manifest: text,
         digest: digest.clone(),
         size: component.len() as u64,
@@ -839,6 +864,8 @@ async fn upload(
             Caller::Tenant(tenant) => tenant.caps,
             Caller::Admin => Default::default(),
         },
+        offsets_epoch,
+        reprocess_from,
     };
     let present = snapshot.entries.values().any(|(e, _)| e.digest == digest);
     let st = state.clone();

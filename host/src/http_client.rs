@@ -72,6 +72,11 @@ pub async fn send(
             // Counted as hyper takes the piece to send it.
             if let Some(bar) = &progress {
                 bar.inc(piece.len() as u64);
+                if bar.length().is_some_and(|len| bar.position() >= len) {
+                    // All sent: what remains is the worker's (checking, compiling, storing).
+                    bar.set_message("sent; the worker checks and compiles it");
+                    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+                }
             }
             Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(piece))
         });

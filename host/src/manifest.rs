@@ -119,6 +119,100 @@ pub struct Manifest {
     pub on_error: OnError,
     /// Where `on-error = "dead-letter"` sends records (none under the other policies).
     pub dead_letter_topic: Option<String>,
+    /// Not from the file: set for an uploaded topology from its registry entry. Source
+    /// offsets are committed in group `sluice-<name>`, or `sluice-<name>.v<epoch>` after a
+    /// deploy that asked to reprocess (so the new group starts empty) …
+    pub offsets_epoch: u32,
+    /// … from here, where the group has nothing committed yet (default: the beginning).
+    pub start_from: Option<StartFrom>,
+}
+
+impl Manifest {
+    /// The group its source offsets are committed in.
+    pub fn group(&self) -> String {
+        group_id(&self.name, self.offsets_epoch)
+    }
+}
+
+/// The group a topology's source offsets are committed in (see [`Manifest::offsets_epoch`]).
+pub fn group_id(name: &str, epoch: u32) -> String {
+    if epoch == 0 {
+        format!("sluice-{name}")
+    } else {
+        format!("sluice-{name}.v{epoch}")
+    }
+}
+
+/// Where a topology's tasks start reading a partition nothing is committed for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum StartFrom {
+    Earliest,
+    Latest,
+    /// This offset of every source partition.
+    Offset(i64),
+    /// The first record at or after this time (milliseconds since the epoch).
+    Timestamp(i64),
+}
+
+impl std::str::FromStr for StartFrom {
+    type Err = String;
+
+    /// `earliest`, `latest`, `offset:N`, `timestamp:MS` or `timestamp:2026-11-30T12:00:00Z`.
+    fn from_str(s: &str) -> Result<StartFrom, String> {
+        let bad = || {
+            format!(
+                "{s:?} is not a position to reprocess from: write earliest, latest, offset:N, timestamp:MILLIS \
+                 or timestamp:RFC3339 (e.g. timestamp:2026-11-30T12:00:00Z)"
+            )
+        };
+        match s {
+            "earliest" => return Ok(StartFrom::Earliest),
+            "latest" => return Ok(StartFrom::Latest),
+            _ => {}
+        }
+        if let Some(n) = s.strip_prefix("offset:") {
+            return n
+                .parse::<i64>()
+                .ok()
+                .filter(|n| *n >= 0)
+                .map(StartFrom::Offset)
+                .ok_or_else(bad);
+        }
+        if let Some(t) = s.strip_prefix("timestamp:") {
+            if let Ok(ms) = t.parse::<i64>() {
+                return Ok(StartFrom::Timestamp(ms));
+            }
+            let at = humantime::parse_rfc3339_weak(t).map_err(|_| bad())?;
+            let ms = at.duration_since(std::time::UNIX_EPOCH).map_err(|_| bad())?.as_millis();
+            return Ok(StartFrom::Timestamp(ms as i64));
+        }
+        Err(bad())
+    }
+}
+
+impl std::fmt::Display for StartFrom {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StartFrom::Earliest => f.write_str("earliest"),
+            StartFrom::Latest => f.write_str("latest"),
+            StartFrom::Offset(n) => write!(f, "offset:{n}"),
+            StartFrom::Timestamp(ms) => write!(f, "timestamp:{ms}"),
+        }
+    }
+}
+
+impl TryFrom<String> for StartFrom {
+    type Error = String;
+    fn try_from(s: String) -> Result<StartFrom, String> {
+        s.parse()
+    }
+}
+
+impl From<StartFrom> for String {
+    fn from(s: StartFrom) -> String {
+        s.to_string()
+    }
 }
 
 /// A manifest's bindings in the order of the component's description.
@@ -251,6 +345,8 @@ impl Manifest {
             },
             on_error,
             dead_letter_topic,
+            offsets_epoch: 0,
+            start_from: None,
         })
     }
 

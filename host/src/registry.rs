@@ -68,6 +68,16 @@ pub struct Entry {
     /// Limits its tenant imposes, over what its manifest says (the lower one wins).
     #[serde(flatten)]
     pub caps: crate::tenants::Caps,
+    /// The version that last asked to reprocess (0: none): its source offsets are
+    /// committed in group `sluice-<name>.v<epoch>`, which starts at `reprocess_from`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub offsets_epoch: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reprocess_from: Option<crate::manifest::StartFrom>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 fn admin() -> String {

@@ -37,6 +37,11 @@ pub struct DeployArgs {
     /// The topology's manifest (its `component` line, if any, is not used).
     #[arg(long, value_name = "FILE.toml")]
     manifest: PathBuf,
+    /// Reprocess: this version's tasks start reading at `earliest`, `latest`, `offset:N`
+    /// or `timestamp:MILLIS|RFC3339` (in a fresh consumer group; state is kept). Without
+    /// it, an upgrade goes on where the version before stopped.
+    #[arg(long, value_name = "POSITION")]
+    reprocess_from: Option<String>,
     #[command(flatten)]
     admin: AdminArgs,
 }
@@ -108,10 +113,17 @@ pub async fn deploy(args: DeployArgs) -> anyhow::Result<ExitCode> {
     body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
     let size = component.len();
     let progress = progress_bar(body.len() as u64, &args.admin);
+    let path = match &args.reprocess_from {
+        Some(from) => {
+            let from: sluice::manifest::StartFrom = from.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+            format!("/v1/topologies?reprocess_from={from}")
+        }
+        None => "/v1/topologies".to_string(),
+    };
     let (status, answer) = http::send(
         hyper::Method::POST,
         &args.admin.admin,
-        "/v1/topologies",
+        &path,
         args.admin.token.as_deref(),
         Some(Body {
             content_type: format!("multipart/form-data; boundary={boundary}"),
@@ -160,9 +172,11 @@ fn progress_bar(len: u64, admin: &AdminArgs) -> Option<indicatif::ProgressBar> {
     }
     let bar = indicatif::ProgressBar::new(len);
     bar.set_style(
-        indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} ({bytes_per_sec})")
-            .expect("a valid template")
-            .progress_chars("#>-"),
+        indicatif::ProgressStyle::with_template(
+            "{spinner} {msg} [{bar:30}] {bytes}/{total_bytes} ({bytes_per_sec}) {elapsed}",
+        )
+        .expect("a valid template")
+        .progress_chars("#>-"),
     );
     bar.set_message("uploading");
     Some(bar)

@@ -109,6 +109,11 @@ pub struct DeployedTopology {
     pub state_usage: std::sync::Mutex<std::collections::HashMap<i32, u64>>,
     /// Most records one task processes per second (`limits.records-per-second`).
     pub records_per_second: Option<u32>,
+    /// The group its source offsets are committed in (`sluice-<name>`, or a fresh one after
+    /// a deploy that asked to reprocess), and where a partition with nothing committed there
+    /// starts.
+    pub group: String,
+    pub start_from: Option<crate::manifest::StartFrom>,
 }
 
 /// A topology this worker will not run, and why (the message names the manifest).
@@ -148,6 +153,8 @@ pub fn load_uploaded(runtime: &Runtime, entry: &crate::registry::Entry, componen
     let label = format!("uploaded topology {} (version {})", entry.name, entry.version);
     let mut manifest = Manifest::parse_uploaded(&entry.manifest, &label, component)?;
     entry.cap(&mut manifest.limits);
+    manifest.offsets_epoch = entry.offsets_epoch;
+    manifest.start_from = entry.reprocess_from;
     load_manifest(runtime, manifest)
 }
 
@@ -523,18 +530,18 @@ pub(crate) fn base_config(bootstrap: &str) -> ClientConfig {
     config
 }
 
-/// A consumer in a topology's group `sluice-<topology>`, for its metadata at deploy and,
+/// A consumer in a topology's group (`sluice-<topology>`, see [`Manifest::group`]), for its metadata at deploy and,
 /// under exactly-once, the group's metadata for offsets committed in transactions. Records
 /// are read by the stream threads' consumers (see `stream`).
 pub(crate) fn source_consumer(
     bootstrap: &str,
-    topology: &str,
+    group: &str,
     prefetch_bytes: usize,
 ) -> rdkafka::error::KafkaResult<BaseConsumer<ConsumerEvents>> {
     base_config(bootstrap)
         // Used for metadata and the exactly-once group metadata only: a small prefetch.
         .set("queued.max.messages.kbytes", (prefetch_bytes / 1024).max(1).to_string())
-        .set("group.id", format!("sluice-{topology}"))
+        .set("group.id", group)
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
@@ -567,6 +574,8 @@ fn deploy(
         state_limit: manifest.limits.state.unwrap_or(state_limit),
         state_usage: Default::default(),
         records_per_second: manifest.limits.records_per_second,
+        group: manifest.group(),
+        start_from: manifest.start_from,
         name: manifest.name,
         loaded,
         on_error: manifest.on_error,
@@ -586,7 +595,7 @@ pub fn check_topics(
     patience: Duration,
 ) -> anyhow::Result<i32> {
     // Used here for metadata only; each task creates its own (see task.rs).
-    let consumer = source_consumer(bootstrap, &manifest.name, 1 << 20).context("creating the consumer")?;
+    let consumer = source_consumer(bootstrap, &manifest.group(), 1 << 20).context("creating the consumer")?;
     let mut partitions = None;
     let dead_letter: Vec<String> = binding.dead_letter_topic.iter().cloned().collect();
     for (kind, topics) in [

@@ -875,3 +875,144 @@ fn listed_as(admin: &str, token: &str) -> anyhow::Result<BTreeMap<String, u64>> 
         .map(|t| (t["name"].as_str().unwrap().to_string(), t["version"].as_u64().unwrap()))
         .collect())
 }
+
+/// A deploy may reprocess: from the earliest record, from a time, from an offset, or skip
+/// to the latest; without it, an upgrade goes on where the version before stopped.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deploy_reprocesses_from_an_offset_or_a_timestamp() -> anyhow::Result<()> {
+    let kafka = kafka();
+    let (input, output) = (unique_name("replay-in"), unique_name("replay-out"));
+    kafka.create_topic(&input, 1).await?;
+    kafka.create_topic(&output, 1).await?;
+    let dir = TempDir::new("reprocess");
+    let cluster = unique_name("c");
+    let port = free_port();
+    let mut workers = vec![worker(&dir, &cluster, 0, port, &[])?];
+    workers[0].wait_for_line(&[" assignment "], Duration::from_secs(60))?;
+    // Five records, then (a moment later) five more: the time between them splits them.
+    kafka
+        .produce_to(
+            &input,
+            0,
+            &[("k", "a0"), ("k", "a1"), ("k", "a2"), ("k", "a3"), ("k", "a4")],
+        )
+        .await?;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let between = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    kafka
+        .produce_to(
+            &input,
+            0,
+            &[("k", "b0"), ("k", "b1"), ("k", "b2"), ("k", "b3"), ("k", "b4")],
+        )
+        .await?;
+
+    let name = unique_name("replay");
+    let m = dir.write(
+        "replay.toml",
+        &manifest(&name, &[("input", &input)], &[("output", &output)], ""),
+    );
+    let upper = guest("uppercase");
+    let admin = format!("127.0.0.1:{port}");
+    let deploy = |from: Option<&str>| -> anyhow::Result<serde_json::Value> {
+        let mut args = vec![
+            "deploy",
+            upper.to_str().unwrap(),
+            "--manifest",
+            m.to_str().unwrap(),
+            "--admin",
+            &admin,
+        ];
+        args.extend(["--output", "json"]);
+        if let Some(from) = from {
+            args.extend(["--reprocess-from", from]);
+        }
+        let (ok, out, err) = cli(&args)?;
+        anyhow::ensure!(ok, "{err}");
+        Ok(serde_json::from_str(&out)?)
+    };
+    // All outputs so far, in order.
+    let outputs = |n: usize| {
+        let output = output.clone();
+        async move {
+            let got = kafka.consume(&output, n, Duration::from_secs(60)).await?;
+            anyhow::Ok(
+                got.iter()
+                    .map(|r| String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned())
+                    .collect::<Vec<String>>(),
+            )
+        }
+    };
+    let all: Vec<String> = ["A0", "A1", "A2", "A3", "A4", "B0", "B1", "B2", "B3", "B4"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+
+    deploy(None)?;
+    assert_eq!(outputs(10).await?, all);
+    // Everything again.
+    let v2 = deploy(Some("earliest"))?;
+    assert_eq!(
+        (v2["version"].as_u64(), v2["offsets_epoch"].as_u64()),
+        (Some(2), Some(2)),
+        "{v2}"
+    );
+    assert_eq!(outputs(20).await?[10..], all[..]);
+    // From the time between the two runs of records: the second five.
+    deploy(Some(&format!("timestamp:{between}")))?;
+    assert_eq!(outputs(25).await?[20..], all[5..]);
+    // From offset 8: the last two.
+    deploy(Some("offset:8"))?;
+    assert_eq!(outputs(27).await?[25..], all[8..]);
+    // From the latest: nothing again; what comes next is processed.
+    deploy(Some("latest"))?;
+    until_settled(&mut workers, 1).await?;
+    kafka.produce_to(&input, 0, &[("k", "c0")]).await?;
+    assert_eq!(outputs(28).await?[27..], ["C0".to_string()]);
+    // A bad position is refused before anything is sent.
+    let (ok, _, err) = cli(&[
+        "deploy",
+        upper.to_str().unwrap(),
+        "--manifest",
+        m.to_str().unwrap(),
+        "--admin",
+        &admin,
+        "--reprocess-from",
+        "yesterday",
+    ])?;
+    assert!(
+        !ok && err.contains("\"yesterday\" is not a position to reprocess from"),
+        "{err}"
+    );
+    // An upgrade without it goes on from there: nothing is processed twice.
+    let m2 = dir.write(
+        "replay2.toml",
+        &manifest(
+            &name,
+            &[("input", &input)],
+            &[("output", &output)],
+            "on-error = \"skip\"",
+        ),
+    );
+    let (ok, _, err) = cli(&[
+        "deploy",
+        upper.to_str().unwrap(),
+        "--manifest",
+        m2.to_str().unwrap(),
+        "--admin",
+        &admin,
+    ])?;
+    assert!(ok, "{err}");
+    until_settled(&mut workers, 1).await?;
+    kafka.produce_to(&input, 0, &[("k", "d0")]).await?;
+    assert_eq!(outputs(29).await?[28..], ["D0".to_string()]);
+    // The whole output topic, read to its end: nothing more than the above.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let everything = kafka.read_all(&output, Duration::from_secs(30))?;
+    assert_eq!(everything.len(), 29, "records processed twice");
+    assert!(workers[0].terminate(Duration::from_secs(60))?.success());
+    Ok(())
+}

@@ -357,12 +357,24 @@ impl Task {
             .map_err(fail)?;
         instance.init(&info).map_err(fail)?;
         let sources = &topology.binding.source_topics;
-        let Some(committed) = source::committed(env, &topology.name, sources, ctx.partition, &id, &stopping) else {
+        let Some(committed) = source::committed(env, &topology.group, sources, ctx.partition, &id, &stopping) else {
             return Ok(None);
+        };
+        // After a deploy that asked to reprocess, the group starts empty: from there.
+        let committed = match topology.start_from {
+            Some(from) if committed.iter().any(Option::is_none) => {
+                source::start_from(&ctx.bootstrap, sources, ctx.partition, committed, from).map_err(|detail| {
+                    TaskError::Source {
+                        task: id.clone(),
+                        detail,
+                    }
+                })?
+            }
+            _ => committed,
         };
         // Offsets committed in a transaction name the topology's group.
         let group_metadata = if output.is_transactional() {
-            let consumer = super::source_consumer(&ctx.bootstrap, &topology.name, 1 << 20).map_err(|e| {
+            let consumer = super::source_consumer(&ctx.bootstrap, &topology.group, 1 << 20).map_err(|e| {
                 TaskError::Transaction {
                     task: id.clone(),
                     detail: format!("creating a consumer for the group metadata: {e}"),
@@ -385,7 +397,7 @@ impl Task {
         let rate = topology.records_per_second.map(|r| rate::Rate::new(r, Instant::now()));
         Ok(Some(Task {
             group_metadata,
-            group: format!("sluice-{}", topology.name),
+            group: topology.group.clone(),
             labels,
             id,
             info,

@@ -10,23 +10,22 @@ use std::time::{Duration, Instant};
 
 use super::KafkaEnv;
 
-/// Looks up the committed offset of `partition` of each of `sources` in group
-/// `sluice-<topology>`; none per source where nothing is committed. Retries (with backoff,
-/// saying so in the log) until it succeeds or `stopping` says to give up (then: none).
+/// Looks up the committed offset of `partition` of each of `sources` in the topology's
+/// `group`; none per source where nothing is committed. Retries (with backoff, saying so in
+/// the log) until it succeeds or `stopping` says to give up (then: none).
 pub fn committed(
     env: &mut KafkaEnv,
-    topology: &str,
+    group: &str,
     sources: &[String],
     partition: i32,
     task: &str,
     stopping: &dyn Fn() -> bool,
 ) -> Option<Vec<Option<i64>>> {
-    let group = format!("sluice-{topology}");
     let wanted: Vec<(String, i32)> = sources.iter().map(|t| (t.clone(), partition)).collect();
     let started = Instant::now();
     let mut backoff = Duration::from_millis(100);
     loop {
-        match env.fetch_offsets(&group, &wanted) {
+        match env.fetch_offsets(group, &wanted) {
             Ok(committed) => return Some(committed),
             Err(e) => tracing::warn!(
                 task, after = %humantime::format_duration(Duration::from_secs(started.elapsed().as_secs())),
@@ -42,4 +41,58 @@ pub fn committed(
         }
         backoff = (backoff * 2).min(Duration::from_secs(5));
     }
+}
+
+/// Where each source without a committed offset starts, after a deploy that asked to
+/// reprocess `from` there: an offset (the high watermark for `latest`, the first record at
+/// or after the time for a timestamp, the high watermark when there is none), or none for
+/// the beginning.
+pub fn start_from(
+    bootstrap: &str,
+    sources: &[String],
+    partition: i32,
+    committed: Vec<Option<i64>>,
+    from: crate::manifest::StartFrom,
+) -> Result<Vec<Option<i64>>, String> {
+    use crate::manifest::StartFrom;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::{Offset, TopicPartitionList};
+    let timeout = Duration::from_secs(30);
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .map_err(|e| format!("creating a consumer to find where to reprocess from: {e}"))?;
+    let mut out = Vec::with_capacity(sources.len());
+    for (topic, committed) in sources.iter().zip(committed) {
+        if committed.is_some() {
+            out.push(committed);
+            continue;
+        }
+        let high = || {
+            consumer
+                .fetch_watermarks(topic, partition, timeout)
+                .map(|(_, high)| high)
+                .map_err(|e| format!("the end of {topic}/{partition}: {e}"))
+        };
+        out.push(match from {
+            StartFrom::Earliest => None,
+            StartFrom::Latest => Some(high()?),
+            StartFrom::Offset(n) => Some(n),
+            StartFrom::Timestamp(ms) => {
+                let mut tpl = TopicPartitionList::new();
+                tpl.add_partition_offset(topic, partition, Offset::Offset(ms))
+                    .map_err(|e| e.to_string())?;
+                let found = consumer
+                    .offsets_for_times(tpl, timeout)
+                    .map_err(|e| format!("the offset of {topic}/{partition} at {ms} ms: {e}"))?;
+                match found.find_partition(topic, partition).map(|e| e.offset()) {
+                    Some(Offset::Offset(n)) => Some(n),
+                    // No record at or after that time: from the end.
+                    _ => Some(high()?),
+                }
+            }
+        });
+    }
+    tracing::info!(sources = ?sources, partition, %from, positions = ?out, "reprocessing from");
+    Ok(out)
 }
