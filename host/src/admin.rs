@@ -156,7 +156,8 @@ pub fn router(state: Arc<AdminState>) -> axum::Router {
     axum::Router::new()
         .route("/v1/topologies", post(upload).get(list))
         .route("/v1/topologies/{name}", get(describe).delete(delete))
-        .route("/v1/tenants", get(tenants))
+        .route("/v1/tenants", get(tenants).post(create_tenant))
+        .route("/v1/tenants/{name}", axum::routing::delete(delete_tenant))
         .route("/v1/topologies/{name}/stores/{store}", get(query))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
@@ -171,10 +172,22 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
         .map(str::trim)
 }
 
-/// Who calls: `Authorization: Bearer TOKEN`, checked against the configured token hashes.
+/// The tenants now: the configuration file's and those an admin created through the API.
+fn tenancy(state: &AdminState) -> Tenancy {
+    let snapshot = state.registry.snapshot();
+    state.tenancy.with(&snapshot.tenants).unwrap_or_else(|e| {
+        tracing::warn!(
+            "the tenants created through the API do not fit the configuration file's: {e}; using the file's"
+        );
+        state.tenancy.clone()
+    })
+}
+
+/// Who calls: `Authorization: Bearer TOKEN`, checked against the token hashes of the
+/// file's and the API's tenants.
 fn caller(state: &AdminState, headers: &HeaderMap) -> Result<Caller, ApiError> {
     let token = bearer(headers);
-    state.tenancy.caller(token).ok_or_else(|| {
+    tenancy(state).caller(token).ok_or_else(|| {
         let why = if token.is_some() {
             "the token is not one this cluster knows"
         } else {
@@ -547,14 +560,146 @@ struct TenantView {
     max_deploys_per_minute: Option<u32>,
     #[serde(flatten)]
     caps: crate::tenants::Caps,
+    /// `file` (the configuration file) or `api` (created by an admin through the API).
+    defined_in: &'static str,
+}
+
+/// `POST /v1/tenants`: a tenant as the configuration file writes one, with its name.
+#[derive(Debug, serde::Deserialize)]
+pub struct NewTenant {
+    name: String,
+    #[serde(flatten)]
+    tenant: crate::tenants::RawTenant,
+}
+
+fn admin_only(who: &Caller) -> Result<(), ApiError> {
+    match who {
+        Caller::Admin => Ok(()),
+        Caller::Tenant(t) => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "admin-only",
+            format!("only the admin manages tenants (the token is tenant {}'s)", t.name),
+        )),
+    }
+}
+
+/// Creates a tenant, or changes one created through the API; every worker learns of it
+/// from the registry.
+async fn create_tenant(
+    State(state): State<Arc<AdminState>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let who = caller(&state, &headers)?;
+    admin_only(&who)?;
+    let new: NewTenant = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad-tenant",
+            format!("the tenant is not valid: {e}"),
+        )
+    })?;
+    let name = new.name.clone();
+    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad-tenant",
+            format!("tenant name {name:?}: letters, digits, '.', '_' and '-'"),
+        ));
+    }
+    if state.tenancy.in_file(&name) {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "name-taken",
+            format!("tenant {name:?} is defined in the workers' configuration file; change it there"),
+        ));
+    }
+    if !state.tenancy.has_admin_tokens() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "no-admin-token",
+            "this cluster has no admin token ([admin] tokens in the configuration file): a tenant with a token would \
+             close the open API to its admin too",
+        ));
+    }
+    let snapshot = state.registry.snapshot();
+    let mut extra = snapshot.tenants.clone();
+    let existed = extra.insert(name.clone(), new.tenant.clone()).is_some();
+    state
+        .tenancy
+        .with(&extra)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad-tenant", e))?;
+    let st = state.clone();
+    let tenant = new.tenant.clone();
+    let n = name.clone();
+    tokio::task::spawn_blocking(move || st.writer.put_tenant(&n, &tenant))
+        .await
+        .map_err(internal)?
+        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "registry", format!("{e:#}")))?;
+    settle(&state).await;
+    tracing::info!(tenant = %name, "tenant {} through the API", if existed { "changed" } else { "created" });
+    let status = if existed { StatusCode::OK } else { StatusCode::CREATED };
+    Ok((
+        status,
+        Json(serde_json::json!({ "tenant": name, "namespace": new.tenant.namespace })),
+    )
+        .into_response())
+}
+
+/// Deletes a tenant created through the API (one without topologies).
+async fn delete_tenant(
+    State(state): State<Arc<AdminState>>,
+    headers: HeaderMap,
+    UrlPath(name): UrlPath<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let who = caller(&state, &headers)?;
+    admin_only(&who)?;
+    if state.tenancy.in_file(&name) {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "name-taken",
+            format!("tenant {name:?} is defined in the workers' configuration file; remove it there"),
+        ));
+    }
+    let snapshot = state.registry.snapshot();
+    if !snapshot.tenants.contains_key(&name) {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not-found",
+            format!("no tenant {name:?} created through the API"),
+        ));
+    }
+    let owned: Vec<&str> = snapshot
+        .entries
+        .values()
+        .filter(|(e, _)| e.tenant == name)
+        .map(|(e, _)| e.name.as_str())
+        .collect();
+    if !owned.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "has-topologies",
+            format!(
+                "tenant {name:?} has topologies ({}); delete them first",
+                owned.join(", ")
+            ),
+        ));
+    }
+    let st = state.clone();
+    let n = name.clone();
+    tokio::task::spawn_blocking(move || st.writer.delete_tenant(&n))
+        .await
+        .map_err(internal)?
+        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "registry", format!("{e:#}")))?;
+    settle(&state).await;
+    Ok(Json(serde_json::json!({ "deleted": name })))
 }
 
 async fn tenants(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Result<Json<Vec<TenantView>>, ApiError> {
     let who = caller(&state, &headers)?;
     let snapshot = state.registry.snapshot();
     Ok(Json(
-        state
-            .tenancy
+        tenancy(&state)
             .tenants()
             .filter(|t| who.owns(&t.name))
             .map(|t| {
@@ -573,6 +718,7 @@ async fn tenants(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Re
                     max_tasks: t.max_tasks,
                     max_deploys_per_minute: t.max_deploys_per_minute,
                     caps: t.caps,
+                    defined_in: if state.tenancy.in_file(&t.name) { "file" } else { "api" },
                 }
             })
             .collect(),

@@ -107,8 +107,17 @@ fn entry_key(name: &str) -> String {
 
 /// What a record of the registry topic is.
 enum Record<'a> {
-    Chunk { digest: &'a str, index: u32 },
-    Entry { name: &'a str },
+    Chunk {
+        digest: &'a str,
+        index: u32,
+    },
+    Entry {
+        name: &'a str,
+    },
+    /// A tenant an admin created through the API.
+    Tenant {
+        name: &'a str,
+    },
 }
 
 fn parse_key(key: &str) -> Option<Record<'_>> {
@@ -119,7 +128,14 @@ fn parse_key(key: &str) -> Option<Record<'_>> {
             index: index.parse().ok()?,
         });
     }
+    if let Some(name) = key.strip_prefix("n/") {
+        return Some(Record::Tenant { name });
+    }
     key.strip_prefix("t/").map(|name| Record::Entry { name })
+}
+
+fn tenant_key(name: &str) -> String {
+    format!("n/{name}")
 }
 
 /// Creates the registry topic when it is missing (compacted, one partition).
@@ -209,6 +225,18 @@ impl Writer {
         self.flush()
     }
 
+    /// Stores a tenant (created or changed through the API).
+    pub fn put_tenant(&self, name: &str, tenant: &crate::tenants::RawTenant) -> anyhow::Result<()> {
+        let value = serde_json::to_vec(tenant)?;
+        self.send(&tenant_key(name), Some(&value))?;
+        self.flush()
+    }
+
+    pub fn delete_tenant(&self, name: &str) -> anyhow::Result<()> {
+        self.send(&tenant_key(name), None)?;
+        self.flush()
+    }
+
     /// Deletes an entry, and the chunks of its component when `drop_chunks` (no other
     /// entry names them).
     pub fn delete(&self, entry: &Entry, drop_chunks: bool) -> anyhow::Result<()> {
@@ -227,6 +255,8 @@ impl Writer {
 pub struct Snapshot {
     /// Topologies by name, each with the path of its component on disk.
     pub entries: BTreeMap<String, (Entry, PathBuf)>,
+    /// Tenants an admin created through the API (the configuration file's are not here).
+    pub tenants: BTreeMap<String, crate::tenants::RawTenant>,
     /// The offset after the last record read.
     pub position: i64,
 }
@@ -281,6 +311,7 @@ impl Watcher {
             dir: dir.to_path_buf(),
             chunks: HashMap::new(),
             entries: BTreeMap::new(),
+            tenants: BTreeMap::new(),
             position: 0,
         };
         // Everything written before now, before the worker starts.
@@ -327,6 +358,7 @@ struct Reader {
     /// Chunks of components not assembled yet, by digest and index.
     chunks: HashMap<String, BTreeMap<u32, Vec<u8>>>,
     entries: BTreeMap<String, (Entry, PathBuf)>,
+    tenants: BTreeMap<String, crate::tenants::RawTenant>,
     position: i64,
 }
 
@@ -381,6 +413,18 @@ impl Reader {
                         },
                     }
                 }
+                Some(Record::Tenant { name }) => {
+                    changed = true;
+                    match m.payload().map(serde_json::from_slice::<crate::tenants::RawTenant>) {
+                        None => {
+                            self.tenants.remove(name);
+                        }
+                        Some(Ok(tenant)) => {
+                            self.tenants.insert(name.to_string(), tenant);
+                        }
+                        Some(Err(e)) => tracing::error!(tenant = name, "an unreadable tenant in the registry: {e}"),
+                    }
+                }
                 None => tracing::warn!(key, "an unknown record in the registry; skipped"),
             }
         }
@@ -420,6 +464,7 @@ impl Reader {
     fn snapshot(&self) -> Snapshot {
         Snapshot {
             entries: self.entries.clone(),
+            tenants: self.tenants.clone(),
             position: self.position,
         }
     }

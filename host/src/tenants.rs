@@ -47,7 +47,7 @@ pub struct AdminSection {
     pub tokens: Vec<String>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct RawTenant {
     #[serde(default)]
@@ -139,6 +139,8 @@ pub const ADMIN: &str = "admin";
 pub struct Tenancy {
     tokens: BTreeMap<String, Caller>,
     tenants: BTreeMap<String, Tenant>,
+    /// What it was made from: the configuration file's sections.
+    raw: TenancyConfig,
 }
 
 /// `sha256:<hex>` of a token: how tokens are written in the configuration file.
@@ -148,8 +150,35 @@ pub fn hash_token(token: &str) -> String {
 }
 
 impl Tenancy {
+    /// This tenancy with `extra` tenants (the ones an admin created through the API, from
+    /// the registry) besides the configuration file's; a name the file defines keeps the
+    /// file's definition. Checked as the file is: an error names what is wrong.
+    pub fn with(&self, extra: &BTreeMap<String, RawTenant>) -> Result<Tenancy, String> {
+        if extra.is_empty() {
+            return Ok(self.clone());
+        }
+        let mut raw = self.raw.clone();
+        for (name, tenant) in extra {
+            raw.tenants.entry(name.clone()).or_insert_with(|| tenant.clone());
+        }
+        Tenancy::from_config(raw)
+    }
+
+    /// Whether the configuration file defines tenant `name`.
+    pub fn in_file(&self, name: &str) -> bool {
+        self.raw.tenants.contains_key(name)
+    }
+
+    /// Whether the configuration file has admin tokens.
+    pub fn has_admin_tokens(&self) -> bool {
+        !self.raw.admin.tokens.is_empty()
+    }
+
     pub fn from_config(raw: TenancyConfig) -> Result<Tenancy, String> {
-        let mut tenancy = Tenancy::default();
+        let mut tenancy = Tenancy {
+            raw: raw.clone(),
+            ..Tenancy::default()
+        };
         let mut add = |hash: &str, caller: Caller, key: &str| -> Result<(), String> {
             let ok = hash
                 .strip_prefix("sha256:")

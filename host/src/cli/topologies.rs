@@ -316,6 +316,48 @@ enum TenantsAction {
     List(AdminArgs),
     /// Print the hashed form of a token, for the configuration file's `tokens`.
     HashToken { token: String },
+    /// Create a tenant (or change one created this way) through the API; every worker of
+    /// the cluster learns of it from the registry. Admin only.
+    Create(Box<CreateTenantArgs>),
+    /// Delete a tenant created through the API (it must have no topologies). Admin only.
+    Delete {
+        name: String,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct CreateTenantArgs {
+    name: String,
+    /// Its topic prefix: its topology names and every topic it binds start with it.
+    #[arg(long)]
+    namespace: String,
+    /// A token of the tenant (repeat for several); only its SHA-256 is sent and stored.
+    #[arg(long = "tenant-token", value_name = "TOKEN")]
+    tenant_tokens: Vec<String>,
+    /// A token already hashed (`sluice tenants hash-token`); repeat for several.
+    #[arg(long = "tenant-token-hash", value_name = "sha256:HEX")]
+    tenant_token_hashes: Vec<String>,
+    #[arg(long)]
+    max_topologies: Option<u32>,
+    #[arg(long)]
+    max_tasks: Option<u32>,
+    /// Linear memory of one instance, e.g. `64MiB`.
+    #[arg(long)]
+    max_memory: Option<String>,
+    /// Deadline of one guest call, e.g. `2s`.
+    #[arg(long)]
+    max_call_timeout: Option<String>,
+    /// State of one topology's tasks on one worker, e.g. `1GiB`.
+    #[arg(long)]
+    max_state: Option<String>,
+    #[arg(long)]
+    max_records_per_second: Option<u32>,
+    #[arg(long)]
+    max_deploys_per_minute: Option<u32>,
+    #[command(flatten)]
+    admin: AdminArgs,
 }
 
 pub async fn tenants(args: TenantsArgs) -> anyhow::Result<ExitCode> {
@@ -325,6 +367,70 @@ pub async fn tenants(args: TenantsArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::SUCCESS);
         }
         TenantsAction::List(admin) => admin,
+        TenantsAction::Create(create) => {
+            let c = *create;
+            let mut tokens: Vec<String> = c.tenant_tokens.iter().map(|t| sluice::tenants::hash_token(t)).collect();
+            tokens.extend(c.tenant_token_hashes);
+            let body = serde_json::json!({
+                "name": c.name,
+                "namespace": c.namespace,
+                "tokens": tokens,
+                "max-topologies": c.max_topologies,
+                "max-tasks": c.max_tasks,
+                "max-memory": c.max_memory,
+                "max-call-timeout": c.max_call_timeout,
+                "max-state": c.max_state,
+                "max-records-per-second": c.max_records_per_second,
+                "max-deploys-per-minute": c.max_deploys_per_minute,
+            });
+            // Unset limits are left out (the tenant has none).
+            let body: serde_json::Map<String, Value> = body
+                .as_object()
+                .expect("an object")
+                .iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            let (status, answer) = http::send(
+                hyper::Method::POST,
+                &c.admin.admin,
+                "/v1/tenants",
+                c.admin.token.as_deref(),
+                Some(Body {
+                    content_type: "application/json".into(),
+                    bytes: serde_json::to_vec(&body)?,
+                    progress: None,
+                }),
+                TIMEOUT,
+            )
+            .await?;
+            let json = parse(&answer)?;
+            if !status.is_success() {
+                anyhow::bail!("{} refused the tenant ({status}): {}", c.admin.admin, error_text(&json));
+            }
+            match c.admin.output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&json)?),
+                Output::Text => println!(
+                    "tenant {} {} (namespace {})",
+                    c.name,
+                    if status == hyper::StatusCode::CREATED {
+                        "created"
+                    } else {
+                        "changed"
+                    },
+                    c.namespace
+                ),
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        TenantsAction::Delete { name, admin } => {
+            let json = call(&admin, hyper::Method::DELETE, &format!("/v1/tenants/{name}")).await?;
+            match admin.output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&json)?),
+                Output::Text => println!("tenant {name} deleted"),
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
     };
     let json = call(&admin, hyper::Method::GET, "/v1/tenants").await?;
     match admin.output {

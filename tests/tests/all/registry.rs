@@ -511,6 +511,85 @@ async fn tenants_see_and_touch_only_their_own_topologies_and_topics() -> anyhow:
         (Some(1), Some(2)),
         "{alpha}"
     );
+
+    // The admin creates a tenant through the API; a worker started after it knows it from
+    // the registry. Only the admin may; a file-defined name or an overlapping namespace is
+    // refused; a deleted tenant's token stops working.
+    let c = format!("c-{id}.");
+    let create = |token: &str, name: &str, ns: &str| {
+        as_(
+            token,
+            &[
+                "tenants",
+                "create",
+                name,
+                "--namespace",
+                ns,
+                "--tenant-token",
+                "charlie-token",
+                "--max-tasks",
+                "4",
+            ],
+        )
+    };
+    let (ok, _, err) = create("alpha-token", "charlie", &c)?;
+    assert!(!ok && err.contains("[admin-only]"), "{err}");
+    let (ok, _, err) = create("root-token", "alpha", &c)?;
+    assert!(!ok && err.contains("[name-taken]"), "{err}");
+    let (ok, _, err) = create("root-token", "charlie", &format!("{a}sub."))?;
+    assert!(
+        !ok && err.contains("[bad-tenant]") && err.contains("must not overlap"),
+        "{err}"
+    );
+    let (ok, _, err) = create("root-token", "charlie", &c)?;
+    assert!(ok, "{err}");
+    let port2 = free_port();
+    workers.push(worker(
+        &dir,
+        &cluster,
+        1,
+        port2,
+        &["--config", config.to_str().unwrap()],
+    )?);
+    workers[1].wait_for_line(&[" assignment "], Duration::from_secs(60))?;
+    let admin2 = format!("127.0.0.1:{port2}");
+    let (ok, out, err) = cli(&[
+        "tenants",
+        "list",
+        "--admin",
+        &admin2,
+        "--token",
+        "charlie-token",
+        "--output",
+        "json",
+    ])?;
+    assert!(ok, "the second worker does not know the new tenant: {err}");
+    let charlie: serde_json::Value = serde_json::from_str(&out)?;
+    assert_eq!(
+        (
+            charlie[0]["name"].as_str(),
+            charlie[0]["defined_in"].as_str(),
+            charlie[0]["max_tasks"].as_u64()
+        ),
+        (Some("charlie"), Some("api"), Some(4)),
+        "{charlie}"
+    );
+    let (ok, _, err) = as_("root-token", &["tenants", "delete", "charlie"])?;
+    assert!(ok, "{err}");
+    // The other worker reads the deletion from the registry within moments.
+    let until = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let (ok, _, err) = cli(&["tenants", "list", "--admin", &admin2, "--token", "charlie-token"])?;
+        if !ok && err.contains("[unauthorized]") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "a deleted tenant's token still works: {err}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(workers[1].terminate(Duration::from_secs(60))?.success());
     assert!(workers[0].terminate(Duration::from_secs(60))?.success());
     Ok(())
 }
