@@ -1,5 +1,7 @@
 //! Tenant isolation (issue 12): tenant B's throughput alone, then on fresh input while
-//! tenant A's topology loops until its deadline on every record. Everything goes the
+//! tenant A's topology loops until its deadline on every record, then alone again once A
+//! is deleted; the ratio is B beside A over the mean of the two alone (a drift over the run,
+//! which shows as the two alone figures differing, is not charged to A). Everything goes the
 //! product's way: workers of a cluster (`--cluster`) sharing a configuration file of
 //! tenants (tokens, namespaces, limits), topologies uploaded with `sluice deploy` under each
 //! tenant's token, A's deadline from its tenant's `max-call-timeout`, A's `on-error = "skip"`
@@ -128,6 +130,13 @@ struct Hostile {
     failed: f64,
 }
 
+impl Run {
+    /// B beside A over B alone, alone being the mean of before and after A.
+    fn ratio(&self) -> f64 {
+        self.beside.rate / ((self.alone.rate + self.after.rate) / 2.0)
+    }
+}
+
 impl std::ops::Sub for Hostile {
     type Output = Hostile;
     fn sub(self, o: Hostile) -> Hostile {
@@ -140,11 +149,13 @@ impl std::ops::Sub for Hostile {
     }
 }
 
-/// One run: a new cluster, B alone, then B beside A.
+/// One run: a new cluster, B alone, then B beside A, then B alone again.
 struct Run {
     workers: usize,
     alone: Phase,
     beside: Phase,
+    /// B alone again, after A was deleted.
+    after: Phase,
     /// A during B's measurement beside it.
     a: Hostile,
     /// A's deadline as the registry stored it (the tenant's cap).
@@ -185,13 +196,15 @@ pub async fn run(mut args: TenantsArgs) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("{workers} worker(s), round {}", round + 1))?;
             println!(
-                "  {workers} worker(s) #{}: B alone {:.0} records/s, beside A {:.0} records/s{} ({:.0}%); \
-                 A: {:.0} records skipped after the deadline, {:.0} guest calls, {:.1} s in the guest over B's {:.1} s; {}",
+                "  {workers} worker(s) #{}: B alone {:.0} records/s, beside A {:.0} records/s{}, alone again after A {:.0} \
+                 records/s{} ({:.0}% of the two alone); A: {:.0} records skipped after the deadline, {:.0} guest calls, {:.1} s in the guest over B's {:.1} s; {}",
                 round + 1,
                 r.alone.rate,
                 r.beside.rate,
                 if r.beside.done { "" } else { " (B did not finish)" },
-                100.0 * r.beside.rate / r.alone.rate,
+                r.after.rate,
+                if r.after.done { "" } else { " (B did not finish)" },
+                100.0 * r.ratio(),
                 r.a.skipped,
                 r.a.calls,
                 r.a.guest_s,
@@ -216,10 +229,11 @@ pub async fn run(mut args: TenantsArgs) -> anyhow::Result<()> {
     let valid = |r: &Run| r.a_failed_at.is_none() && busy(r) >= 0.5 * share;
     println!();
     println!(
-        "  {:>7} {:>14} {:>14} {:>6} {:>15} {:>15} {:>14} {:>11} {:>10} {:>8} {:>9} {:>12}",
+        "  {:>7} {:>14} {:>14} {:>14} {:>6} {:>15} {:>15} {:>14} {:>11} {:>10} {:>8} {:>9} {:>12}",
         "workers",
         "B alone rec/s",
         "B beside A",
+        "B after A",
         "ratio",
         "CPU µs/rec alone",
         "beside (all)",
@@ -232,12 +246,14 @@ pub async fn run(mut args: TenantsArgs) -> anyhow::Result<()> {
     );
     for r in &runs {
         println!(
-            "  {:>7} {:>14.0} {:>13.0}{} {:>6.2} {:>15.2} {:>15.2} {:>6} / {:<6} {:>11.0} {:>10.0} {:>7.0}% {:>6} ms {:>12}",
+            "  {:>7} {:>14.0} {:>13.0}{} {:>13.0}{} {:>6.2} {:>15.2} {:>15.2} {:>6} / {:<6} {:>11.0} {:>10.0} {:>7.0}% {:>6} ms {:>12}",
             r.workers,
             r.alone.rate,
             r.beside.rate,
             if r.beside.done { " " } else { "*" },
-            r.beside.rate / r.alone.rate,
+            r.after.rate,
+            if r.after.done { " " } else { "*" },
+            r.ratio(),
             us(&r.alone),
             us(&r.beside),
             r.alone.peak_rss >> 20,
@@ -250,28 +266,39 @@ pub async fn run(mut args: TenantsArgs) -> anyhow::Result<()> {
         );
     }
     println!(
-        "  (A deadline: A's guest calls during B's measurement, each ran into the deadline; A busy: A's time in \
+        "  (ratio: B beside A over the mean of B alone before and after A; A deadline: A's guest calls during B's measurement, each ran into the deadline; A busy: A's time in \
          the guest over that window, per A task (a task that runs into its deadline sits out 9 times the call \
          after it, so at most 10%; under 5% makes the run invalid); CPU: every worker's, A's \
          looping included; A failed at: seconds into B's window; * B did not finish)"
     );
     for &w in &args.workers {
-        let ratios: Vec<f64> = runs
+        let of_w: Vec<&Run> = runs.iter().filter(|r| r.workers == w).collect();
+        let median_ratio = crate::median(of_w.iter().map(|r| r.ratio()).collect());
+        // The figures of one run, the one whose ratio is nearest the median: medians of each
+        // column would pair rates no run measured together.
+        let Some(mid) = of_w.iter().min_by(|x, y| {
+            (x.ratio() - median_ratio)
+                .abs()
+                .total_cmp(&(y.ratio() - median_ratio).abs())
+        }) else {
+            continue;
+        };
+        let (lo, hi) = of_w
             .iter()
-            .filter(|r| r.workers == w)
-            .map(|r| r.beside.rate / r.alone.rate)
-            .collect();
-        let alone: Vec<f64> = runs.iter().filter(|r| r.workers == w).map(|r| r.alone.rate).collect();
-        let beside: Vec<f64> = runs.iter().filter(|r| r.workers == w).map(|r| r.beside.rate).collect();
-        let median_ratio = crate::median(ratios);
-        let invalid = runs.iter().filter(|r| r.workers == w && !valid(r)).count();
+            .map(|r| r.ratio())
+            .fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(x), hi.max(x)));
+        let invalid = of_w.iter().filter(|r| !valid(r)).count();
         println!(
-            "  {w} worker(s): tenant B alone {:.0} records/s, beside A looping until its deadline on every record \
-             {:.0} records/s: B keeps {:.0}% (median of {} run(s); the goal is at least 80%){}",
-            crate::median(alone),
-            crate::median(beside),
+            "  {w} worker(s): tenant B keeps {:.0}% of its throughput beside A looping until its deadline on every \
+             record (median of {} run(s), range {:.0}-{:.0}%; the goal is at least 80%); in the median run B did {:.0} \
+             records/s alone, {:.0} beside A, {:.0} alone again after A{}",
             100.0 * median_ratio,
-            args.rounds,
+            of_w.len(),
+            100.0 * lo,
+            100.0 * hi,
+            mid.alone.rate,
+            mid.beside.rate,
+            mid.after.rate,
             if invalid > 0 {
                 format!(" -- NOT VALID: A did not loop throughout B's window in {invalid} of these runs")
             } else {
@@ -332,19 +359,22 @@ async fn one_run(args: &TenantsArgs, workers: usize) -> anyhow::Result<Run> {
     );
     let (alone_name, alone_in, alone_out) = b_topics("alone");
     let (beside_name, beside_in, beside_out) = b_topics("beside");
+    let (after_name, after_in, after_out) = b_topics("after");
     let (p, hp) = (args.partitions, args.hostile_partitions);
     let topics = [
         NewTopic::new(&alone_in, p, TopicReplication::Fixed(1)),
         NewTopic::new(&alone_out, p, TopicReplication::Fixed(1)),
         NewTopic::new(&beside_in, p, TopicReplication::Fixed(1)),
         NewTopic::new(&beside_out, p, TopicReplication::Fixed(1)),
+        NewTopic::new(&after_in, p, TopicReplication::Fixed(1)),
+        NewTopic::new(&after_out, p, TopicReplication::Fixed(1)),
         NewTopic::new(&a_in, hp, TopicReplication::Fixed(1)),
         NewTopic::new(&a_out, hp, TopicReplication::Fixed(1)),
     ];
     for r in admin.create_topics(&topics, &AdminOptions::new()).await? {
         r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
     }
-    for topic in [&alone_in, &beside_in] {
+    for topic in [&alone_in, &beside_in, &after_in] {
         produce(&args.bootstrap, topic, p, args.records, args.size)?;
     }
 
@@ -358,6 +388,7 @@ async fn one_run(args: &TenantsArgs, workers: usize) -> anyhow::Result<Run> {
     };
     let alone_manifest = manifest(&alone_name, &alone_in, &alone_out, "")?;
     let beside_manifest = manifest(&beside_name, &beside_in, &beside_out, "")?;
+    let after_manifest = manifest(&after_name, &after_in, &after_out, "")?;
     // A asks for 10 s; its tenant's max-call-timeout caps it.
     let a_manifest = manifest(
         &a_name,
@@ -378,6 +409,7 @@ async fn one_run(args: &TenantsArgs, workers: usize) -> anyhow::Result<Run> {
         [
             (alone_name.as_str(), alone_in.as_str(), &alone_manifest),
             (beside_name.as_str(), beside_in.as_str(), &beside_manifest),
+            (after_name.as_str(), after_in.as_str(), &after_manifest),
         ],
         (a_name.as_str(), a_in.as_str(), &a_manifest),
     )
@@ -421,6 +453,7 @@ async fn one_run(args: &TenantsArgs, workers: usize) -> anyhow::Result<Run> {
         workers,
         alone: outcome.alone,
         beside: outcome.beside,
+        after: outcome.after,
         a: outcome.a,
         deadline_ms: outcome.deadline_ms,
         a_failed_at: outcome.a_failed.map(|(at, _)| at),
@@ -428,12 +461,14 @@ async fn one_run(args: &TenantsArgs, workers: usize) -> anyhow::Result<Run> {
     })
 }
 
-/// B alone; then A deployed and looping, and B again beside it.
+/// B alone; then A deployed and looping, and B again beside it; then A deleted, and B alone
+/// once more (so that a drift over the run, which the two measurements alone would charge to
+/// A, shows and is averaged out).
 async fn phases(
     args: &TenantsArgs,
     ws: &mut [Worker],
     [token_a, token_b]: [&str; 2],
-    [alone, beside]: [(&str, &str, &PathBuf); 2],
+    [alone, beside, after]: [(&str, &str, &PathBuf); 3],
     (a_name, a_in, a_manifest): (&str, &str, &PathBuf),
 ) -> anyhow::Result<Outcome> {
     until_ready(ws)?;
@@ -493,9 +528,18 @@ async fn phases(
             String::new()
         }
     );
+
+    // 4. A and B's second topology deleted; B alone again, on fresh input.
+    for (name, token) in [(a_name, token_a), (beside.0, token_b)] {
+        sluice_cli(&["topologies", "delete", name, "--admin", &admin, "--token", token])?;
+    }
+    until_tasks(ws, 0, Duration::from_secs(60))?;
+    deploy(&admin, token_b, &args.component, after.2)?;
+    let (after_phase, _) = measure(args, ws, after.0, after.1, None, timeout)?;
     Ok(Outcome {
         alone: alone_phase,
         beside: beside_phase,
+        after: after_phase,
         a: a.during,
         deadline_ms,
         a_failed: a.failed,
@@ -506,6 +550,7 @@ async fn phases(
 struct Outcome {
     alone: Phase,
     beside: Phase,
+    after: Phase,
     a: Hostile,
     deadline_ms: u64,
     /// When A's task failed (seconds into B's window) and B's records committed by then.
