@@ -54,7 +54,9 @@ pub struct AdminState {
 
 impl AdminState {
     /// Counts a deploy or delete of `who`, or refuses it (429) when its tenant made
-    /// `max-deploys-per-minute` of them through this worker in the last minute.
+    /// `max-deploys-per-minute` of them in the last minute: through any worker of the
+    /// cluster (as the registry tells), or tried through this one (each costs this worker
+    /// a check and a compile, even when refused).
     fn deploy_allowed(&self, who: &Caller) -> Result<(), ApiError> {
         let Caller::Tenant(tenant) = who else {
             return Ok(());
@@ -64,6 +66,21 @@ impl AdminState {
         };
         let now = std::time::Instant::now();
         let minute = std::time::Duration::from_secs(60);
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let cluster = self.registry.snapshot().changes_since(&tenant.name, now_ms - 60_000);
+        if cluster >= max as usize {
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "over-limit",
+                format!(
+                    "tenant {} made {cluster} deploys or deletes in the last minute across the cluster, its limit \
+                     (max-deploys-per-minute = {max}); try again in a minute",
+                    tenant.name
+                ),
+            ));
+        }
         let mut deploys = self.deploys.lock().unwrap_or_else(|e| e.into_inner());
         let recent = deploys.entry(tenant.name.clone()).or_default();
         while recent.front().is_some_and(|t| now.duration_since(*t) >= minute) {

@@ -257,8 +257,22 @@ pub struct Snapshot {
     pub entries: BTreeMap<String, (Entry, PathBuf)>,
     /// Tenants an admin created through the API (the configuration file's are not here).
     pub tenants: BTreeMap<String, crate::tenants::RawTenant>,
+    /// Deploys, upgrades and deletes of the last two minutes, through any worker: the tenant
+    /// and when (ms since the epoch, as the writing worker's clock had it).
+    pub changes: Vec<(String, i64)>,
     /// The offset after the last record read.
     pub position: i64,
+}
+
+impl Snapshot {
+    /// How many deploys, upgrades and deletes `tenant` made through any worker since
+    /// `since` (ms since the epoch).
+    pub fn changes_since(&self, tenant: &str, since: i64) -> usize {
+        self.changes
+            .iter()
+            .filter(|(t, at)| t == tenant && *at >= since)
+            .count()
+    }
 }
 
 /// Tails the registry topic on a thread of its own.
@@ -312,6 +326,7 @@ impl Watcher {
             chunks: HashMap::new(),
             entries: BTreeMap::new(),
             tenants: BTreeMap::new(),
+            changes: Default::default(),
             position: 0,
         };
         // Everything written before now, before the worker starts.
@@ -359,10 +374,20 @@ struct Reader {
     chunks: HashMap<String, BTreeMap<u32, Vec<u8>>>,
     entries: BTreeMap<String, (Entry, PathBuf)>,
     tenants: BTreeMap<String, crate::tenants::RawTenant>,
+    changes: std::collections::VecDeque<(String, i64)>,
     position: i64,
 }
 
 impl Reader {
+    /// Notes a deploy, upgrade or delete of `tenant`'s at `at` (ms since the epoch); those of
+    /// the last two minutes (of the newest) are kept.
+    fn changed_by(&mut self, tenant: String, at: i64) {
+        self.changes.push_back((tenant, at));
+        while self.changes.front().is_some_and(|(_, t)| *t < at - 120_000) {
+            self.changes.pop_front();
+        }
+    }
+
     /// Reads what is there; true when the entries changed.
     fn poll(&mut self, consumer: &BaseConsumer, wait: Duration) -> bool {
         let mut changed = false;
@@ -398,13 +423,17 @@ impl Reader {
                 },
                 Some(Record::Entry { name }) => {
                     changed = true;
+                    let at = m.timestamp().to_millis().unwrap_or(0);
                     match m.payload() {
                         None => {
-                            self.entries.remove(name);
+                            if let Some((entry, _)) = self.entries.remove(name) {
+                                self.changed_by(entry.tenant, at);
+                            }
                         }
                         Some(json) => match serde_json::from_slice::<Entry>(json) {
                             Ok(entry) => match self.assemble(&entry) {
                                 Ok(path) => {
+                                    self.changed_by(entry.tenant.clone(), at);
                                     self.entries.insert(name.to_string(), (entry, path));
                                 }
                                 Err(e) => tracing::error!(topology = name, "not running an uploaded topology: {e}"),
@@ -465,6 +494,7 @@ impl Reader {
         Snapshot {
             entries: self.entries.clone(),
             tenants: self.tenants.clone(),
+            changes: self.changes.iter().cloned().collect(),
             position: self.position,
         }
     }

@@ -15,7 +15,7 @@
 //! max-call-timeout = "2s"              # deadline of one guest call
 //! max-state = "1GiB"                   # state of one topology's tasks on one worker
 //! max-records-per-second = 5000        # records one task processes per second
-//! max-deploys-per-minute = 10          # uploads and deletes, per worker taking them
+//! max-deploys-per-minute = 10          # deploys, upgrades and deletes in the cluster
 //! ```
 //!
 //! Tokens are stored hashed (`sluice tenants hash-token` prints the form). A request

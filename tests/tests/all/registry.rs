@@ -529,6 +529,8 @@ async fn tenants_see_and_touch_only_their_own_topologies_and_topics() -> anyhow:
                 "charlie-token",
                 "--max-tasks",
                 "4",
+                "--max-deploys-per-minute",
+                "2",
             ],
         )
     };
@@ -574,6 +576,46 @@ async fn tenants_see_and_touch_only_their_own_topologies_and_topics() -> anyhow:
         (Some("charlie"), Some("api"), Some(4)),
         "{charlie}"
     );
+
+    // Deploys per minute count across the cluster: a deploy through one worker and a delete
+    // through the other use up charlie's two, so a third through the first is refused,
+    // though that worker alone took one.
+    kafka.create_topic(&format!("{c}in"), 2).await?;
+    kafka.create_topic(&format!("{c}out"), 2).await?;
+    let charlie_shout = shout(&c, "shout", &c);
+    let (ok, _, err) = deploy_as("charlie-token", &charlie_shout)?;
+    assert!(ok, "{err}");
+    let (ok, _, err) = cli(&[
+        "topologies",
+        "delete",
+        &format!("{c}shout"),
+        "--admin",
+        &admin2,
+        "--token",
+        "charlie-token",
+    ])?;
+    assert!(ok, "{err}");
+    // Once the first worker has read the delete from the registry.
+    let until = std::time::Instant::now() + Duration::from_secs(15);
+    while !names("charlie-token")?.is_empty() {
+        assert!(
+            std::time::Instant::now() < until,
+            "the first worker did not learn of the delete"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (ok, _, err) = deploy_as("charlie-token", &charlie_shout)?;
+    assert!(
+        !ok,
+        "a third deploy within a minute, through the first worker, was accepted"
+    );
+    assert!(
+        err.contains("[over-limit]")
+            && err.contains("across the cluster")
+            && err.contains("max-deploys-per-minute = 2"),
+        "{err}"
+    );
+
     let (ok, _, err) = as_("root-token", &["tenants", "delete", "charlie"])?;
     assert!(ok, "{err}");
     // The other worker reads the deletion from the registry within moments.
