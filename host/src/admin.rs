@@ -589,6 +589,21 @@ pub struct NewTenant {
     tenant: crate::tenants::RawTenant,
 }
 
+/// Writes to the registry on a blocking thread (503 `registry` when Kafka refuses), then
+/// waits until this worker has read the write back, so the answer's caller sees it here.
+async fn store(
+    state: &Arc<AdminState>,
+    write: impl FnOnce(&Writer) -> anyhow::Result<()> + Send + 'static,
+) -> Result<(), ApiError> {
+    let st = state.clone();
+    tokio::task::spawn_blocking(move || write(&st.writer))
+        .await
+        .map_err(internal)?
+        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "registry", format!("{e:#}")))?;
+    settle(state).await;
+    Ok(())
+}
+
 fn admin_only(who: &Caller) -> Result<(), ApiError> {
     match who {
         Caller::Admin => Ok(()),
@@ -646,14 +661,9 @@ async fn create_tenant(
         .tenancy
         .with(&extra)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad-tenant", e))?;
-    let st = state.clone();
     let tenant = new.tenant.clone();
     let n = name.clone();
-    tokio::task::spawn_blocking(move || st.writer.put_tenant(&n, &tenant))
-        .await
-        .map_err(internal)?
-        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "registry", format!("{e:#}")))?;
-    settle(&state).await;
+    store(&state, move |w| w.put_tenant(&n, &tenant)).await?;
     tracing::info!(tenant = %name, "tenant {} through the API", if existed { "changed" } else { "created" });
     let status = if existed { StatusCode::OK } else { StatusCode::CREATED };
     Ok((
@@ -702,13 +712,8 @@ async fn delete_tenant(
             ),
         ));
     }
-    let st = state.clone();
     let n = name.clone();
-    tokio::task::spawn_blocking(move || st.writer.delete_tenant(&n))
-        .await
-        .map_err(internal)?
-        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "registry", format!("{e:#}")))?;
-    settle(&state).await;
+    store(&state, move |w| w.delete_tenant(&n)).await?;
     Ok(Json(serde_json::json!({ "deleted": name })))
 }
 
@@ -777,13 +782,8 @@ async fn delete(
         .entries
         .values()
         .any(|(e, _)| e.name != name && e.digest == entry.digest);
-    let st = state.clone();
     let e = entry.clone();
-    tokio::task::spawn_blocking(move || st.writer.delete(&e, !shared))
-        .await
-        .map_err(internal)?
-        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "registry", format!("{e:#}")))?;
-    settle(&state).await;
+    store(&state, move |w| w.delete(&e, !shared)).await?;
     Ok(Json(serde_json::json!({ "deleted": name, "version": entry.version })))
 }
 
@@ -1031,13 +1031,8 @@ async fn upload(
         reprocess_from,
     };
     let present = snapshot.entries.values().any(|(e, _)| e.digest == digest);
-    let st = state.clone();
     let e = entry.clone();
-    tokio::task::spawn_blocking(move || st.writer.put(&e, &component, present))
-        .await
-        .map_err(internal)?
-        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "registry", format!("{e:#}")))?;
-    settle(&state).await;
+    store(&state, move |w| w.put(&e, &component, present)).await?;
     tracing::info!(topology = %name, version = entry.version, digest = %entry.digest, "uploaded to the registry");
     Ok((StatusCode::CREATED, Json(entry)).into_response())
 }
