@@ -108,7 +108,8 @@ pub async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
     let dir = std::env::temp_dir().join(format!("sluice-bench-restore-{id}"));
     let memory = SharedMemory::new(64 << 20, 64 << 20);
     let db = rocks::open(&dir, &memory).map_err(anyhow::Error::msg)?;
-    let mut reader = ChangelogReader::new(&args.bootstrap, &topic, 0).map_err(anyhow::Error::msg)?;
+    let mut reader = ChangelogReader::new(&sluice::kafka::KafkaSettings::new(args.bootstrap.as_str()), &topic, 0)
+        .map_err(anyhow::Error::msg)?;
     let progress = reader
         .restore_into(&db, "", &|| false, |_| {})
         .map_err(anyhow::Error::msg)?

@@ -1,18 +1,30 @@
 //! The Sluice host: runs stream-processing topologies, compiled to WebAssembly components,
 //! on Apache Kafka.
 //!
-//! Layers, lowest first: [`manifest`] (pure parsing), [`runtime`] (the Wasm sandbox),
-//! [`metrics`], and [`worker`] (Kafka in, guest calls, Kafka out).
+//! Layers, lowest first (each imports only those below it; `docs/architecture.md` has the
+//! picture):
+//!
+//! 1. [`kafka`] (client settings), [`manifest`] (pure parsing), [`group`] (task ids, the
+//!    group protocol, the assignors), [`state`] (RocksDB stores), [`runtime`] (the Wasm
+//!    sandbox), [`metrics`];
+//! 2. [`topology`]: a topology deployed here, checked against the cluster; [`registry`]:
+//!    uploaded topologies and tenants, in a Kafka topic;
+//! 3. [`task`]: one task as a state machine (batch, call, produce, commit);
+//! 4. [`threads`]: the stream threads, starters and the state updater that drive tasks;
+//! 5. [`worker`]: the process — deploys, the group runner, the task runner, the status board;
+//! 6. [`admin`]: the admin API, which speaks for a worker through its handle.
 
 pub mod admin;
 pub mod group;
-pub mod http_client;
+pub mod kafka;
 pub mod manifest;
 pub mod metrics;
 pub mod registry;
 pub mod runtime;
 pub mod state;
-pub mod tenants;
+pub mod task;
+pub mod threads;
+pub mod topology;
 pub mod worker;
 
 /// The version of this build, as printed by `sluice --version`.

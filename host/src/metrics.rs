@@ -1,6 +1,6 @@
-//! Prometheus metrics of one worker and the HTTP endpoint that serves them as text.
+//! Prometheus metrics of one worker's tasks, and their text exposition. Other parts of the
+//! worker (its status board) register families of their own through [`Metrics::with`].
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use prometheus_client::encoding::text::encode;
@@ -9,8 +9,6 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-
-use crate::worker::board::{Board, BoardMetrics};
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TaskLabels {
@@ -66,8 +64,6 @@ pub struct Metrics {
     pub restore_remaining: Family<StoreLabels, Gauge>,
     pub restore_rate: Family<StoreLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     pub restore_seconds_left: Family<StoreLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
-    /// What the worker is doing now (roles, lag, rebalances): `GET /status`.
-    pub board: Arc<Board>,
 }
 
 impl Default for Metrics {
@@ -78,6 +74,11 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Metrics {
+        Metrics::with(|_| {})
+    }
+
+    /// The task metrics, and whatever `more` registers beside them.
+    pub fn with(more: impl FnOnce(&mut Registry)) -> Metrics {
         let mut registry = Registry::with_prefix("sluice");
         let records_in = Family::<TaskLabels, Counter>::default();
         let records_out = Family::<TaskLabels, Counter>::default();
@@ -143,40 +144,9 @@ impl Metrics {
             "Estimated time until an active task's store is restored",
             restore_seconds_left.clone(),
         );
-        let board = BoardMetrics::new();
-        registry.register(
-            "task_role",
-            "1 for each task this worker holds, labelled with its role (active, standby, learner)",
-            board.role.clone(),
-        );
-        registry.register(
-            "task_lag_records",
-            "Changelog records a task's local state is behind (0 for an active task that processes)",
-            board.lag.clone(),
-        );
-        registry.register(
-            "task_unavailable_seconds",
-            "Time a task assigned here as active could not process (starting, restoring, retrying)",
-            board.unavailable.clone(),
-        );
-        registry.register(
-            "rebalances",
-            "Rebalances this worker took part in (from its join to an assignment needing no further join)",
-            board.rebalances.clone(),
-        );
-        registry.register(
-            "rebalance_seconds",
-            "How long this worker's rebalances took",
-            board.rebalance_seconds.clone(),
-        );
-        registry.register(
-            "generation",
-            "The group generation of this worker's last assignment",
-            board.generation.clone(),
-        );
+        more(&mut registry);
         Metrics {
             registry: Arc::new(registry),
-            board: Arc::new(Board::new(board)),
             records_in,
             records_out,
             guest_calls,
@@ -197,91 +167,5 @@ impl Metrics {
         let mut out = String::new();
         encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         out
-    }
-
-    /// Serves the worker's admin endpoint on `addr` until the process ends; returns the
-    /// bound address. `GET /metrics` (Prometheus text), `GET /status` (JSON: the board),
-    /// `GET /healthz` (the process answers), `GET /readyz` (200 once the worker holds an
-    /// assignment, 503 before). With `drain`, also `POST /drain`: it calls `drain`, which
-    /// says whether the worker will drain (409 Conflict when it cannot: not in a cluster,
-    /// or already stopping).
-    pub async fn serve(
-        self,
-        addr: SocketAddr,
-        drain: Option<std::sync::Arc<dyn Fn() -> Result<(), String> + Send + Sync>>,
-        more: Option<axum::Router>,
-    ) -> anyhow::Result<SocketAddr> {
-        use axum::http::StatusCode;
-        use axum::routing::{get, post};
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot listen for metrics on {addr}: {e}"))?;
-        let bound = listener.local_addr()?;
-        let board = self.board.clone();
-        let ready = self.board.clone();
-        let app = axum::Router::new()
-            .route(
-                "/status",
-                get(move || {
-                    let board = board.clone();
-                    async move { axum::Json(board.snapshot()) }
-                }),
-            )
-            .route("/healthz", get(|| async { "ok\n" }))
-            .route(
-                "/openapi.yaml",
-                get(|| async { ([("content-type", "application/yaml")], crate::admin::OPENAPI) }),
-            )
-            .route(
-                "/readyz",
-                get(move || {
-                    let board = ready.clone();
-                    async move {
-                        if board.ready() {
-                            (StatusCode::OK, "ready\n")
-                        } else {
-                            (StatusCode::SERVICE_UNAVAILABLE, "no assignment yet\n")
-                        }
-                    }
-                }),
-            )
-            .route(
-                "/metrics",
-                get(move || {
-                    let metrics = self.clone();
-                    async move {
-                        (
-                            [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
-                            metrics.render(),
-                        )
-                    }
-                }),
-            )
-            .route(
-                "/drain",
-                post(move || {
-                    let drain = drain.clone();
-                    async move {
-                        match drain.as_deref().map(|d| d()) {
-                            Some(Ok(())) => (StatusCode::ACCEPTED, "draining\n".to_string()),
-                            Some(Err(why)) => (StatusCode::CONFLICT, format!("{why}\n")),
-                            None => (
-                                StatusCode::CONFLICT,
-                                "this worker is not in a cluster: there is nobody to drain to\n".to_string(),
-                            ),
-                        }
-                    }
-                }),
-            );
-        let app = match more {
-            Some(more) => app.merge(more),
-            None => app,
-        };
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).await {
-                tracing::error!("metrics endpoint stopped: {e}");
-            }
-        });
-        Ok(bound)
     }
 }

@@ -25,9 +25,7 @@ pub struct Connection {
 
 impl Connection {
     fn config(&self) -> ClientConfig {
-        let mut config = ClientConfig::new();
-        config.set("bootstrap.servers", &self.bootstrap);
-        config
+        sluice::kafka::KafkaSettings::new(self.bootstrap.as_str()).client()
     }
 }
 

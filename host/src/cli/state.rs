@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 use sluice::state::rocks;
-use sluice::worker::task_state::task_dir;
+use sluice::task::state::task_dir;
 
 #[derive(Debug, Args)]
 pub struct StateArgs {

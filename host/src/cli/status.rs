@@ -10,13 +10,12 @@ use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use clap::{Args, ValueEnum};
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use serde::Serialize;
+use sluice::group::cluster_group;
 use sluice::group::metadata::{Assignment, MemberMetadata};
 use sluice::group::TaskId;
 use sluice::worker::board::{Phase, Role, WorkerStatus};
-use sluice::worker::group_runner::group_id;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum Output {
@@ -99,7 +98,9 @@ struct Task {
 }
 
 pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
-    let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", &args.bootstrap).create()?;
+    let consumer: BaseConsumer = sluice::kafka::KafkaSettings::new(args.bootstrap.as_str())
+        .client()
+        .create()?;
     let Some(every) = args.watch else {
         return show(&args, &consumer).await;
     };
@@ -120,7 +121,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn show(args: &StatusArgs, consumer: &BaseConsumer) -> anyhow::Result<ExitCode> {
-    let group = group_id(&args.cluster);
+    let group = cluster_group(&args.cluster);
     let (info, changelog_ends) = tokio::task::block_in_place(|| describe(consumer, &group))?;
     let Some(info) = info else {
         bail!("no group {group}: is a worker running with --cluster {}?", args.cluster);
@@ -321,7 +322,7 @@ async fn gather(
 
 /// A worker's `GET /status`.
 async fn live_status(admin: &str) -> anyhow::Result<WorkerStatus> {
-    let (code, body) = sluice::http_client::request(hyper::Method::GET, admin, "/status", ASK_TIMEOUT).await?;
+    let (code, body) = sluice::admin::client::request(hyper::Method::GET, admin, "/status", ASK_TIMEOUT).await?;
     anyhow::ensure!(code.is_success(), "GET http://{admin}/status answered {code}");
     serde_json::from_slice(&body).with_context(|| format!("reading the status from http://{admin}/status"))
 }

@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::Value;
 
-use sluice::http_client::{self as http, Body};
+use sluice::admin::client::{self as http, Body};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum Output {
@@ -363,13 +363,17 @@ pub struct CreateTenantArgs {
 pub async fn tenants(args: TenantsArgs) -> anyhow::Result<ExitCode> {
     let admin = match args.action {
         TenantsAction::HashToken { token } => {
-            println!("{}", sluice::tenants::hash_token(&token));
+            println!("{}", sluice::registry::tenants::hash_token(&token));
             return Ok(ExitCode::SUCCESS);
         }
         TenantsAction::List(admin) => admin,
         TenantsAction::Create(create) => {
             let c = *create;
-            let mut tokens: Vec<String> = c.tenant_tokens.iter().map(|t| sluice::tenants::hash_token(t)).collect();
+            let mut tokens: Vec<String> = c
+                .tenant_tokens
+                .iter()
+                .map(|t| sluice::registry::tenants::hash_token(t))
+                .collect();
             tokens.extend(c.tenant_token_hashes);
             let body = serde_json::json!({
                 "name": c.name,

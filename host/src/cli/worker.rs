@@ -6,12 +6,15 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
+use sluice::admin::AdminConfig;
 use sluice::group::assignor::LearnerPolicy;
+use sluice::kafka::KafkaSettings;
 use sluice::manifest::parse_size;
 use sluice::runtime::RuntimeConfig;
-use sluice::worker::changelog::ChangelogSettings;
+use sluice::task::{Guarantee, TaskSettings};
+use sluice::topology::ChangelogSettings;
 use sluice::worker::group_runner::{ClusterConfig, LearnerRejoin, Stop};
-use sluice::worker::{self, Guarantee, TaskSettings, WorkerConfig};
+use sluice::worker::{Worker, WorkerConfig};
 
 /// What `sluice worker` does besides running topologies.
 #[derive(Debug, Subcommand)]
@@ -205,7 +208,7 @@ pub async fn run(args: WorkerArgs, layered: super::config::Layered) -> anyhow::R
     let stop_tx = std::sync::Arc::new(stop_tx);
     let in_cluster = settings.cluster.is_some();
     let drain_on_stop = settings.drain_on_stop;
-    let config = settings.into_config(&layered, Some(stop_tx.clone()))?;
+    let (config, admin) = settings.into_config(&layered, Some(stop_tx.clone()))?;
     if let Some(file) = &layered.file {
         tracing::info!(
             file = %file.display(),
@@ -219,7 +222,15 @@ pub async fn run(args: WorkerArgs, layered: super::config::Layered) -> anyhow::R
     let shutdown = async move {
         let _ = stop_rx.wait_for(|s| *s == Stop::Now).await;
     };
-    let report = worker::run(config, shutdown).await?;
+    // The worker, and its admin API beside it (started before the worker joins its group,
+    // which it tells where the API is).
+    let mut worker = Worker::start(config).await?;
+    if let Some(addr) = admin.listen {
+        let bound = sluice::admin::serve(addr, worker.handle(), &admin).await?;
+        worker.admin_bound(bound);
+        tracing::info!("metrics on http://{bound}/metrics; POST http://{bound}/drain drains this worker");
+    }
+    let report = worker.run(shutdown).await?;
     let out: u64 = report.stopped.iter().map(|(_, s)| s.records_out).sum();
     let read: u64 = report.stopped.iter().map(|(_, s)| s.records_in).sum();
     tracing::info!(
@@ -255,7 +266,7 @@ impl WorkerSettings {
         self,
         layered: &super::config::Layered,
         drain: Option<std::sync::Arc<tokio::sync::watch::Sender<Stop>>>,
-    ) -> anyhow::Result<WorkerConfig> {
+    ) -> anyhow::Result<(WorkerConfig, AdminConfig)> {
         let args = self;
         let bootstrap = args.bootstrap.ok_or_else(|| {
             anyhow::anyhow!(
@@ -273,11 +284,12 @@ impl WorkerSettings {
             .threads
             .map(|t| t as usize)
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
-        let tenancy =
-            sluice::tenants::Tenancy::from_config(layered.tenancy.clone()).map_err(|e| match &layered.file {
+        let tenancy = sluice::registry::tenants::Tenancy::from_config(layered.tenancy.clone()).map_err(|e| {
+            match &layered.file {
                 Some(file) => anyhow::anyhow!("configuration file {}: {e}", file.display()),
                 None => anyhow::anyhow!("{e}"),
-            })?;
+            }
+        })?;
         if args.advertise_admin.is_some() && args.metrics.is_none() {
             anyhow::bail!("--advertise-admin (admin.advertised.listener) needs --metrics (admin.listener)");
         }
@@ -289,7 +301,7 @@ impl WorkerSettings {
             heartbeat_interval: args.heartbeat_interval,
             assignor: args.assignor,
             standby_replicas: args.standby_replicas,
-            bootstrap: bootstrap.clone(),
+            kafka: KafkaSettings::new(bootstrap.as_str()),
             state_dir: args.state_dir.clone(),
             metadata_version: args.metadata_version,
             release_failed_tasks: args.release_failed_tasks,
@@ -302,11 +314,15 @@ impl WorkerSettings {
             scale_down_timeout: args.scale_down_timeout,
             admin: args.advertise_admin.clone().unwrap_or_default(),
         });
-        Ok(WorkerConfig {
+        let admin = AdminConfig {
+            listen: args.metrics,
+            max_component_bytes: args.max_component_size,
+            tenancy,
+        };
+        let worker = WorkerConfig {
             cluster,
-            bootstrap,
+            kafka: KafkaSettings::new(bootstrap),
             manifests: args.topologies,
-            metrics_addr: args.metrics,
             tasks: TaskSettings {
                 batch_size: args.batch_size as usize,
                 threads,
@@ -339,9 +355,8 @@ impl WorkerSettings {
             state_block_cache: args.state_cache,
             state_write_buffers: args.state_write_buffers,
             state_limit: args.state_limit as u64,
-            max_component_bytes: args.max_component_size,
-            tenancy,
-        })
+        };
+        Ok((worker, admin))
     }
 }
 
@@ -387,7 +402,7 @@ async fn signals(stop: std::sync::Arc<tokio::sync::watch::Sender<Stop>>, drain_f
 /// `sluice worker drain`: asks a worker, through its admin endpoint, to drain.
 async fn ask_to_drain(admin: &str) -> anyhow::Result<ExitCode> {
     let (status, body) =
-        sluice::http_client::request(hyper::Method::POST, admin, "/drain", Duration::from_secs(30)).await?;
+        sluice::admin::client::request(hyper::Method::POST, admin, "/drain", Duration::from_secs(30)).await?;
     let text = String::from_utf8_lossy(&body);
     if status.is_success() {
         println!("{admin}: {}", text.trim());

@@ -186,7 +186,7 @@ impl Connection {
 /// The ids of `topics` (a topic deleted and created again gets a new id), from the first
 /// bootstrap broker that answers. Topics the cluster does not know are left out.
 pub async fn topic_ids(
-    bootstrap: &str,
+    kafka: &crate::kafka::KafkaSettings,
     topics: &[String],
 ) -> Result<std::collections::HashMap<String, String>, ConnectionError> {
     use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
@@ -199,7 +199,7 @@ pub async fn topic_ids(
         ))
         .with_allow_auto_topic_creation(false);
     let mut last = None;
-    for addr in bootstrap.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+    for addr in kafka.bootstrap_addrs() {
         let answer = async {
             let mut c = Connection::connect(addr).await?;
             c.send_within(&request, 12, Duration::from_secs(15)).await
@@ -218,7 +218,7 @@ pub async fn topic_ids(
         }
     }
     Err(last.unwrap_or(ConnectionError::Connect {
-        addr: bootstrap.to_string(),
+        addr: kafka.bootstrap().to_string(),
         detail: "no bootstrap address".into(),
     }))
 }

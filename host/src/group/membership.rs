@@ -58,7 +58,7 @@ pub enum MembershipError {
 /// Settings of one membership.
 #[derive(Debug, Clone)]
 pub struct MembershipConfig {
-    pub bootstrap: String,
+    pub kafka: crate::kafka::KafkaSettings,
     pub group: String,
     /// Static membership: a restart within the session timeout keeps the member's place.
     pub instance_id: Option<String>,
@@ -150,13 +150,7 @@ impl Membership {
         let mut failures = 0u32;
         while self.coordinator.is_none() {
             let mut last = None;
-            for addr in self
-                .config
-                .bootstrap
-                .split(',')
-                .map(str::trim)
-                .filter(|a| !a.is_empty())
-            {
+            for addr in self.config.kafka.bootstrap_addrs() {
                 let found = async {
                     let mut c = Connection::connect(addr).await?;
                     let request = FindCoordinatorRequest::default()

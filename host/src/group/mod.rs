@@ -32,6 +32,13 @@ impl TaskId {
     }
 }
 
+/// The Kafka group of a cluster. `sluice.`, not `sluice-`: a topology's offsets live in the
+/// group `sluice-<topology>`, so no topology name (not even `cluster-x`) can name a
+/// cluster's group.
+pub fn cluster_group(cluster: &str) -> String {
+    format!("sluice.cluster.{cluster}")
+}
+
 impl fmt::Display for TaskId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.topology, self.partition)

@@ -46,16 +46,16 @@ pub struct Position {
 /// Commits and looks up offsets of any group. Holds one connection per coordinator; a
 /// failed request drops it (the next finds the coordinator again).
 pub struct GroupOffsets {
-    bootstrap: String,
+    kafka: crate::kafka::KafkaSettings,
     /// Coordinator address of each group seen.
     coordinators: HashMap<String, String>,
     connections: HashMap<String, Connection>,
 }
 
 impl GroupOffsets {
-    pub fn new(bootstrap: &str) -> GroupOffsets {
+    pub fn new(kafka: &crate::kafka::KafkaSettings) -> GroupOffsets {
         GroupOffsets {
-            bootstrap: bootstrap.to_string(),
+            kafka: kafka.clone(),
             coordinators: HashMap::new(),
             connections: HashMap::new(),
         }
@@ -199,9 +199,9 @@ impl GroupOffsets {
         let request = FindCoordinatorRequest::default()
             .with_key(StrBytes::from_string(group.to_string()))
             .with_key_type(0);
-        let mut last = format!("no bootstrap address in {:?}", self.bootstrap);
-        let bootstrap = self.bootstrap.clone();
-        for addr in bootstrap.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+        let mut last = format!("no bootstrap address in {:?}", self.kafka.bootstrap());
+        let kafka = self.kafka.clone();
+        for addr in kafka.bootstrap_addrs() {
             if !self.connections.contains_key(addr) {
                 match Connection::connect(addr).await {
                     Ok(c) => {

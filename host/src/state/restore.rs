@@ -3,7 +3,6 @@
 
 use std::time::{Duration, Instant};
 
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
@@ -56,9 +55,9 @@ impl Progress {
 impl ChangelogReader {
     /// Opens the changelog partition and looks up its bounds; [`seek`](Self::seek) picks
     /// where to read from (until then: the beginning).
-    pub fn new(bootstrap: &str, topic: &str, partition: i32) -> Result<Self, String> {
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap)
+    pub fn new(kafka: &crate::kafka::KafkaSettings, topic: &str, partition: i32) -> Result<Self, String> {
+        let consumer: BaseConsumer = kafka
+            .client()
             // Named after the changelog, so broker quotas and logs can tell restorations apart.
             .set("client.id", format!("sluice-restore-{topic}"))
             .set("group.id", "sluice.restore")

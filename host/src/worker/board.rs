@@ -1,6 +1,7 @@
 //! What a worker is doing right now: each task's role and phase, its changelog lag, how fast
 //! it restores and how long it has been unable to process; and the worker's rebalances.
 //! Served as JSON at `GET /status` (read by `sluice status`) and exported as metrics.
+//! Tasks report to it through [`TaskProgress`], the worker loop directly.
 //!
 //! The worker loop, the tasks and their state restoration write here; readers get a copy.
 //! Everything is kept per task, under one lock taken a few times per second at most (never
@@ -14,10 +15,12 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 
 use crate::group::TaskId;
 use crate::metrics::{RoleLabels, TaskLabels};
+use crate::task::TaskProgress;
 
 /// What a task is on this worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -186,6 +189,40 @@ impl BoardMetrics {
             )),
             generation: Gauge::default(),
         }
+    }
+
+    /// Registers the families with the worker's metrics.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "task_role",
+            "1 for each task this worker holds, labelled with its role (active, standby, learner)",
+            self.role.clone(),
+        );
+        registry.register(
+            "task_lag_records",
+            "Changelog records a task's local state is behind (0 for an active task that processes)",
+            self.lag.clone(),
+        );
+        registry.register(
+            "task_unavailable_seconds",
+            "Time a task assigned here as active could not process (starting, restoring, retrying)",
+            self.unavailable.clone(),
+        );
+        registry.register(
+            "rebalances",
+            "Rebalances this worker took part in (from its join to an assignment needing no further join)",
+            self.rebalances.clone(),
+        );
+        registry.register(
+            "rebalance_seconds",
+            "How long this worker's rebalances took",
+            self.rebalance_seconds.clone(),
+        );
+        registry.register(
+            "generation",
+            "The group generation of this worker's last assignment",
+            self.generation.clone(),
+        );
     }
 }
 
@@ -443,6 +480,16 @@ impl Board {
             rebalance_seconds_total: inner.rebalance_total.as_secs_f64(),
             tasks,
         }
+    }
+}
+
+impl TaskProgress for Board {
+    fn restoring(&self, task: &TaskId, restored: u64, total: u64, rate: f64) {
+        Board::restoring(self, task, restored, total, rate);
+    }
+
+    fn processing(&self, task: &TaskId) {
+        Board::processing(self, task);
     }
 }
 

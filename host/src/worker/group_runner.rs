@@ -9,17 +9,18 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use rdkafka::consumer::BaseConsumer;
 
-use super::control::Lease;
-use super::{Stopping, TaskRunner, WorkerReport};
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-
+use super::deploys::TopologyChange;
+use super::heartbeats::{lease_margin, Heartbeats, Kept};
+use super::learners::{changelog_ends, learners_caught_up, LEARNER_CHECK_EVERY, STANDBY_CHECK_EVERY};
+use super::{TaskRunner, WorkerReport};
 use crate::group::assignor::{by_name, LearnerPolicy};
-use crate::group::membership::{Heartbeat, Membership, MembershipConfig, MembershipError};
+use crate::group::membership::{Membership, MembershipConfig, MembershipError};
 use crate::group::metadata::{AssignmentError, MemberMetadata, CURRENT_VERSION, OLDEST_VERSION};
-use crate::group::placement;
 use crate::group::TaskId;
+use crate::group::{cluster_group, placement};
+use crate::kafka::KafkaSettings;
 
 /// How a worker takes part in a cluster.
 #[derive(Debug, Clone)]
@@ -31,7 +32,7 @@ pub struct ClusterConfig {
     pub heartbeat_interval: Duration,
     pub assignor: String,
     pub standby_replicas: u32,
-    pub bootstrap: String,
+    pub kafka: KafkaSettings,
     pub state_dir: PathBuf,
     /// The member metadata version this worker speaks (testing rolling upgrades: a newer
     /// build can pretend to be an older one).
@@ -74,54 +75,6 @@ pub enum LearnerRejoin {
     All,
 }
 
-/// How often a worker with learners compares their progress with the changelogs' end.
-const LEARNER_CHECK_EVERY: Duration = Duration::from_millis(200);
-/// How often a worker with standbys (no learners) updates their lag on its status board.
-const STANDBY_CHECK_EVERY: Duration = Duration::from_secs(1);
-/// A caught-up learner asks for its task again after this long if it did not get it.
-const LEARNER_REJOIN_AGAIN: Duration = Duration::from_secs(3);
-
-/// The end offsets of the changelogs of `tasks`, summed per task, in one ListOffsets round
-/// (the last stable offsets: transactions in flight do not count). Tasks whose offsets
-/// could not be read are left out (their lag is then unknown).
-fn changelog_ends(consumer: &BaseConsumer, tasks: &[(TaskId, Vec<(String, i32)>)]) -> HashMap<TaskId, i64> {
-    let mut ends = HashMap::new();
-    if tasks.is_empty() {
-        return ends;
-    }
-    let mut list = TopicPartitionList::new();
-    for (_, parts) in tasks {
-        for (topic, p) in parts {
-            let _ = list.add_partition_offset(topic, *p, Offset::End);
-        }
-    }
-    let found = match consumer.offsets_for_times(list, Duration::from_secs(2)) {
-        Ok(found) => found,
-        Err(e) => {
-            tracing::warn!("reading the changelogs' end offsets: {e}");
-            return ends;
-        }
-    };
-    'task: for (task, parts) in tasks {
-        let mut sum = 0;
-        for (topic, p) in parts {
-            match found.find_partition(topic, *p).map(|e| (e.error(), e.offset())) {
-                Some((Ok(()), Offset::Offset(o))) => sum += o,
-                _ => continue 'task,
-            }
-        }
-        ends.insert(task.clone(), sum);
-    }
-    ends
-}
-
-/// The Kafka group of a cluster. `sluice.`, not `sluice-`: a topology's offsets live in the
-/// group `sluice-<topology>`, so no topology name (not even `cluster-x`) can name a
-/// cluster's group.
-pub fn group_id(cluster: &str) -> String {
-    format!("sluice.cluster.{cluster}")
-}
-
 /// A worker id that survives restarts, kept in the state directory.
 fn worker_id(state_dir: &Path) -> anyhow::Result<[u8; 16]> {
     let path = state_dir.join("worker-id");
@@ -136,83 +89,11 @@ fn worker_id(state_dir: &Path) -> anyhow::Result<[u8; 16]> {
     Ok(*id.as_bytes())
 }
 
-/// What keeping the membership alive while waiting for something found.
-enum Kept {
-    /// Still a member; `rejoin`: the coordinator asked for a rebalance meanwhile.
-    Member { rejoin: bool },
-    /// Membership is lost (or its lease ran out): tasks must stop without committing.
-    Lost(String),
-}
-
-/// The heartbeat side of a cluster worker: sends heartbeats, renews the lease.
-struct Heartbeats<'a> {
-    cluster: &'a ClusterConfig,
-    lease: std::sync::Arc<Lease>,
-    /// How long a heartbeat keeps the lease: the session timeout less a safety margin.
-    lease_length: Duration,
-    /// A heartbeat not answered within this counts as unreachable.
-    timeout: Duration,
-}
-
-impl Heartbeats<'_> {
-    async fn beat(&self, membership: &mut Membership) -> anyhow::Result<Kept> {
-        let sent = Instant::now();
-        Ok(match membership.heartbeat(self.timeout).await? {
-            Heartbeat::Alive => {
-                self.lease.renew(sent, self.lease_length);
-                Kept::Member { rejoin: false }
-            }
-            Heartbeat::RejoinNeeded => {
-                self.lease.renew(sent, self.lease_length);
-                Kept::Member { rejoin: true }
-            }
-            Heartbeat::Lost => Kept::Lost("the group coordinator no longer knows this worker".into()),
-            Heartbeat::Unreachable if !self.lease.valid() => Kept::Lost(format!(
-                "no successful heartbeat for {:?} (the session timeout is {:?})",
-                self.lease_length, self.cluster.session_timeout
-            )),
-            Heartbeat::Unreachable => Kept::Member { rejoin: false },
-        })
-    }
-
-    /// Waits for stopping tasks to end while heartbeating on schedule, so a slow stop never
-    /// costs the membership. If the membership is lost meanwhile, the tasks are told to
-    /// abort instead (nothing more is committed).
-    async fn wait_for(
-        &self,
-        membership: &mut Membership,
-        runner: &mut TaskRunner,
-        stopping: Stopping,
-    ) -> anyhow::Result<Kept> {
-        let mut kept = Kept::Member { rejoin: false };
-        let mut next_beat = Instant::now() + self.cluster.heartbeat_interval;
-        while !stopping.is_done() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            if Instant::now() >= next_beat && matches!(kept, Kept::Member { .. }) {
-                match self.beat(membership).await? {
-                    Kept::Member { rejoin } => {
-                        if let Kept::Member { rejoin: r } = &mut kept {
-                            *r |= rejoin;
-                        }
-                    }
-                    lost @ Kept::Lost(_) => {
-                        stopping.abort();
-                        kept = lost;
-                    }
-                }
-                next_beat = Instant::now() + self.cluster.heartbeat_interval;
-            }
-        }
-        runner.finish(stopping);
-        Ok(kept)
-    }
-}
-
 pub async fn run(
     cluster: &ClusterConfig,
     mut runner: TaskRunner,
     shutdown: impl std::future::Future<Output = ()>,
-    mut changes: tokio::sync::mpsc::UnboundedReceiver<super::TopologyChange>,
+    mut changes: tokio::sync::mpsc::UnboundedReceiver<TopologyChange>,
 ) -> anyhow::Result<WorkerReport> {
     let assignor = by_name(&cluster.assignor).with_context(|| {
         format!(
@@ -229,8 +110,9 @@ pub async fn run(
         cluster.metadata_version
     );
     // Reads changelog end offsets (for the leader's lag figures and for learners' progress).
-    let offsets: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &cluster.bootstrap)
+    let offsets: BaseConsumer = cluster
+        .kafka
+        .client()
         .set("client.id", "sluice-lag")
         .set("group.id", "sluice.lag")
         .set("enable.auto.commit", "false")
@@ -247,8 +129,8 @@ pub async fn run(
     let mut leaving_since: Option<Instant> = None;
     let drain_requested = || cluster.drain.as_ref().is_some_and(|d| *d.borrow() == Stop::Drain);
     let mut membership = Membership::new(MembershipConfig {
-        bootstrap: cluster.bootstrap.clone(),
-        group: group_id(&cluster.name),
+        kafka: cluster.kafka.clone(),
+        group: cluster_group(&cluster.name),
         instance_id: cluster.instance_id.clone(),
         session_timeout: cluster.session_timeout,
         rebalance_timeout: Duration::from_secs(60),
@@ -560,55 +442,6 @@ fn drain_timed_out(cluster: &ClusterConfig, leaving_since: Option<Instant>) -> b
         );
     }
     out
-}
-
-/// Whether this worker's learners are far enough along to take their tasks over (by the
-/// rejoin policy); if so the worker rejoins, and the leader moves the caught-up tasks.
-fn learners_caught_up(
-    cluster: &ClusterConfig,
-    runner: &TaskRunner,
-    ends: &HashMap<TaskId, i64>,
-    positions: &HashMap<TaskId, i64>,
-    asked: &mut HashMap<TaskId, Instant>,
-) -> bool {
-    let learners = runner.learners();
-    let lag = |t: &TaskId| Some((ends.get(t)? - positions.get(t)?).max(0));
-    let ready: Vec<(TaskId, i64)> = learners
-        .iter()
-        .filter_map(|t| lag(t).map(|l| (t.clone(), l)))
-        .filter(|(_, l)| *l <= cluster.learners.acceptable_lag)
-        .collect();
-    let now = Instant::now();
-    let fresh: Vec<&(TaskId, i64)> = ready
-        .iter()
-        .filter(|(t, _)| {
-            asked
-                .get(t)
-                .is_none_or(|&at| now.duration_since(at) >= LEARNER_REJOIN_AGAIN)
-        })
-        .collect();
-    let go = match cluster.learner_rejoin {
-        LearnerRejoin::Each => !fresh.is_empty(),
-        LearnerRejoin::All => ready.len() == learners.len() && !fresh.is_empty(),
-    };
-    if go {
-        for (t, l) in &fresh {
-            tracing::info!(task = %t, lag = l, "learner caught up: rejoining to take the task over");
-            asked.insert(t.clone(), now);
-        }
-        // Flushed while the group rebalances, not after the task is handed over.
-        let tasks: Vec<TaskId> = fresh.iter().map(|(t, _)| t.clone()).collect();
-        runner.checkpoint_learners(&tasks);
-    }
-    go
-}
-
-/// How much earlier than the coordinator a member gives up its tasks: a fifth of the session
-/// timeout, at least 500 ms (at most half the session).
-fn lease_margin(session_timeout: Duration) -> Duration {
-    (session_timeout / 5)
-        .max(Duration::from_millis(500))
-        .min(session_timeout / 2)
 }
 
 /// Membership is lost: others may own these tasks already. Every task stops without

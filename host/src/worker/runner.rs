@@ -8,14 +8,18 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::control::{Lease, TaskControl};
-use super::delivery::WorkerProducer;
-use super::stream::{Panicked, StreamThreads, TaskSlot};
-use super::task::{self, Ended, TaskError, TaskSettings, TaskSummary};
-use super::task_state::StateEnv;
-use super::{standby, DeployedTopology, WorkerReport};
+use super::board::Board;
+use super::WorkerReport;
 use crate::group::TaskId;
+use crate::kafka::KafkaSettings;
 use crate::metrics::Metrics;
+use crate::task::control::{Lease, TaskControl};
+use crate::task::delivery::WorkerProducer;
+use crate::task::state::StateEnv;
+use crate::task::{self, Ended, TaskError, TaskSettings, TaskSummary};
+use crate::threads::state_updater as standby;
+use crate::threads::{Panicked, StreamThreads, TaskSlot};
+use crate::topology::DeployedTopology;
 
 /// How often the worker looks for tasks that ended on their own.
 pub const REAP_EVERY: Duration = Duration::from_millis(500);
@@ -57,7 +61,9 @@ pub struct TaskRunner {
     producer: Arc<WorkerProducer>,
     settings: TaskSettings,
     metrics: Metrics,
-    bootstrap: String,
+    /// What the worker is doing now (for `GET /status` and the metrics).
+    board: Arc<Board>,
+    kafka: KafkaSettings,
     state: Arc<StateEnv>,
     topologies: BTreeMap<String, Arc<DeployedTopology>>,
     running: BTreeMap<TaskId, RunningTask>,
@@ -88,17 +94,19 @@ pub struct Reaped {
 }
 
 impl TaskRunner {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         lease: Arc<Lease>,
         producer: Arc<WorkerProducer>,
         settings: TaskSettings,
         metrics: Metrics,
-        bootstrap: String,
+        board: Arc<Board>,
+        kafka: KafkaSettings,
         state: Arc<StateEnv>,
         deployed: Vec<DeployedTopology>,
     ) -> anyhow::Result<TaskRunner> {
-        let streams = StreamThreads::start(settings.threads, &bootstrap, settings.prefetch_bytes)?;
-        let updater = standby::StandbyUpdater::start(&bootstrap, state.clone())?;
+        let streams = StreamThreads::start(settings.threads, &kafka, settings.prefetch_bytes)?;
+        let updater = standby::StandbyUpdater::start(&kafka, state.clone())?;
         Ok(TaskRunner {
             streams,
             updater,
@@ -106,7 +114,8 @@ impl TaskRunner {
             producer,
             settings,
             metrics,
-            bootstrap,
+            board,
+            kafka,
             state,
             topologies: deployed.into_iter().map(|t| (t.name.clone(), Arc::new(t))).collect(),
             running: BTreeMap::new(),
@@ -234,7 +243,7 @@ impl TaskRunner {
                     } else {
                         tracing::error!(task = %id, "failed and stays failed until the topology is fixed: {e}");
                         self.failed.insert(id.clone(), e.to_string());
-                        self.metrics.board.ended(&id, Some(e.to_string()));
+                        self.board.ended(&id, Some(e.to_string()));
                     }
                     self.finished.failed.push((id.to_string(), e.to_string()));
                 }
@@ -258,7 +267,7 @@ impl TaskRunner {
     }
 
     fn schedule_retry(&mut self, id: &TaskId, error: &str) {
-        self.metrics.board.ended(id, None);
+        self.board.ended(id, None);
         let attempts = self.retry_counts.get(id).copied().unwrap_or(0) + 1;
         self.retry_counts.insert(id.clone(), attempts);
         let backoff = Duration::from_secs(1)
@@ -294,7 +303,8 @@ impl TaskRunner {
                 control: control.clone(),
                 lease: self.lease.clone(),
                 metrics: self.metrics.clone(),
-                bootstrap: self.bootstrap.clone(),
+                progress: self.board.clone(),
+                kafka: self.kafka.clone(),
                 state: self.state.clone(),
             };
             let slot = Arc::new(TaskSlot::default());
@@ -381,8 +391,8 @@ impl TaskRunner {
     }
 
     /// What this worker is doing now (for `GET /status` and the metrics).
-    pub fn board(&self) -> &crate::worker::board::Board {
-        &self.metrics.board
+    pub fn board(&self) -> &Board {
+        &self.board
     }
 
     /// The standby tasks running now.

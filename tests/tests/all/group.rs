@@ -12,7 +12,7 @@ use sluice_tests::{kafka, unique_name};
 
 fn config(group: &str) -> MembershipConfig {
     MembershipConfig {
-        bootstrap: kafka().bootstrap().to_string(),
+        kafka: sluice::kafka::KafkaSettings::new(kafka().bootstrap()),
         group: group.to_string(),
         instance_id: None,
         session_timeout: Duration::from_secs(10),

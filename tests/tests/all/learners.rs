@@ -35,7 +35,7 @@ fn at(line: &str) -> Option<f64> {
 /// state-updater thread left out unless asked for).
 fn first<'a>(log: &'a str, needles: &[&str]) -> Option<&'a str> {
     log.lines()
-        .filter(|l| !l.contains("sluice::worker::standby") || needles.iter().any(|n| n.contains("standby")))
+        .filter(|l| !l.contains("sluice::threads::state_updater") || needles.iter().any(|n| n.contains("standby")))
         .find(|l| needles.iter().all(|n| l.contains(n)))
 }
 

@@ -29,11 +29,14 @@ use std::time::Duration;
 
 use rocksdb::DB;
 
+use super::TaskProgress;
+use crate::kafka::KafkaSettings;
 use crate::metrics::{Metrics, StoreLabels};
 use crate::runtime::NamedStore;
 use crate::state::checkpoint::{self, Checkpoint};
 use crate::state::restore::ChangelogReader;
 use crate::state::rocks::{self, Marker, RocksStore, SharedMemory};
+use crate::topology::Changelog;
 
 /// Where a worker keeps state, and the memory its stores share.
 pub struct StateEnv {
@@ -72,14 +75,6 @@ pub fn task_dir(state_dir: &Path, topology: &str, partition: i32) -> PathBuf {
     state_dir.join(topology).join(partition.to_string())
 }
 
-/// A store's changelog topic and its id (empty when the cluster did not say).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Changelog {
-    pub store: String,
-    pub topic: String,
-    pub topic_id: String,
-}
-
 /// A store opened and checked against its changelog, positioned where its data ends.
 pub struct OpenedStore {
     pub db: Arc<DB>,
@@ -90,13 +85,13 @@ pub struct OpenedStore {
 /// cannot be trusted is wiped (with a log line saying why) and read from the beginning.
 pub fn open_store(
     env: &StateEnv,
-    bootstrap: &str,
+    kafka: &KafkaSettings,
     task: &str,
     dir: &Path,
     changelog: &Changelog,
     partition: i32,
 ) -> Result<OpenedStore, String> {
-    let mut reader = ChangelogReader::new(bootstrap, &changelog.topic, partition)?;
+    let mut reader = ChangelogReader::new(kafka, &changelog.topic, partition)?;
     let (db, from) = prepare_store(env, task, dir, changelog, partition, reader.bounds())?;
     reader.seek(from)?;
     Ok(OpenedStore { db, reader })
@@ -189,12 +184,13 @@ impl TaskState {
     #[allow(clippy::too_many_arguments)]
     pub fn open(
         env: &StateEnv,
-        bootstrap: &str,
+        kafka: &KafkaSettings,
         topology: &str,
         task: &str,
         partition: i32,
         changelogs: Vec<Changelog>,
         metrics: &Metrics,
+        progress: &dyn TaskProgress,
         stop: &dyn Fn() -> bool,
     ) -> Result<Opened, String> {
         let dir = task_dir(&env.dir, topology, partition);
@@ -202,7 +198,7 @@ impl TaskState {
         let mut stores = Vec::new();
         for changelog in &changelogs {
             let store = &changelog.store;
-            let OpenedStore { db, mut reader } = open_store(env, bootstrap, task, &dir, changelog, partition)?;
+            let OpenedStore { db, mut reader } = open_store(env, kafka, task, &dir, changelog, partition)?;
             let start = reader.position();
             let labels = StoreLabels {
                 topology: topology.into(),
@@ -216,7 +212,7 @@ impl TaskState {
             }
             let task_id = crate::group::TaskId::new(topology, partition as u32);
             let progress = reader.restore_into(&db, &changelog.topic_id, stop, |p| {
-                metrics.board.restoring(&task_id, p.restored, p.total, p.rate());
+                progress.restoring(&task_id, p.restored, p.total, p.rate());
                 counter.inc_by(p.restored - reported);
                 reported = p.restored;
                 metrics

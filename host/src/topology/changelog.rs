@@ -6,11 +6,18 @@ use std::time::Duration;
 use anyhow::bail;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::types::RDKafkaErrorCode;
 
-use super::task_state::Changelog;
+use crate::kafka::KafkaSettings;
+
+/// A store's changelog topic and its id (empty when the cluster did not say).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Changelog {
+    pub store: String,
+    pub topic: String,
+    pub topic_id: String,
+}
 
 /// The changelog topic of a store: `<topology>-<store>-changelog`.
 pub fn changelog_topic(topology: &str, store: &str) -> String {
@@ -38,7 +45,7 @@ impl ChangelogSettings {
 /// Makes sure every store has a well-formed changelog; returns each store's changelog (its
 /// topic id is filled in by the caller).
 pub fn ensure_changelogs(
-    bootstrap: &str,
+    kafka: &KafkaSettings,
     topology: &str,
     stores: &[String],
     partitions: i32,
@@ -47,8 +54,7 @@ pub fn ensure_changelogs(
     if stores.is_empty() {
         return Ok(Vec::new());
     }
-    let mut config = ClientConfig::new();
-    config.set("bootstrap.servers", bootstrap);
+    let config = kafka.client();
     let admin: AdminClient<DefaultClientContext> = config.create()?;
     let metadata_client: BaseConsumer = config.create()?;
     let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));

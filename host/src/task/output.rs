@@ -17,7 +17,8 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::Producer;
 use rdkafka::TopicPartitionList;
 
-use super::super::delivery::{self, DeliveryRouter, DeliveryTracker, Outgoing, WorkerProducer};
+use super::delivery::{self, DeliveryRouter, DeliveryTracker, Outgoing, WorkerProducer};
+use crate::kafka::KafkaSettings;
 
 /// What a task promises about its outputs, state and offsets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -74,11 +75,12 @@ impl TaskOutput {
     /// producer of this id (and aborts what it left open). Retries while the transaction
     /// coordinator is not ready; gives up (none) when `stopping` says so.
     pub fn transactional(
-        bootstrap: &str,
+        kafka: &KafkaSettings,
         transactional_id: &str,
         stopping: &dyn Fn() -> bool,
     ) -> Result<Option<TaskOutput>, String> {
-        let producer: WorkerProducer = super::super::base_config(bootstrap)
+        let producer: WorkerProducer = kafka
+            .worker_client()
             .set("transactional.id", transactional_id)
             .set("transaction.timeout.ms", TRANSACTION_TIMEOUT.as_millis().to_string())
             .set("linger.ms", "5")

@@ -1,5 +1,6 @@
 //! Where a task starts reading: its partition of every source topic, at the offsets
-//! committed under the topology's group (`sluice-<topology>`), or the beginning.
+//! committed under the topology's group (`sluice-<topology>`), or the beginning; and the
+//! means by which a thread reads and commits those offsets ([`KafkaEnv`]).
 //!
 //! The committed offsets are looked up explicitly, and the lookup is retried until it gives
 //! an answer for every partition: a just-started broker's group coordinator answers "not
@@ -8,7 +9,8 @@
 
 use std::time::{Duration, Instant};
 
-use super::KafkaEnv;
+use crate::group::offsets::{GroupOffsets, Position};
+use crate::kafka::KafkaSettings;
 
 /// Looks up the committed offset of `partition` of each of `sources` in the topology's
 /// `group`; none per source where nothing is committed. Retries (with backoff, saying so in
@@ -48,7 +50,7 @@ pub fn committed(
 /// or after the time for a timestamp, the high watermark when there is none), or none for
 /// the beginning.
 pub fn start_from(
-    bootstrap: &str,
+    kafka: &KafkaSettings,
     sources: &[String],
     partition: i32,
     committed: Vec<Option<i64>>,
@@ -58,8 +60,8 @@ pub fn start_from(
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::{Offset, TopicPartitionList};
     let timeout = Duration::from_secs(30);
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
+    let consumer: BaseConsumer = kafka
+        .client()
         .create()
         .map_err(|e| format!("creating a consumer to find where to reprocess from: {e}"))?;
     let mut out = Vec::with_capacity(sources.len());
@@ -95,4 +97,28 @@ pub fn start_from(
     }
     tracing::info!(sources = ?sources, partition, %from, positions = ?out, "reprocessing from");
     Ok(out)
+}
+
+/// A thread's means of talking to Kafka outside its consumer: source offsets of any
+/// topology group, over a runtime of the thread's own (no threads of its own).
+pub struct KafkaEnv {
+    offsets: GroupOffsets,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl KafkaEnv {
+    pub fn new(kafka: &KafkaSettings) -> std::io::Result<KafkaEnv> {
+        Ok(KafkaEnv {
+            offsets: GroupOffsets::new(kafka),
+            runtime: tokio::runtime::Builder::new_current_thread().enable_all().build()?,
+        })
+    }
+
+    pub fn fetch_offsets(&mut self, group: &str, wanted: &[(String, i32)]) -> Result<Vec<Option<i64>>, String> {
+        self.runtime.block_on(self.offsets.fetch(group, wanted))
+    }
+
+    pub fn commit_offsets(&mut self, group: &str, positions: &[Position]) -> Result<(), String> {
+        self.runtime.block_on(self.offsets.commit(group, positions))
+    }
 }

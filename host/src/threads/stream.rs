@@ -1,15 +1,6 @@
-//! Stream threads: a worker's tasks run on a few threads, not one each.
-//!
-//! Each stream thread owns one consumer for the source partitions of all its tasks and
-//! drives them in turn: it polls a round of records, hands each to its task, processes a
-//! task's batch as soon as it is full, then gives every task a turn (process what it has,
-//! punctuate, commit when due, honour stop requests). An idle task is a value in a list:
-//! no thread, no connection, no polling of its own.
-//!
-//! Starting a task — fencing the previous owner (exactly-once), restoring its state,
-//! instantiating the guest, looking up committed offsets — can take long, so it happens
-//! on separate starter threads; a task reaches its stream thread ready to process, and a
-//! restore never holds up the tasks already running.
+//! One stream thread: its consumer (the source partitions of all its tasks, assigned by hand
+//! and paused, never unassigned, when a task leaves), its tasks, and the loop that polls a
+//! round of records and gives every task its turn.
 //!
 //! A task that leaves a stream thread has its partitions paused, not unassigned: the
 //! consumer assigns a partition once and seeks it when a task of it comes back (librdkafka
@@ -17,8 +8,8 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -26,161 +17,31 @@ use rdkafka::message::{BorrowedMessage, Message, OwnedMessage};
 use rdkafka::{Offset, TopicPartitionList};
 use rustc_hash::FxHashMap;
 
-use super::task::{self, KafkaEnv, Prepared, Task, TaskContext, TaskError, TaskSummary};
-use super::ConsumerEvents;
-
-/// How a task ended: its summary or error; `None` if the code driving it panicked.
-type Outcome = Option<Result<TaskSummary, TaskError>>;
-
-/// The code driving a task panicked (the task is gone, nothing of it committed after).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Panicked;
-
-/// Where a task's end is reported; the worker waits on it.
-#[derive(Default)]
-pub struct TaskSlot {
-    outcome: Mutex<Option<Outcome>>,
-    ended: Condvar,
-}
-
-impl TaskSlot {
-    fn end(&self, outcome: Outcome) {
-        *self.outcome.lock().unwrap() = Some(outcome);
-        self.ended.notify_all();
-    }
-
-    /// Whether the task has ended (taking its outcome will not block).
-    pub fn is_finished(&self) -> bool {
-        self.outcome.lock().unwrap().is_some()
-    }
-
-    /// Waits for the task to end; `Err` if the code driving it panicked.
-    pub fn join(&self) -> Result<Result<TaskSummary, TaskError>, Panicked> {
-        let mut outcome = self.outcome.lock().unwrap();
-        loop {
-            if let Some(o) = outcome.take() {
-                return o.ok_or(Panicked);
-            }
-            outcome = self.ended.wait(outcome).unwrap();
-        }
-    }
-}
+use super::slot::{Outcome, TaskSlot};
+use crate::kafka::{ConsumerEvents, KafkaSettings};
+use crate::task::{KafkaEnv, Task};
 
 /// How long an idle stream thread waits for records before giving its tasks a turn.
 const IDLE_WAIT: Duration = Duration::from_millis(50);
 /// Longest a round of polling lasts before every task gets its turn.
 const ROUND: Duration = Duration::from_millis(50);
-/// Threads that start tasks (restores run there).
-const STARTERS: usize = 2;
 
-enum Command {
+/// What a stream thread is told.
+pub(super) enum Command {
+    /// Run this task (started, ready to process) and tell its end to the slot.
     Add(Box<Task>, Arc<TaskSlot>),
-}
-
-/// The stream threads and starter threads of a worker.
-pub struct StreamThreads {
-    threads: Vec<(Sender<Command>, Arc<AtomicUsize>)>,
-    starts: Option<Sender<(TaskContext, Arc<TaskSlot>)>>,
-    starters: Vec<std::thread::JoinHandle<()>>,
-    streams: Vec<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for StreamThreads {
-    /// Ends the threads once their tasks have ended (the worker stops every task first).
-    fn drop(&mut self) {
-        self.starts = None;
-        for h in self.starters.drain(..) {
-            let _ = h.join();
-        }
-        self.threads.clear();
-        for h in self.streams.drain(..) {
-            let _ = h.join();
-        }
-    }
-}
-
-impl StreamThreads {
-    /// Starts `count` stream threads (each with its share of `prefetch_bytes`) and the
-    /// starter threads. They run until the worker drops this.
-    pub fn start(count: usize, bootstrap: &str, prefetch_bytes: usize) -> anyhow::Result<StreamThreads> {
-        let count = count.max(1);
-        let mut threads = Vec::with_capacity(count);
-        let (mut streams, mut starters) = (Vec::new(), Vec::new());
-        for i in 0..count {
-            let (tx, rx) = mpsc::channel();
-            let load = Arc::new(AtomicUsize::new(0));
-            let consumer = stream_consumer(bootstrap, prefetch_bytes / count)?;
-            let env = KafkaEnv::new(bootstrap)?;
-            let load2 = load.clone();
-            streams.push(
-                std::thread::Builder::new()
-                    .name(format!("stream-{i}"))
-                    .spawn(move || StreamThread::new(consumer, env, load2).run(rx))?,
-            );
-            threads.push((tx, load));
-        }
-        let (starts, jobs) = mpsc::channel::<(TaskContext, Arc<TaskSlot>)>();
-        let jobs = Arc::new(Mutex::new(jobs));
-        let senders: Vec<(Sender<Command>, Arc<AtomicUsize>)> = threads.clone();
-        for i in 0..STARTERS {
-            let jobs = jobs.clone();
-            let senders = senders.clone();
-            let mut env = KafkaEnv::new(bootstrap)?;
-            let starter = std::thread::Builder::new()
-                .name(format!("starter-{i}"))
-                .spawn(move || loop {
-                    let job = jobs.lock().unwrap().recv();
-                    let Ok((ctx, slot)) = job else { return };
-                    let started =
-                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task::prepare(ctx, &mut env)));
-                    match started {
-                        Ok(Prepared::Ready(task)) => {
-                            // The least loaded thread takes it.
-                            let (tx, load) = senders
-                                .iter()
-                                .min_by_key(|(_, load)| load.load(Ordering::Relaxed))
-                                .expect("at least one stream thread");
-                            load.fetch_add(1, Ordering::Relaxed);
-                            if let Err(mpsc::SendError(Command::Add(_, slot))) = tx.send(Command::Add(task, slot)) {
-                                slot.end(None);
-                            }
-                        }
-                        Ok(Prepared::Ended(result)) => slot.end(Some(result)),
-                        Err(_) => slot.end(None),
-                    }
-                })?;
-            starters.push(starter);
-        }
-        Ok(StreamThreads {
-            threads,
-            starts: Some(starts),
-            starters,
-            streams,
-        })
-    }
-
-    /// Starts a task; its end is reported to `slot`.
-    pub fn submit(&self, ctx: TaskContext, slot: Arc<TaskSlot>) {
-        let Some(starts) = &self.starts else {
-            return slot.end(None);
-        };
-        if let Err(mpsc::SendError((_, slot))) = starts.send((ctx, slot)) {
-            slot.end(None);
-        }
-    }
-
-    /// Tasks on each stream thread now.
-    pub fn loads(&self) -> Vec<usize> {
-        self.threads.iter().map(|(_, l)| l.load(Ordering::Relaxed)).collect()
-    }
 }
 
 /// A stream thread's consumer: no group of its own (offsets go through `GroupOffsets`),
 /// partitions assigned by hand with explicit offsets. `prefetch_bytes` is this thread's
 /// share of the worker's prefetch memory.
-fn stream_consumer(bootstrap: &str, prefetch_bytes: usize) -> anyhow::Result<BaseConsumer<ConsumerEvents>> {
+pub(super) fn stream_consumer(
+    kafka: &KafkaSettings,
+    prefetch_bytes: usize,
+) -> anyhow::Result<BaseConsumer<ConsumerEvents>> {
     let fetch = FetchLimits::for_budget(prefetch_bytes);
-    Ok(super::base_config(bootstrap)
+    Ok(kafka
+        .worker_client()
         .set("queued.max.messages.kbytes", fetch.queued_kbytes.to_string())
         .set("queued.min.messages", fetch.queued_records.to_string())
         .set("fetch.max.bytes", fetch.fetch_bytes.to_string())
@@ -246,16 +107,16 @@ struct Running {
     paused: bool,
 }
 
-struct StreamThread {
+pub(super) struct StreamThread {
     consumer: BaseConsumer<ConsumerEvents>,
-    board: Board,
+    tasks: ThreadTasks,
 }
 
 /// A stream thread's tasks and where their records go.
-struct Board {
+struct ThreadTasks {
     env: KafkaEnv,
     load: Arc<AtomicUsize>,
-    tasks: Vec<Option<Running>>,
+    running: Vec<Option<Running>>,
     /// topic → partition → (index in `tasks`, source index).
     routes: FxHashMap<String, FxHashMap<i32, (usize, u32)>>,
     /// Partitions ever assigned to the consumer (paused when no task reads them).
@@ -263,24 +124,24 @@ struct Board {
 }
 
 impl StreamThread {
-    fn new(consumer: BaseConsumer<ConsumerEvents>, env: KafkaEnv, load: Arc<AtomicUsize>) -> StreamThread {
+    pub(super) fn new(consumer: BaseConsumer<ConsumerEvents>, env: KafkaEnv, load: Arc<AtomicUsize>) -> StreamThread {
         StreamThread {
             consumer,
-            board: Board {
+            tasks: ThreadTasks {
                 env,
                 load,
-                tasks: Vec::new(),
+                running: Vec::new(),
                 routes: FxHashMap::default(),
                 assigned: HashSet::new(),
             },
         }
     }
 
-    fn run(mut self, commands: Receiver<Command>) {
+    pub(super) fn run(mut self, commands: Receiver<Command>) {
         loop {
             // New tasks; with none to run, wait for one.
             loop {
-                let command = if self.board.tasks.iter().all(Option::is_none) {
+                let command = if self.tasks.running.iter().all(Option::is_none) {
                     match commands.recv_timeout(IDLE_WAIT) {
                         Ok(c) => c,
                         Err(RecvTimeoutError::Timeout) => continue,
@@ -293,11 +154,11 @@ impl StreamThread {
                     }
                 };
                 let Command::Add(task, slot) = command;
-                self.board.add(&self.consumer, task, slot);
+                self.tasks.add(&self.consumer, task, slot);
             }
             self.poll_round();
-            for i in 0..self.board.tasks.len() {
-                self.board.turn(&self.consumer, i);
+            for i in 0..self.tasks.running.len() {
+                self.tasks.turn(&self.consumer, i);
             }
         }
     }
@@ -305,15 +166,15 @@ impl StreamThread {
     /// Polls records for up to a round and hands them to their tasks, processing a task's
     /// batch as soon as it is full.
     fn poll_round(&mut self) {
-        let board = &mut self.board;
-        let any_lease = board.tasks.iter().flatten().any(|r| r.task.may_process());
+        let tasks = &mut self.tasks;
+        let any_lease = tasks.running.iter().flatten().any(|r| r.task.may_process());
         if !any_lease {
             // Nothing may be processed (the lease lapsed): do not fetch ahead of it.
             std::thread::sleep(Duration::from_millis(10));
             return;
         }
-        let has_work = board
-            .tasks
+        let has_work = tasks
+            .running
             .iter()
             .flatten()
             .any(|r| r.task.has_records() || !r.overflow.is_empty());
@@ -324,14 +185,14 @@ impl StreamThread {
             wait = Duration::ZERO;
             match polled {
                 Ok(message) => {
-                    let route = board
+                    let route = tasks
                         .routes
                         .get(message.topic())
                         .and_then(|p| p.get(&message.partition()))
                         .copied();
                     // A partition of no task here (one that left): its records are not ours.
                     if let Some((index, source)) = route {
-                        board.feed(&self.consumer, index, source, &message);
+                        tasks.feed(&self.consumer, index, source, &message);
                     }
                 }
                 Err(e) => tracing::warn!(thread = ?std::thread::current().name(), "consumer: {e}"),
@@ -345,13 +206,13 @@ impl StreamThread {
 
 type StreamConsumer = BaseConsumer<ConsumerEvents>;
 
-impl Board {
+impl ThreadTasks {
     fn add(&mut self, consumer: &StreamConsumer, task: Box<Task>, slot: Arc<TaskSlot>) {
-        let index = match self.tasks.iter().position(Option::is_none) {
+        let index = match self.running.iter().position(Option::is_none) {
             Some(i) => i,
             None => {
-                self.tasks.push(None);
-                self.tasks.len() - 1
+                self.running.push(None);
+                self.running.len() - 1
             }
         };
         let mut fresh = TopicPartitionList::new();
@@ -377,7 +238,7 @@ impl Board {
         if fresh.count() > 0 {
             result = result.and_then(|()| consumer.incremental_assign(&fresh));
         }
-        self.tasks[index] = Some(Running {
+        self.running[index] = Some(Running {
             task,
             slot,
             overflow: Vec::new(),
@@ -385,14 +246,14 @@ impl Board {
         });
         if let Err(e) = result {
             // The task cannot read: it ends, and the worker starts it again later.
-            let running = self.tasks[index].as_mut().expect("added above");
+            let running = self.running[index].as_mut().expect("added above");
             let end = running.task.abandon(format!("positioning its partitions: {e}"));
             self.end(consumer, index, Some(end));
         }
     }
 
     fn feed(&mut self, consumer: &StreamConsumer, index: usize, source: u32, message: &BorrowedMessage<'_>) {
-        let Some(running) = self.tasks[index].as_mut() else {
+        let Some(running) = self.running[index].as_mut() else {
             return;
         };
         if running.task.is_full() || !running.overflow.is_empty() {
@@ -410,13 +271,13 @@ impl Board {
                 return;
             }
         }
-        let running = self.tasks[index].as_mut().expect("checked above");
+        let running = self.running[index].as_mut().expect("checked above");
         running.task.push(source, message);
     }
 
     /// A task's turn: refill from what waited, then the task's own step.
     fn turn(&mut self, consumer: &StreamConsumer, index: usize) {
-        let Some(running) = self.tasks[index].as_mut() else {
+        let Some(running) = self.running[index].as_mut() else {
             return;
         };
         let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -440,7 +301,7 @@ impl Board {
         }));
         match stepped {
             Ok(None) => {
-                let running = self.tasks[index].as_mut().expect("still here");
+                let running = self.running[index].as_mut().expect("still here");
                 if running.paused && running.overflow.is_empty() {
                     running.paused = false;
                     let partitions = self.partitions_of(index);
@@ -457,7 +318,7 @@ impl Board {
 
     fn partitions_of(&self, index: usize) -> TopicPartitionList {
         let mut tpl = TopicPartitionList::new();
-        if let Some(running) = &self.tasks[index] {
+        if let Some(running) = &self.running[index] {
             for (topic, partition, _) in running.task.sources() {
                 let _ = tpl.add_partition(&topic, partition);
             }
@@ -469,7 +330,7 @@ impl Board {
     fn end(&mut self, consumer: &StreamConsumer, index: usize, outcome: Outcome) {
         let partitions = self.partitions_of(index);
         let _ = consumer.pause(&partitions);
-        let Some(running) = self.tasks[index].take() else {
+        let Some(running) = self.running[index].take() else {
             return;
         };
         for (topic, partition, _) in running.task.sources() {

@@ -1,6 +1,7 @@
-//! Standby tasks: keep a task's stores warm on another worker by tailing their changelogs,
-//! and vouch for what was applied with the same checkpoint an active task uses. Promoted to
-//! active, the task then replays only what the standby had not read yet.
+//! The state updater: standby (and learner) tasks keep a task's stores warm on another
+//! worker by tailing their changelogs, and vouch for what was applied with the same
+//! checkpoint an active task uses. Promoted to active, the task then replays only what the
+//! standby had not read yet.
 //!
 //! Every standby of a worker runs on one state-updater thread with one consumer for all
 //! their changelog partitions: a standby costs its open stores, not a thread and a
@@ -13,16 +14,16 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::task_state::{offsets_hint, prepare_store, task_dir, Changelog, StateEnv};
-use super::DeployedTopology;
 use crate::group::TaskId;
+use crate::kafka::KafkaSettings;
 use crate::state::checkpoint::{self, Checkpoint};
 use crate::state::rocks::{self, Marker};
+use crate::task::state::{offsets_hint, prepare_store, task_dir, StateEnv};
+use crate::topology::{Changelog, DeployedTopology};
 
 /// How often a standby makes its progress durable.
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(2);
@@ -53,9 +54,9 @@ pub struct StandbyUpdater {
 }
 
 impl StandbyUpdater {
-    pub fn start(bootstrap: &str, env: Arc<StateEnv>) -> anyhow::Result<StandbyUpdater> {
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap)
+    pub fn start(kafka: &KafkaSettings, env: Arc<StateEnv>) -> anyhow::Result<StandbyUpdater> {
+        let consumer: BaseConsumer = kafka
+            .client()
             .set("client.id", "sluice-standby")
             // Learners restore whole stores through this consumer: fetch in large steps, as
             // a restoration does (restore.rs), within a bounded queue.
@@ -73,8 +74,8 @@ impl StandbyUpdater {
             .create()?;
         // Changelog bounds are read on a connection of their own: on the tailing consumer's
         // they would queue behind its long-polling fetch (half a second per standby).
-        let bounds: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap)
+        let bounds: BaseConsumer = kafka
+            .client()
             .set("client.id", "sluice-standby-offsets")
             .set("group.id", "sluice.restore")
             .set("isolation.level", "read_committed")

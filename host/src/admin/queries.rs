@@ -1,0 +1,284 @@
+//! `GET /v1/topologies/{name}/stores/{store}`: interactive queries of a store's committed
+//! state, answered by the workers that run its tasks; and asking every member of the
+//! cluster (by the admin address in its group metadata).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path as UrlPath, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::Json;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use serde::Serialize;
+
+use super::auth::{bearer, caller};
+use super::{internal, not_found, AdminState, ApiError};
+use crate::kafka::KafkaSettings;
+use crate::registry::tenants::Caller;
+
+/// Asks every member of the cluster (by its admin address) for `path`.
+pub(super) async fn ask_members(
+    state: &AdminState,
+    path: &str,
+    token: Option<&str>,
+) -> Result<Vec<(String, anyhow::Result<(StatusCode, bytes::Bytes)>)>, ApiError> {
+    let (kafka, group) = (
+        state.worker.kafka().clone(),
+        crate::group::cluster_group(&state.cluster),
+    );
+    let admins = tokio::task::spawn_blocking(move || member_admins(&kafka, &group))
+        .await
+        .map_err(internal)?
+        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "cluster", e))?;
+    let asks = admins.iter().map(|admin| async move {
+        let answer = super::client::send(hyper::Method::GET, admin, path, token, None, Duration::from_secs(10)).await;
+        (admin.clone(), answer)
+    });
+    Ok(futures::future::join_all(asks).await)
+}
+
+/// What a query asks: one key, or a range of keys (`from` inclusive, `to` exclusive, at most
+/// `limit`), each as text or as hex (`*_hex`). `local`: answer from this worker's stores only
+/// (how workers ask each other).
+#[derive(Debug, Default, serde::Deserialize)]
+pub struct QueryParams {
+    key: Option<String>,
+    key_hex: Option<String>,
+    from: Option<String>,
+    from_hex: Option<String>,
+    to: Option<String>,
+    to_hex: Option<String>,
+    limit: Option<usize>,
+    #[serde(default)]
+    local: bool,
+}
+
+/// One entry of a store, as a query answers it.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Found {
+    pub partition: i32,
+    /// The key as text (when it is UTF-8) and as hex.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub key: Option<String>,
+    pub key_hex: String,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub value: Option<String>,
+    pub value_hex: String,
+    /// Which worker answered (its admin address; empty for a local answer).
+    #[serde(default)]
+    pub worker: String,
+}
+
+/// Most entries a range query answers by default.
+const QUERY_LIMIT: usize = 1000;
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(name: &str, text: &str) -> Result<Vec<u8>, ApiError> {
+    let bad = || {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            format!("{name} = {text:?} is not hex"),
+        )
+    };
+    if !text.len().is_multiple_of(2) {
+        return Err(bad());
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).map_err(|_| bad()))
+        .collect()
+}
+
+fn bytes_of(name: &str, text: &Option<String>, hex: &Option<String>) -> Result<Option<Vec<u8>>, ApiError> {
+    match (text, hex) {
+        (Some(_), Some(_)) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            format!("give {name} or {name}_hex, not both"),
+        )),
+        (Some(t), None) => Ok(Some(t.as_bytes().to_vec())),
+        (None, Some(h)) => unhex(&format!("{name}_hex"), h).map(Some),
+        (None, None) => Ok(None),
+    }
+}
+
+fn found(partition: i32, key: &[u8], value: &[u8]) -> Found {
+    Found {
+        partition,
+        key: std::str::from_utf8(key).ok().map(str::to_string),
+        key_hex: hex(key),
+        value: std::str::from_utf8(value).ok().map(str::to_string),
+        value_hex: hex(value),
+        worker: String::new(),
+    }
+}
+
+/// `GET /v1/topologies/{name}/stores/{store}`: the committed state of a store, read by the
+/// workers that run its tasks (each worker asks every member and merges the answers).
+pub(super) async fn query(
+    State(state): State<Arc<AdminState>>,
+    headers: HeaderMap,
+    UrlPath((name, store)): UrlPath<(String, String)>,
+    Query(params): Query<QueryParams>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let who = caller(&state, &headers)?;
+    let snapshot = state.registry.snapshot();
+    let owned = snapshot.entries.get(&name).filter(|(e, _)| who.owns(&e.tenant));
+    let entry = match owned {
+        Some((e, _)) => Some(e.clone()),
+        // Topologies given with --topology are the admin's.
+        None if state.worker.is_static(&name) && who == Caller::Admin => None,
+        None => return Err(not_found(&state, &name)),
+    };
+    if let Some(e) = entry.as_ref().filter(|e| !e.stores.contains(&store)) {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "no-such-store",
+            format!(
+                "topology {name:?} has no store {store:?} (it declares {})",
+                e.stores.join(", ")
+            ),
+        ));
+    }
+    let key = bytes_of("key", &params.key, &params.key_hex)?;
+    let from = bytes_of("from", &params.from, &params.from_hex)?;
+    let to = bytes_of("to", &params.to, &params.to_hex)?;
+    let limit = params.limit.unwrap_or(QUERY_LIMIT).min(100_000);
+    if params.local {
+        let st = state.clone();
+        let (n, s) = (name.clone(), store.clone());
+        let local = tokio::task::spawn_blocking(move || read_local(&st, &n, &s, key.as_deref(), from, to, limit))
+            .await
+            .map_err(internal)??;
+        return Ok(Json(serde_json::json!({ "entries": local.0, "partitions": local.1 })));
+    }
+    // Every member answers for the tasks it runs.
+    let mut path = format!("/v1/topologies/{name}/stores/{store}?local=true&limit={limit}");
+    for (k, v) in [
+        (
+            "key_hex",
+            params
+                .key_hex
+                .clone()
+                .or(params.key.as_ref().map(|k| hex(k.as_bytes()))),
+        ),
+        (
+            "from_hex",
+            params
+                .from_hex
+                .clone()
+                .or(params.from.as_ref().map(|k| hex(k.as_bytes()))),
+        ),
+        (
+            "to_hex",
+            params.to_hex.clone().or(params.to.as_ref().map(|k| hex(k.as_bytes()))),
+        ),
+    ] {
+        if let Some(v) = v {
+            path.push_str(&format!("&{k}={v}"));
+        }
+    }
+    let answers = ask_members(&state, &path, bearer(&headers)).await?;
+    let mut entries: Vec<Found> = Vec::new();
+    let mut answered: Vec<i32> = Vec::new();
+    let mut problems: Vec<String> = Vec::new();
+    for (admin, answer) in answers {
+        match answer {
+            Ok((code, body)) if code.is_success() => {
+                let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                let mut found: Vec<Found> = serde_json::from_value(v["entries"].clone()).unwrap_or_default();
+                for f in &mut found {
+                    f.worker = admin.clone();
+                }
+                entries.extend(found);
+                answered.extend(
+                    v["partitions"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|p| p.as_i64())
+                        .map(|p| p as i32),
+                );
+            }
+            Ok((code, body)) => problems.push(format!("{admin} answered {code}: {}", String::from_utf8_lossy(&body))),
+            Err(e) => problems.push(format!("{admin}: {e:#}")),
+        }
+    }
+    entries.sort_by(|a, b| (&a.key_hex, a.partition).cmp(&(&b.key_hex, b.partition)));
+    entries.dedup_by(|a, b| a.key_hex == b.key_hex && a.partition == b.partition);
+    entries.truncate(limit);
+    answered.sort();
+    answered.dedup();
+    let missing: Vec<u32> = entry
+        .as_ref()
+        .map(|e| (0..e.partitions).filter(|p| !answered.contains(&(*p as i32))).collect())
+        .unwrap_or_default();
+    Ok(Json(serde_json::json!({
+        "topology": name,
+        "store": store,
+        "entries": entries,
+        "partitions_answered": answered,
+        "partitions_missing": missing,
+        "problems": problems,
+    })))
+}
+
+/// The admin addresses of the cluster's members (from the group coordinator).
+fn member_admins(kafka: &KafkaSettings, group: &str) -> Result<Vec<String>, String> {
+    let consumer: BaseConsumer = kafka.client().create().map_err(|e| e.to_string())?;
+    let list = consumer
+        .fetch_group_list(Some(group), Duration::from_secs(10))
+        .map_err(|e| format!("describing group {group}: {e}"))?;
+    let mut out = Vec::new();
+    for g in list.groups().iter().filter(|g| g.name() == group) {
+        for m in g.members() {
+            let meta = m
+                .metadata()
+                .and_then(|b| crate::group::metadata::MemberMetadata::decode(b).ok());
+            if let Some(admin) = meta.map(|m| m.admin).filter(|a| !a.is_empty()) {
+                out.push(admin);
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// Reads this worker's active stores: one key, or a range. Returns the entries and the
+/// partitions it holds.
+fn read_local(
+    state: &AdminState,
+    topology: &str,
+    store: &str,
+    key: Option<&[u8]>,
+    from: Option<Vec<u8>>,
+    to: Option<Vec<u8>>,
+    limit: usize,
+) -> Result<(Vec<Found>, Vec<i32>), ApiError> {
+    let stores = state.worker.active_stores(topology, store);
+    let mut out = Vec::new();
+    for (partition, db) in &stores {
+        let failed = |e: rocksdb::Error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "store", e.to_string());
+        if let Some(key) = key {
+            if let Some(value) = db.get(key).map_err(failed)? {
+                out.push(found(*partition, key, &value));
+            }
+            continue;
+        }
+        let start = from.clone().unwrap_or_default();
+        let mode = rocksdb::IteratorMode::From(&start, rocksdb::Direction::Forward);
+        for item in db.iterator(mode) {
+            let (k, v) = item.map_err(failed)?;
+            if to.as_deref().is_some_and(|to| &*k >= to) || out.len() >= limit {
+                break;
+            }
+            out.push(found(*partition, &k, &v));
+        }
+    }
+    Ok((out, stores.iter().map(|(p, _)| *p).collect()))
+}

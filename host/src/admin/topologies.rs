@@ -1,0 +1,469 @@
+//! `/v1/topologies`: upload (checked as its worker would run it, then stored in the
+//! registry), list, describe (with where each task runs now) and delete topologies. A
+//! tenant sees and touches only its own, named and bound inside its namespace.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Multipart, Path as UrlPath, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
+
+use super::auth::caller;
+use super::{internal, not_found, store, AdminState, ApiError};
+use crate::manifest::Manifest;
+use crate::registry::tenants::Caller;
+use crate::registry::{self, Entry};
+use crate::runtime::LoadError;
+use crate::worker::handle::DeployCheckError;
+
+/// What the registry says about a topology, as the API shows it.
+#[derive(Debug, Serialize)]
+pub struct TopologyView {
+    #[serde(flatten)]
+    pub entry: Entry,
+    /// `registry` (uploaded) or `manifest` (given to a worker with `--topology`).
+    pub origin: &'static str,
+    /// Its tasks as the workers running them report them now: each active, standby and
+    /// learner copy, on which worker, in which phase, how far behind (describe only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tasks: Option<Vec<TaskPlace>>,
+    /// Partitions no worker reports an active task for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unassigned: Option<Vec<u32>>,
+    /// Workers that could not be asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub problems: Option<Vec<String>>,
+}
+
+/// One copy of a task, on one worker.
+#[derive(Debug, Serialize)]
+pub struct TaskPlace {
+    pub task: String,
+    /// The admin address of the worker that has it.
+    pub worker: String,
+    #[serde(flatten)]
+    pub status: crate::worker::board::TaskStatus,
+}
+
+pub(super) async fn list(
+    State(state): State<Arc<AdminState>>,
+    headers: HeaderMap,
+) -> Result<Json<Vec<TopologyView>>, ApiError> {
+    let who = caller(&state, &headers)?;
+    let snapshot = state.registry.snapshot();
+    Ok(Json(
+        snapshot
+            .entries
+            .values()
+            .filter(|(entry, _)| who.owns(&entry.tenant))
+            .map(|(entry, _)| TopologyView {
+                entry: entry.clone(),
+                origin: "registry",
+                tasks: None,
+                unassigned: None,
+                problems: None,
+            })
+            .collect(),
+    ))
+}
+
+pub(super) async fn describe(
+    State(state): State<Arc<AdminState>>,
+    headers: HeaderMap,
+    UrlPath(name): UrlPath<String>,
+) -> Result<Json<TopologyView>, ApiError> {
+    let who = caller(&state, &headers)?;
+    let snapshot = state.registry.snapshot();
+    // Another tenant's topology is not there, as far as this caller can tell.
+    let Some((entry, _)) = snapshot.entries.get(&name).filter(|(e, _)| who.owns(&e.tenant)) else {
+        return Err(not_found(&state, &name));
+    };
+    // Where its tasks are: every member's live status.
+    let mut tasks = Vec::new();
+    let mut problems = Vec::new();
+    match super::queries::ask_members(&state, "/status", None).await {
+        Ok(answers) => {
+            for (admin, answer) in answers {
+                match answer {
+                    Ok((code, body)) if code.is_success() => {
+                        match serde_json::from_slice::<crate::worker::board::WorkerStatus>(&body) {
+                            Ok(status) => tasks.extend(
+                                status
+                                    .tasks
+                                    .into_iter()
+                                    .filter(|t| t.task.rsplit_once('/').is_some_and(|(topology, _)| topology == name))
+                                    .map(|t| TaskPlace {
+                                        task: t.task.clone(),
+                                        worker: admin.clone(),
+                                        status: t,
+                                    }),
+                            ),
+                            Err(e) => problems.push(format!("{admin}: its status is not readable: {e}")),
+                        }
+                    }
+                    Ok((code, body)) => {
+                        problems.push(format!("{admin} answered {code}: {}", String::from_utf8_lossy(&body)))
+                    }
+                    Err(e) => problems.push(format!("{admin}: {e:#}")),
+                }
+            }
+        }
+        Err(e) => problems.push(e.message),
+    }
+    let partition = |t: &TaskPlace| t.task.rsplit_once('/').and_then(|(_, p)| p.parse::<u32>().ok());
+    tasks.sort_by_key(|t| (partition(t), t.status.role as u8, t.worker.clone()));
+    let unassigned = (0..entry.partitions)
+        .filter(|p| {
+            !tasks
+                .iter()
+                .any(|t| partition(t) == Some(*p) && t.status.role == crate::worker::board::Role::Active)
+        })
+        .collect();
+    Ok(Json(TopologyView {
+        entry: entry.clone(),
+        origin: "registry",
+        tasks: Some(tasks),
+        unassigned: Some(unassigned),
+        problems: Some(problems),
+    }))
+}
+
+pub(super) async fn delete(
+    State(state): State<Arc<AdminState>>,
+    headers: HeaderMap,
+    UrlPath(name): UrlPath<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let who = caller(&state, &headers)?;
+    let snapshot = state.registry.snapshot();
+    let Some((entry, _)) = snapshot
+        .entries
+        .get(&name)
+        .filter(|(e, _)| who.owns(&e.tenant))
+        .cloned()
+    else {
+        return Err(not_found(&state, &name));
+    };
+    state.deploy_allowed(&who)?;
+    let shared = snapshot
+        .entries
+        .values()
+        .any(|(e, _)| e.name != name && e.digest == entry.digest);
+    let e = entry.clone();
+    store(&state, move |w| w.delete(&e, !shared)).await?;
+    Ok(Json(serde_json::json!({ "deleted": name, "version": entry.version })))
+}
+
+/// An upload: its manifest text and component bytes, each with the file name it was sent
+/// under (for messages).
+struct Upload {
+    manifest: (String, String),
+    component: (String, Vec<u8>),
+}
+
+async fn read_upload(mut form: Multipart, limit: usize) -> Result<Upload, ApiError> {
+    let (mut manifest, mut component) = (None, None);
+    loop {
+        let field = match form.next_field().await {
+            Ok(Some(field)) => field,
+            Ok(None) => break,
+            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => return Err(too_large(None, limit)),
+            Err(e) => {
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "bad-request",
+                    format!("reading the upload: {e}"),
+                ))
+            }
+        };
+        let name = field.name().unwrap_or_default().to_string();
+        let file = field.file_name().unwrap_or(&name).to_string();
+        let bytes = match field.bytes().await {
+            Ok(b) => b,
+            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => return Err(too_large(None, limit)),
+            Err(e) => {
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "bad-request",
+                    format!("reading part {name:?} of the upload: {e}"),
+                ))
+            }
+        };
+        match name.as_str() {
+            "manifest" => {
+                let text = String::from_utf8(bytes.to_vec()).map_err(|_| {
+                    ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        "bad-manifest",
+                        format!("manifest {file} is not UTF-8 text"),
+                    )
+                })?;
+                manifest = Some((file, text));
+            }
+            "component" => component = Some((file, bytes.to_vec())),
+            other => {
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "bad-request",
+                    format!("unexpected part {other:?}: an upload has two parts, `manifest` and `component`"),
+                ))
+            }
+        }
+    }
+    match (manifest, component) {
+        (Some(manifest), Some(component)) => Ok(Upload { manifest, component }),
+        (None, _) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            "the upload has no `manifest` part (the topology's manifest, TOML)",
+        )),
+        (_, None) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            "the upload has no `component` part (the topology's Wasm component)",
+        )),
+    }
+}
+
+fn too_large(size: Option<usize>, limit: usize) -> ApiError {
+    let size = size.map_or(String::new(), |s| format!(" ({s} bytes)"));
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "too-large",
+        format!(
+            "the component{size} is larger than this cluster takes ({limit} bytes, the workers' --max-component-size)"
+        ),
+    )
+}
+
+/// `POST /v1/topologies?reprocess_from=…`: where the deployed version starts reading.
+#[derive(Debug, Default, serde::Deserialize)]
+pub struct UploadParams {
+    reprocess_from: Option<String>,
+}
+
+pub(super) async fn upload(
+    State(state): State<Arc<AdminState>>,
+    headers: HeaderMap,
+    Query(params): Query<UploadParams>,
+    form: Multipart,
+) -> Result<Response, ApiError> {
+    let who = caller(&state, &headers)?;
+    let reprocess_from = params
+        .reprocess_from
+        .as_deref()
+        .map(str::parse::<crate::manifest::StartFrom>)
+        .transpose()
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad-request", format!("reprocess_from: {e}")))?;
+    let Upload {
+        manifest: (manifest_file, text),
+        component: (component_file, component),
+    } = read_upload(form, state.max_component_bytes).await?;
+    if component.len() > state.max_component_bytes {
+        return Err(too_large(Some(component.len()), state.max_component_bytes));
+    }
+    let manifest = Manifest::parse_uploaded(&text, &manifest_file, Path::new(&component_file))
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad-manifest", e.to_string()))?;
+    let name = manifest.name.clone();
+    if state.worker.is_static(&name) {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "static-topology",
+            format!("topology {name:?} is given to a worker with --topology; an upload cannot replace it"),
+        ));
+    }
+    let snapshot = state.registry.snapshot();
+    if snapshot.entries.get(&name).is_some_and(|(e, _)| !who.owns(&e.tenant)) {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "name-taken",
+            format!("the topology name {name:?} is taken by another tenant; choose another"),
+        ));
+    }
+    let mut manifest = manifest;
+    if let Caller::Tenant(tenant) = &who {
+        namespace_check(tenant, &manifest)?;
+        let mine: Vec<&Entry> = snapshot
+            .entries
+            .values()
+            .map(|(e, _)| e)
+            .filter(|e| e.tenant == tenant.name && e.name != name)
+            .collect();
+        if let Some(max) = tenant.max_topologies.filter(|max| mine.len() as u32 >= *max) {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "over-limit",
+                format!(
+                    "tenant {} has {} topologies, its limit (max-topologies = {max})",
+                    tenant.name,
+                    mine.len()
+                ),
+            ));
+        }
+        // Its manifest's limits, capped by the tenant's (checked against the worker's below).
+        tenant.caps.apply(&mut manifest.limits);
+    }
+    // Counted before compiling: what the limit protects is the work of checking uploads.
+    state.deploy_allowed(&who)?;
+    // Everything a worker checks before running it, on a blocking thread: compiling and
+    // describing run guest code (under the sandbox's limits).
+    let st = state.clone();
+    let checked = tokio::task::spawn_blocking(move || check(&st, manifest, &component).map(|d| (d, component)))
+        .await
+        .map_err(internal)?;
+    let ((description, partitions), component) = checked?;
+    if let Caller::Tenant(tenant) = &who {
+        let others: u32 = snapshot
+            .entries
+            .values()
+            .map(|(e, _)| e)
+            .filter(|e| e.tenant == tenant.name && e.name != name)
+            .map(|e| e.partitions)
+            .sum();
+        if let Some(max) = tenant.max_tasks.filter(|max| others + partitions as u32 > *max) {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "over-limit",
+                format!(
+                    "tenant {} would run {} tasks with this topology's {partitions}, over its limit (max-tasks = {max})",
+                    tenant.name,
+                    others + partitions as u32
+                ),
+            ));
+        }
+    }
+    let digest = registry::digest(&component);
+    let previous = snapshot.entries.get(&name).map(|(e, _)| e.clone());
+    if let Some(p) = previous
+        .as_ref()
+        .filter(|p| p.digest == digest && p.manifest == text && reprocess_from.is_none())
+    {
+        return Ok((StatusCode::OK, Json(p.clone())).into_response());
+    }
+    let version = previous.as_ref().map_or(1, |p| p.version + 1);
+    // Reprocessing: this version commits in a fresh group, which starts there. Otherwise
+    // the group (and its start) of the version before stays.
+    let (offsets_epoch, reprocess_from) = match reprocess_from {
+        Some(from) => (version, Some(from)),
+        None => previous
+            .as_ref()
+            .map_or((0, None), |p| (p.offsets_epoch, p.reprocess_from)),
+    };
+    let entry = Entry {
+        name: name.clone(),
+        version,
+        manifest: text,
+        digest: digest.clone(),
+        size: component.len() as u64,
+        chunks: component.len().div_ceil(registry::CHUNK_BYTES) as u32,
+        uploaded_at_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64),
+        partitions: partitions as u32,
+        sources: description.sources,
+        sinks: description.sinks,
+        stores: description.stores,
+        tenant: who.name().to_string(),
+        caps: match &who {
+            Caller::Tenant(tenant) => tenant.caps,
+            Caller::Admin => Default::default(),
+        },
+        offsets_epoch,
+        reprocess_from,
+    };
+    let present = snapshot.entries.values().any(|(e, _)| e.digest == digest);
+    let e = entry.clone();
+    store(&state, move |w| w.put(&e, &component, present)).await?;
+    tracing::info!(topology = %name, version = entry.version, digest = %entry.digest, "uploaded to the registry");
+    Ok((StatusCode::CREATED, Json(entry)).into_response())
+}
+
+/// A tenant's topology is named inside its namespace and binds only topics in it (its
+/// changelogs, `<name>-<store>-changelog`, then are too).
+fn namespace_check(tenant: &crate::registry::tenants::Tenant, manifest: &Manifest) -> Result<(), ApiError> {
+    let ns = &tenant.namespace;
+    if !manifest.name.starts_with(ns.as_str()) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "foreign-name",
+            format!(
+                "topology {:?} is outside tenant {}'s namespace: its name must start with {ns:?}",
+                manifest.name, tenant.name
+            ),
+        ));
+    }
+    let topics = manifest
+        .sources
+        .iter()
+        .map(|(n, t)| ("source", n, t))
+        .chain(manifest.sinks.iter().map(|(n, t)| ("sink", n, t)));
+    for (kind, binding, topic) in topics {
+        if !topic.starts_with(ns.as_str()) {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "foreign-topic",
+                format!(
+                    "{kind} {binding:?} is bound to {topic:?}, outside tenant {}'s namespace {ns:?}",
+                    tenant.name
+                ),
+            ));
+        }
+    }
+    if let Some(topic) = manifest
+        .dead_letter_topic
+        .as_ref()
+        .filter(|t| !t.starts_with(ns.as_str()))
+    {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "foreign-topic",
+            format!(
+                "dead-letter-topic {topic:?} is outside tenant {}'s namespace {ns:?}",
+                tenant.name
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks an upload as its worker would before running it (see
+/// [`crate::worker::WorkerHandle::check`]); each failure gets its own status and kind. Returns its description and partition count.
+fn check(
+    state: &AdminState,
+    manifest: Manifest,
+    component: &[u8],
+) -> Result<(sluice_wire::Description, i32), ApiError> {
+    let checked = state
+        .worker
+        .check(&manifest, component, Duration::from_secs(2))
+        .map_err(|e| {
+            let (status, kind) = match &e {
+                DeployCheckError::Load(LoadError::Read { .. } | LoadError::NotAComponent { .. }) => {
+                    (StatusCode::BAD_REQUEST, "not-a-component")
+                }
+                DeployCheckError::Load(LoadError::WrongWorld { .. }) => {
+                    (StatusCode::UNPROCESSABLE_ENTITY, "wrong-world")
+                }
+                DeployCheckError::Load(LoadError::WrongVersion { .. }) => {
+                    (StatusCode::UNPROCESSABLE_ENTITY, "wrong-version")
+                }
+                DeployCheckError::Load(LoadError::MissingExport { .. }) => {
+                    (StatusCode::UNPROCESSABLE_ENTITY, "missing-export")
+                }
+                DeployCheckError::Load(LoadError::Describe { .. }) => {
+                    (StatusCode::UNPROCESSABLE_ENTITY, "describe-failed")
+                }
+                DeployCheckError::Load(LoadError::BadDescription { .. }) => {
+                    (StatusCode::UNPROCESSABLE_ENTITY, "bad-description")
+                }
+                DeployCheckError::Limits(_) => (StatusCode::UNPROCESSABLE_ENTITY, "bad-limits"),
+                DeployCheckError::Binding(_) => (StatusCode::UNPROCESSABLE_ENTITY, "bad-binding"),
+                DeployCheckError::Topics(_) => (StatusCode::UNPROCESSABLE_ENTITY, "bad-topic"),
+            };
+            ApiError::new(status, kind, e.to_string())
+        })?;
+    Ok((checked.description, checked.partitions))
+}

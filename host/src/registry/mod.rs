@@ -1,0 +1,185 @@
+//! The registry of uploaded topologies: a compacted Kafka topic of the cluster, so any
+//! worker can take an upload and every worker learns of it by reading the topic.
+//!
+//! Records, in one partition (so a reader sees a component's chunks before the entry that
+//! names it):
+//!
+//! - `c/<sha256>/<index>`: a chunk of a component (at most [`CHUNK_BYTES`]), addressed by
+//!   the SHA-256 of the whole component. Chunks of a digest no entry names any more are
+//!   deleted (tombstoned) with the last entry that named them.
+//! - `t/<name>`: a topology ([`Entry`], JSON): its manifest text, its component's digest,
+//!   size and chunk count, its version. A tombstone deletes it.
+//!
+//! The registry also holds the tenants an admin created through the API (`n/<name>`), and
+//! [`tenants`] is the model of tenants, their tokens, namespaces and caps.
+//!
+//! A reader ([`Watcher`]) replays the topic from the start, writes each component to disk
+//! once all its chunks arrived and their digest checks, and publishes the current entries
+//! whenever they change.
+
+mod reader;
+pub mod tenants;
+mod writer;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+pub use reader::Watcher;
+pub use writer::{ensure_topic, Writer};
+
+/// Most bytes of a component in one record (brokers take 1 MB records by default).
+pub const CHUNK_BYTES: usize = 512 * 1024;
+
+/// The registry topic of a cluster.
+pub fn topic(cluster: &str) -> String {
+    format!("sluice.cluster.{cluster}.registry")
+}
+
+/// An uploaded topology as the registry holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    pub name: String,
+    /// 1 for the first upload of a name, one more for each upgrade.
+    pub version: u32,
+    /// The manifest as uploaded (its `component` line, if any, is not used).
+    pub manifest: String,
+    /// SHA-256 of the component, hex.
+    pub digest: String,
+    pub size: u64,
+    pub chunks: u32,
+    /// Milliseconds since the Unix epoch.
+    pub uploaded_at_ms: i64,
+    /// As checked at upload: the source topics' partition count (tasks), and what the
+    /// component declares.
+    #[serde(default)]
+    pub partitions: u32,
+    #[serde(default)]
+    pub sources: Vec<String>,
+    #[serde(default)]
+    pub sinks: Vec<String>,
+    #[serde(default)]
+    pub stores: Vec<String>,
+    /// Who uploaded it: a tenant's name, or `admin`.
+    #[serde(default = "admin")]
+    pub tenant: String,
+    /// Limits its tenant imposes, over what its manifest says (the lower one wins).
+    #[serde(flatten)]
+    pub caps: tenants::Caps,
+    /// The version that last asked to reprocess (0: none): its source offsets are
+    /// committed in group `sluice-<name>.v<epoch>`, which starts at `reprocess_from`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub offsets_epoch: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reprocess_from: Option<crate::manifest::StartFrom>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+fn admin() -> String {
+    tenants::ADMIN.to_string()
+}
+
+impl Entry {
+    /// The limits it runs under: its manifest's, capped by its tenant's.
+    pub fn cap(&self, limits: &mut crate::manifest::Limits) {
+        self.caps.apply(limits);
+    }
+}
+
+/// SHA-256 of `bytes`, hex.
+pub fn digest(bytes: &[u8]) -> String {
+    let hash = Sha256::digest(bytes);
+    hash.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn chunk_key(digest: &str, index: u32) -> String {
+    format!("c/{digest}/{index:05}")
+}
+
+fn entry_key(name: &str) -> String {
+    format!("t/{name}")
+}
+
+/// What a record of the registry topic is.
+enum Record<'a> {
+    Chunk {
+        digest: &'a str,
+        index: u32,
+    },
+    Entry {
+        name: &'a str,
+    },
+    /// A tenant an admin created through the API.
+    Tenant {
+        name: &'a str,
+    },
+}
+
+fn parse_key(key: &str) -> Option<Record<'_>> {
+    if let Some(rest) = key.strip_prefix("c/") {
+        let (digest, index) = rest.split_once('/')?;
+        return Some(Record::Chunk {
+            digest,
+            index: index.parse().ok()?,
+        });
+    }
+    if let Some(name) = key.strip_prefix("n/") {
+        return Some(Record::Tenant { name });
+    }
+    key.strip_prefix("t/").map(|name| Record::Entry { name })
+}
+
+fn tenant_key(name: &str) -> String {
+    format!("n/{name}")
+}
+
+/// The registry as a reader has seen it.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// Topologies by name, each with the path of its component on disk.
+    pub entries: BTreeMap<String, (Entry, PathBuf)>,
+    /// Tenants an admin created through the API (the configuration file's are not here).
+    pub tenants: BTreeMap<String, tenants::RawTenant>,
+    /// Deploys, upgrades and deletes of the last two minutes, through any worker: the tenant
+    /// and when (ms since the epoch, as the writing worker's clock had it).
+    pub changes: Vec<(String, i64)>,
+    /// The offset after the last record read.
+    pub position: i64,
+}
+
+impl Snapshot {
+    /// How many deploys, upgrades and deletes `tenant` made through any worker since
+    /// `since` (ms since the epoch).
+    pub fn changes_since(&self, tenant: &str, since: i64) -> usize {
+        self.changes
+            .iter()
+            .filter(|(t, at)| t == tenant && *at >= since)
+            .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_round_trip() {
+        let d = digest(b"hello");
+        assert_eq!(d.len(), 64);
+        match parse_key(&chunk_key(&d, 7)) {
+            Some(Record::Chunk { digest, index }) => assert_eq!((digest, index), (d.as_str(), 7)),
+            _ => panic!("not a chunk"),
+        }
+        match parse_key(&entry_key("shout")) {
+            Some(Record::Entry { name }) => assert_eq!(name, "shout"),
+            _ => panic!("not an entry"),
+        }
+        assert!(parse_key("x/y").is_none());
+        assert!(parse_key("c/abc/notanumber").is_none());
+    }
+}

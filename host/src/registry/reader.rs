@@ -1,0 +1,241 @@
+//! Reading the registry: a thread tails its topic, writes each component to disk once all
+//! its chunks arrived and their digest checks, and publishes a [`Snapshot`] whenever the
+//! entries change.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::{digest, parse_key, tenants, topic, Entry, Record, Snapshot};
+use crate::kafka::KafkaSettings;
+
+/// Tails the registry topic on a thread of its own.
+pub struct Watcher {
+    pub updates: tokio::sync::watch::Receiver<Arc<Snapshot>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Watcher {
+    /// Starts reading the registry of `cluster` and returns once everything written before
+    /// now has been read (so a worker starts knowing every topology). Components are kept
+    /// under `dir`.
+    pub fn start(kafka: &KafkaSettings, cluster: &str, dir: &Path) -> anyhow::Result<Watcher> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let name = topic(cluster);
+        let consumer: BaseConsumer = kafka
+            .client()
+            .set("group.id", "sluice.registry")
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("enable.partition.eof", "false")
+            .set("isolation.level", "read_committed")
+            .set("fetch.wait.max.ms", "100")
+            .set("fetch.queue.backoff.ms", "10")
+            .create()
+            .context("creating the registry reader")?;
+        // A topic created a moment ago (by this worker or another) takes a moment to reach
+        // every broker's metadata.
+        let patience = std::time::Instant::now() + Duration::from_secs(30);
+        let end = loop {
+            match consumer.fetch_watermarks(&name, 0, Duration::from_secs(15)) {
+                Ok((_, end)) => break end,
+                Err(e) if std::time::Instant::now() < patience => {
+                    tracing::debug!("reading the end of the registry {name}: {e}; trying again");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => return Err(e).with_context(|| format!("reading the end of the registry {name}")),
+            }
+        };
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&name, 0, Offset::Beginning)?;
+        consumer.assign(&tpl)?;
+        let mut state = Reader {
+            dir: dir.to_path_buf(),
+            chunks: HashMap::new(),
+            entries: BTreeMap::new(),
+            tenants: BTreeMap::new(),
+            changes: Default::default(),
+            position: 0,
+        };
+        // Everything written before now, before the worker starts.
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while state.position < end {
+            if std::time::Instant::now() > deadline {
+                bail!(
+                    "reading the registry {name}: stuck at offset {} of {end}",
+                    state.position
+                );
+            }
+            state.poll(&consumer, Duration::from_millis(200));
+        }
+        let (tx, rx) = tokio::sync::watch::channel(Arc::new(state.snapshot()));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        std::thread::Builder::new().name("registry".into()).spawn(move || {
+            while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                if state.poll(&consumer, Duration::from_millis(200)) {
+                    tx.send_replace(Arc::new(state.snapshot()));
+                }
+            }
+        })?;
+        Ok(Watcher { updates: rx, stop })
+    }
+
+    /// The registry now.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.updates.borrow().clone()
+    }
+
+    /// Waits until the reader has read past `offset` (a write of this worker), at most
+    /// `timeout`.
+    pub async fn wait_for(&self, offset: i64, timeout: Duration) -> bool {
+        let mut rx = self.updates.clone();
+        tokio::time::timeout(timeout, rx.wait_for(|s| s.position > offset))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+}
+
+struct Reader {
+    dir: PathBuf,
+    /// Chunks of components not assembled yet, by digest and index.
+    chunks: HashMap<String, BTreeMap<u32, Vec<u8>>>,
+    entries: BTreeMap<String, (Entry, PathBuf)>,
+    tenants: BTreeMap<String, tenants::RawTenant>,
+    changes: std::collections::VecDeque<(String, i64)>,
+    position: i64,
+}
+
+impl Reader {
+    /// Notes a deploy, upgrade or delete of `tenant`'s at `at` (ms since the epoch); those of
+    /// the last two minutes (of the newest) are kept.
+    fn changed_by(&mut self, tenant: String, at: i64) {
+        self.changes.push_back((tenant, at));
+        while self.changes.front().is_some_and(|(_, t)| *t < at - 120_000) {
+            self.changes.pop_front();
+        }
+    }
+
+    /// Reads what is there; true when the entries changed.
+    fn poll(&mut self, consumer: &BaseConsumer, wait: Duration) -> bool {
+        let mut changed = false;
+        let mut wait = wait;
+        // A bounded number per call, so the caller publishes and checks for a stop.
+        for _ in 0..1000 {
+            let Some(polled) = consumer.poll(wait) else { break };
+            wait = Duration::ZERO;
+            let m = match polled {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!("reading the registry: {e}");
+                    break;
+                }
+            };
+            self.position = m.offset() + 1;
+            let Some(key) = m.key().and_then(|k| std::str::from_utf8(k).ok()) else {
+                continue;
+            };
+            match parse_key(key) {
+                Some(Record::Chunk { digest, index }) => match m.payload() {
+                    Some(bytes) => {
+                        if !self.component_path(digest).exists() {
+                            self.chunks
+                                .entry(digest.to_string())
+                                .or_default()
+                                .insert(index, bytes.to_vec());
+                        }
+                    }
+                    None => {
+                        self.chunks.remove(digest);
+                    }
+                },
+                Some(Record::Entry { name }) => {
+                    changed = true;
+                    let at = m.timestamp().to_millis().unwrap_or(0);
+                    match m.payload() {
+                        None => {
+                            if let Some((entry, _)) = self.entries.remove(name) {
+                                self.changed_by(entry.tenant, at);
+                            }
+                        }
+                        Some(json) => match serde_json::from_slice::<Entry>(json) {
+                            Ok(entry) => match self.assemble(&entry) {
+                                Ok(path) => {
+                                    self.changed_by(entry.tenant.clone(), at);
+                                    self.entries.insert(name.to_string(), (entry, path));
+                                }
+                                Err(e) => tracing::error!(topology = name, "not running an uploaded topology: {e}"),
+                            },
+                            Err(e) => tracing::error!(topology = name, "an unreadable registry entry: {e}"),
+                        },
+                    }
+                }
+                Some(Record::Tenant { name }) => {
+                    changed = true;
+                    match m.payload().map(serde_json::from_slice::<tenants::RawTenant>) {
+                        None => {
+                            self.tenants.remove(name);
+                        }
+                        Some(Ok(tenant)) => {
+                            self.tenants.insert(name.to_string(), tenant);
+                        }
+                        Some(Err(e)) => tracing::error!(tenant = name, "an unreadable tenant in the registry: {e}"),
+                    }
+                }
+                None => tracing::warn!(key, "an unknown record in the registry; skipped"),
+            }
+        }
+        changed
+    }
+
+    fn component_path(&self, digest: &str) -> PathBuf {
+        self.dir.join(format!("{digest}.wasm"))
+    }
+
+    /// The component of `entry` on disk: written from its chunks (checked) if not there yet.
+    fn assemble(&mut self, entry: &Entry) -> Result<PathBuf, String> {
+        let path = self.component_path(&entry.digest);
+        if path.exists() {
+            return Ok(path);
+        }
+        let chunks = self.chunks.remove(&entry.digest).unwrap_or_default();
+        if chunks.len() != entry.chunks as usize || !chunks.keys().copied().eq(0..entry.chunks) {
+            return Err(format!(
+                "component {} has {} of its {} chunks in the registry",
+                entry.digest,
+                chunks.len(),
+                entry.chunks
+            ));
+        }
+        let bytes: Vec<u8> = chunks.into_values().flatten().collect();
+        if bytes.len() as u64 != entry.size || digest(&bytes) != entry.digest {
+            return Err(format!("component {} does not match its digest or size", entry.digest));
+        }
+        let partial = path.with_extension("partial");
+        std::fs::write(&partial, &bytes)
+            .and_then(|()| std::fs::rename(&partial, &path))
+            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+        Ok(path)
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            entries: self.entries.clone(),
+            tenants: self.tenants.clone(),
+            changes: self.changes.iter().cloned().collect(),
+            position: self.position,
+        }
+    }
+}

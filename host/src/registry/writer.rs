@@ -1,0 +1,124 @@
+//! Writing to the registry: creating its topic, and idempotent writes of components,
+//! entries and tenants, each acknowledged by all in-sync replicas.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+
+use super::{chunk_key, entry_key, tenant_key, tenants, topic, Entry, CHUNK_BYTES};
+use crate::kafka::KafkaSettings;
+
+/// Creates the registry topic when it is missing (compacted, one partition).
+pub fn ensure_topic(kafka: &KafkaSettings, cluster: &str) -> anyhow::Result<()> {
+    let name = topic(cluster);
+    let config = kafka.client();
+    let probe: BaseConsumer = config.create()?;
+    let metadata = probe
+        .fetch_metadata(Some(&name), Duration::from_secs(15))
+        .with_context(|| format!("looking up the registry topic {name}"))?;
+    if metadata
+        .topics()
+        .iter()
+        .any(|t| t.name() == name && t.error().is_none() && !t.partitions().is_empty())
+    {
+        return Ok(());
+    }
+    let brokers = metadata.brokers().len().max(1);
+    let replication = (brokers as i32).clamp(1, 3);
+    let isr = (replication - 1).max(1).to_string();
+    let max_bytes = (2 * CHUNK_BYTES).to_string();
+    let admin: AdminClient<DefaultClientContext> = config.create()?;
+    let new = NewTopic::new(&name, 1, TopicReplication::Fixed(replication))
+        .set("cleanup.policy", "compact")
+        .set("min.insync.replicas", &isr)
+        .set("max.message.bytes", &max_bytes);
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    for result in futures::executor::block_on(admin.create_topics([&new], &options))? {
+        match result {
+            Ok(_) => tracing::info!(topic = %name, "created the registry topic"),
+            Err((_, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((t, e)) => bail!("creating the registry topic {t}: {e}"),
+        }
+    }
+    Ok(())
+}
+
+/// Writes to the registry: idempotent, every write acknowledged by all in-sync replicas.
+pub struct Writer {
+    producer: ThreadedProducer<DefaultProducerContext>,
+    topic: String,
+}
+
+impl Writer {
+    pub fn new(kafka: &KafkaSettings, cluster: &str) -> anyhow::Result<Writer> {
+        let producer = kafka
+            .client()
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("message.max.bytes", (2 * CHUNK_BYTES).to_string())
+            .set("linger.ms", "5")
+            .create()
+            .context("creating the registry producer")?;
+        Ok(Writer {
+            producer,
+            topic: topic(cluster),
+        })
+    }
+
+    fn send(&self, key: &str, value: Option<&[u8]>) -> anyhow::Result<()> {
+        let mut record = BaseRecord::<str, [u8]>::to(&self.topic).key(key).partition(0);
+        if let Some(value) = value {
+            record = record.payload(value);
+        }
+        self.producer
+            .send(record)
+            .map_err(|(e, _)| anyhow::anyhow!("writing {key} to the registry {}: {e}", self.topic))
+    }
+
+    fn flush(&self) -> anyhow::Result<()> {
+        self.producer
+            .flush(Duration::from_secs(60))
+            .with_context(|| format!("writing to the registry {}", self.topic))
+    }
+
+    /// Stores a component (its chunks) and then the entry naming it; returns once both are
+    /// acknowledged. `chunks_present`: the chunks are there already (same digest).
+    pub fn put(&self, entry: &Entry, component: &[u8], chunks_present: bool) -> anyhow::Result<()> {
+        if !chunks_present {
+            for (index, chunk) in component.chunks(CHUNK_BYTES).enumerate() {
+                self.send(&chunk_key(&entry.digest, index as u32), Some(chunk))?;
+            }
+        }
+        let value = serde_json::to_vec(entry)?;
+        self.send(&entry_key(&entry.name), Some(&value))?;
+        self.flush()
+    }
+
+    /// Stores a tenant (created or changed through the API).
+    pub fn put_tenant(&self, name: &str, tenant: &tenants::RawTenant) -> anyhow::Result<()> {
+        let value = serde_json::to_vec(tenant)?;
+        self.send(&tenant_key(name), Some(&value))?;
+        self.flush()
+    }
+
+    pub fn delete_tenant(&self, name: &str) -> anyhow::Result<()> {
+        self.send(&tenant_key(name), None)?;
+        self.flush()
+    }
+
+    /// Deletes an entry, and the chunks of its component when `drop_chunks` (no other
+    /// entry names them).
+    pub fn delete(&self, entry: &Entry, drop_chunks: bool) -> anyhow::Result<()> {
+        self.send(&entry_key(&entry.name), None)?;
+        if drop_chunks {
+            for index in 0..entry.chunks {
+                self.send(&chunk_key(&entry.digest, index), None)?;
+            }
+        }
+        self.flush()
+    }
+}

@@ -1,0 +1,320 @@
+//! A batch through the guest: records fed in, one call, what it emits produced; a batch
+//! that fails is split (or, after a deadline, retried one record per turn) until the
+//! failing record is found, and every other record is processed once. Punctuation and
+//! close are guest calls too.
+
+use std::time::Instant;
+
+use rdkafka::message::{Headers as _, Message};
+use sluice_wire::wire::{self, Header, Writer, INHERIT_TIMESTAMP};
+
+use super::commit::enqueue;
+use super::delivery::Outgoing;
+use super::{now_ms, KafkaEnv, Task, TaskError};
+use crate::runtime::{CallOutput, GuestFault, TaskInstance};
+
+impl Task {
+    /// Adds a record of source `source` to the batch (check [`is_full`](Self::is_full) first).
+    pub fn push<M: Message>(&mut self, source: u32, m: &M) {
+        let timestamp = m.timestamp().to_millis().unwrap_or(-1);
+        let headers: Vec<Header<'_>> = match m.headers() {
+            Some(h) => h
+                .iter()
+                .map(|h| Header {
+                    name: h.key.as_bytes(),
+                    value: h.value,
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        self.writer.push_input(
+            m.key(),
+            m.payload(),
+            timestamp,
+            source,
+            m.partition(),
+            m.offset(),
+            headers.into_iter(),
+        );
+        self.batch.push((source, m.offset()));
+        self.stream_time = self.stream_time.max(timestamp);
+    }
+
+    pub(super) fn process_batch(&mut self, env: &mut KafkaEnv) -> Result<(), TaskError> {
+        if self.retry.is_some() {
+            return self.retry_step(env);
+        }
+        if let Some(rate) = &mut self.rate {
+            rate.take(self.batch.len(), Instant::now());
+        }
+        let result = self.process_batch_inner(env);
+        if result.is_err() || self.retry.is_none() {
+            self.clear_batch();
+        }
+        result
+    }
+
+    /// The next record of a batch that ran into its deadline, alone in a fresh instance; if
+    /// it runs into its deadline too, the policy judges it and the task cools down again.
+    pub(super) fn retry_step(&mut self, env: &mut KafkaEnv) -> Result<(), TaskError> {
+        let Some(i) = self.retry else {
+            return Ok(());
+        };
+        let whole = self.writer.as_bytes().to_vec();
+        let batch = self.batch.clone();
+        let started = Instant::now();
+        let outcome = match self.process_part(&whole, i..i + 1) {
+            Ok(Some(fault)) => {
+                if matches!(fault, GuestFault::Deadline { .. }) {
+                    self.cool_down(started.elapsed());
+                }
+                self.reject(&whole, &batch, i..i + 1, fault, env)
+            }
+            Ok(None) => Ok(()),
+            Err(e) => Err(e),
+        };
+        if outcome.is_err() || i + 1 >= batch.len() {
+            self.clear_batch();
+        } else {
+            self.retry = Some(i + 1);
+        }
+        outcome
+    }
+
+    pub(super) fn process_batch_inner(&mut self, env: &mut KafkaEnv) -> Result<(), TaskError> {
+        let started = Instant::now();
+        // A record skipped or dead-lettered left its faulted instance behind: go on in a
+        // fresh one (or, when none can start, let the policy judge the batch by that).
+        let result = match self.renew_instance()? {
+            Some(fault) => Err(fault),
+            None => self.instance.process(self.writer.as_bytes()),
+        };
+        self.counters.calls.inc();
+        self.counters.call_seconds.inc_by(started.elapsed().as_secs_f64());
+        let fault = match result {
+            Ok(output) => match self.produce(&output, self.stream_time, "a batch") {
+                Ok(()) => {
+                    self.done(0..self.batch.len());
+                    return Ok(());
+                }
+                Err(TaskError::Guest { fault, .. }) => fault,
+                Err(other) => return Err(other),
+            },
+            Err(fault) => fault,
+        };
+        if matches!(fault, GuestFault::Deadline { .. }) {
+            // Each further try may run into the deadline again: rather than halving the
+            // batch at once (up to 2n - 1 calls at the deadline, holding the stream thread
+            // throughout), try its records one per turn, each after a cooldown.
+            self.cool_down(started.elapsed());
+            if self.batch.len() > 1 {
+                tracing::info!(task = %self.id, records = self.batch.len(), "{fault}; processing the batch one record per turn to find the record");
+                self.retry = Some(0);
+                return Ok(());
+            }
+        }
+        // Some record of the batch cannot be processed, or the batch as a whole is too much
+        // for the guest: find out which by processing parts of it in fresh instances.
+        let whole = self.writer.as_bytes().to_vec();
+        let batch = self.batch.clone();
+        self.isolate(&whole, &batch, 0..batch.len(), fault, env)
+    }
+
+    /// Marks records `range` of the batch processed: their offsets may be committed.
+    pub(super) fn done(&mut self, range: std::ops::Range<usize>) {
+        let n = range.len() as u64;
+        self.summary.records_in += n;
+        self.counters.records_in.inc_by(n);
+        for i in range {
+            let (source, offset) = self.batch[i];
+            self.positions[source as usize] = Some(offset + 1);
+        }
+    }
+
+    /// Records `range` of `whole` failed together with `fault`. With one record, the
+    /// topology's error policy decides; with more, the part before a record the guest named
+    /// (or the first half) is processed again in a fresh instance, then the rest, so the
+    /// failing record is isolated and every other record is processed once.
+    pub(super) fn isolate(
+        &mut self,
+        whole: &[u8],
+        batch: &[(u32, i64)],
+        range: std::ops::Range<usize>,
+        fault: GuestFault,
+        env: &mut KafkaEnv,
+    ) -> Result<(), TaskError> {
+        if range.len() == 1 || matches!(fault, GuestFault::Instantiate { .. }) {
+            return self.reject(whole, batch, range, fault, env);
+        }
+        tracing::info!(task = %self.id, records = range.len(), "{fault}; processing the batch in parts to find the record");
+        let parts = match fault.record_index().map(|i| range.start + i as usize) {
+            // The guest named the record: what comes before it, it alone, what follows.
+            Some(at) if at < range.end => vec![
+                (range.start..at, None),
+                (at..at + 1, Some(fault)),
+                (at + 1..range.end, None),
+            ],
+            _ => {
+                let mid = range.start + range.len() / 2;
+                vec![(range.start..mid, None), (mid..range.end, None)]
+            }
+        };
+        for (part, known) in parts {
+            if part.is_empty() {
+                continue;
+            }
+            let fault = match known {
+                Some(fault) => fault,
+                None => match self.process_part(whole, part.clone())? {
+                    None => continue,
+                    Some(fault) => fault,
+                },
+            };
+            self.isolate(whole, batch, part, fault, env)?;
+        }
+        Ok(())
+    }
+
+    /// Processes records `part` of `whole` in a fresh instance (the last one faulted) and
+    /// produces their output; the fault if they fail.
+    pub(super) fn process_part(
+        &mut self,
+        whole: &[u8],
+        part: std::ops::Range<usize>,
+    ) -> Result<Option<GuestFault>, TaskError> {
+        if let Some(fault) = self.renew_instance()? {
+            return Ok(Some(fault));
+        }
+        let mut writer = Writer::new();
+        let inputs = wire::inputs(whole).expect("the host's own batch encoding");
+        for input in inputs.skip(part.start).take(part.len()) {
+            let input = input.expect("the host's own batch encoding");
+            writer.push_input(
+                input.key,
+                input.value,
+                input.timestamp,
+                input.source,
+                input.partition,
+                input.offset,
+                input.headers.iter().collect::<Vec<_>>().into_iter(),
+            );
+        }
+        let output = match self.call("a part of a batch", |i| i.process(writer.as_bytes())) {
+            Ok(output) => output,
+            Err(TaskError::Guest { fault, .. }) => return Ok(Some(fault)),
+            Err(other) => return Err(other),
+        };
+        match self.produce(&output, self.stream_time, "a part of a batch") {
+            Ok(()) => {
+                self.done(part);
+                Ok(None)
+            }
+            Err(TaskError::Guest { fault, .. }) => Ok(Some(fault)),
+            Err(other) => Err(other),
+        }
+    }
+
+    /// A fresh instance over the same stores when the current one faulted. Its own fault
+    /// (it cannot start) is returned.
+    pub(super) fn renew_instance(&mut self) -> Result<Option<GuestFault>, TaskError> {
+        if !self.instance.is_faulted() {
+            return Ok(None);
+        }
+        let topology = &self.ctx.topology;
+        let stores = self.instance.take_stores();
+        let fresh = topology
+            .loaded
+            .instantiate(&self.id, topology.loaded.description().sinks.clone(), stores)
+            .and_then(|mut instance| instance.init(&self.info).map(|()| instance));
+        match fresh {
+            Ok(instance) => {
+                self.instance = instance;
+                Ok(None)
+            }
+            Err(fault) => Ok(Some(fault)),
+        }
+    }
+
+    /// Produces what a call (`at` says which) emitted, then keeps the call's state writes;
+    /// output that breaks the contract drops them. Records without a timestamp of their own
+    /// get `default_ts`.
+    pub(super) fn produce(&mut self, output: &CallOutput, default_ts: i64, at: &str) -> Result<(), TaskError> {
+        let sink_topics = &self.ctx.topology.binding.sink_topics;
+        let records = match output.records(sink_topics.len()) {
+            Ok(records) => records,
+            Err(fault) => {
+                self.instance.end_call(false);
+                return Err(TaskError::Guest {
+                    task: self.id.clone(),
+                    at: at.to_string(),
+                    fault,
+                });
+            }
+        };
+        for r in &records {
+            let timestamp = if r.timestamp == INHERIT_TIMESTAMP {
+                default_ts
+            } else {
+                r.timestamp
+            };
+            let out = Outgoing {
+                topic: &sink_topics[r.sink as usize],
+                partition: None,
+                key: r.key,
+                value: r.value,
+                timestamp: timestamp.max(-1),
+                headers: r.headers,
+            };
+            enqueue(&mut self.output, &self.tracker, &self.ctx, &self.id, out)?;
+        }
+        self.instance.end_call(true);
+        let n = records.len() as u64;
+        self.summary.records_out += n;
+        self.counters.records_out.inc_by(n);
+        Ok(())
+    }
+
+    pub(super) fn maybe_punctuate(&mut self) -> Result<(), TaskError> {
+        // Stream time starts with the first record this task sees; until then there is no
+        // time to punctuate by (a restarted task on an idle partition would otherwise close
+        // every open window at the start of time).
+        if self.stream_time == i64::MIN {
+            return Ok(());
+        }
+        let interval = self.ctx.settings.punctuate_interval;
+        let stream_due = self.stream_time.saturating_sub(self.last_punctuate_stream) >= interval.as_millis() as i64;
+        if !(stream_due || self.last_punctuate.elapsed() >= interval) {
+            return Ok(());
+        }
+        self.last_punctuate = Instant::now();
+        self.last_punctuate_stream = self.stream_time;
+        let (stream_time, wall) = (self.stream_time, now_ms());
+        let at = format!("punctuation (stream time {stream_time})");
+        let output = self.call(&at, |i| i.punctuate(stream_time, wall))?;
+        self.produce(&output, stream_time, &at)
+    }
+
+    pub(super) fn call(
+        &mut self,
+        at: &str,
+        f: impl FnOnce(&mut TaskInstance) -> Result<CallOutput, GuestFault>,
+    ) -> Result<CallOutput, TaskError> {
+        // As in `process_batch_inner`: never call an instance that faulted.
+        if let Some(fault) = self.renew_instance()? {
+            return Err(TaskError::Guest {
+                task: self.id.clone(),
+                at: at.to_string(),
+                fault,
+            });
+        }
+        let started = Instant::now();
+        let result = f(&mut self.instance);
+        self.counters.calls.inc();
+        self.counters.call_seconds.inc_by(started.elapsed().as_secs_f64());
+        result.map_err(|fault| TaskError::Guest {
+            task: self.id.clone(),
+            at: at.to_string(),
+            fault,
+        })
+    }
+}

@@ -1,0 +1,369 @@
+//! One task — a sub-topology on one input partition — as a state machine that a stream
+//! thread drives (see `threads`): it is fed records, calls the guest on a batch, produces
+//! what it emits, and commits.
+//!
+//! - `start`: opening a task (its producer, restored state, guest instance, positions);
+//! - `batch`: a batch through the guest (and a failing record isolated), punctuation;
+//! - `reject`: a record the guest cannot process, by the topology's error policy;
+//! - `commit`: the commit protocol (see `state` for where a crash can fall);
+//! - `state`: its stores, checked against and restored from their changelogs;
+//! - `output` and `delivery`: the producer layout under each guarantee, and acknowledgements;
+//! - `source`: committed source offsets and where a partition starts; `rate`: its
+//!   records-per-second limit; `control`: what the worker lets it do.
+//!
+//! A task processes and commits only while the worker's membership lease is valid (see
+//! `control`); asked to abort, it stops without committing anything more.
+
+mod batch;
+mod commit;
+pub mod control;
+pub mod delivery;
+mod output;
+mod rate;
+mod reject;
+mod source;
+mod start;
+pub mod state;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::ConsumerGroupMetadata;
+use sluice_wire::wire::Writer;
+use sluice_wire::TaskInfo;
+
+use crate::group::TaskId;
+use crate::kafka::KafkaSettings;
+use crate::metrics::{Metrics, TaskLabels};
+use crate::runtime::{GuestFault, TaskInstance};
+use crate::topology::DeployedTopology;
+use commit::Commit;
+use control::{Lease, Request, TaskControl};
+use delivery::{DeliveryTracker, WorkerProducer};
+pub use output::{Guarantee, TaskOutput, TransactionError};
+pub use source::KafkaEnv;
+use start::report_end;
+pub use start::{prepare, Prepared};
+use state::{StateEnv, TaskState};
+
+/// Knobs shared by every task of a worker.
+#[derive(Debug, Clone)]
+pub struct TaskSettings {
+    pub batch_size: usize,
+    /// Stream threads of the worker: each runs its share of the tasks.
+    pub threads: usize,
+    /// Most bytes of records in one batch (a quarter of the topology's memory limit, if
+    /// that is less): a batch must fit in the guest's memory with room for its output.
+    pub max_batch_bytes: usize,
+    /// Bytes of records each stream thread's consumer may fetch ahead of processing.
+    pub prefetch_bytes: usize,
+    pub commit_interval: Duration,
+    pub punctuate_interval: Duration,
+    pub guarantee: Guarantee,
+    /// A task whose position did not move re-commits it this often, so the broker never
+    /// expires the offsets of an idle partition.
+    pub idle_commit_interval: Duration,
+}
+
+impl Default for TaskSettings {
+    fn default() -> Self {
+        TaskSettings {
+            batch_size: 500,
+            threads: 2,
+            max_batch_bytes: 16 << 20,
+            prefetch_bytes: 64 << 20,
+            commit_interval: Duration::from_secs(1),
+            punctuate_interval: Duration::from_secs(1),
+            guarantee: Guarantee::AtLeastOnce,
+            idle_commit_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Why a task stopped. Each message names the task, where it was, and the cause.
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    #[error("task {task} failed at {at}: {fault}")]
+    Guest {
+        task: String,
+        at: String,
+        fault: GuestFault,
+    },
+    #[error("task {task} failed: {detail}")]
+    Produce { task: String, detail: String },
+    #[error("task {task} failed: state: {detail}")]
+    State { task: String, detail: String },
+    #[error("task {task} failed: {detail}")]
+    Transaction { task: String, detail: String },
+    /// Its topology's state on this worker would grow past `limits.state`.
+    #[error("task {task} failed: {detail}")]
+    Quota { task: String, detail: String },
+    #[error("task {task} failed: reading its sources: {detail}")]
+    Source { task: String, detail: String },
+    /// Asked to stop while it waited for Kafka: it stops without committing (not a failure).
+    #[error("task {task} was stopped while it waited for Kafka")]
+    GaveUp { task: String },
+}
+
+impl TaskError {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            TaskError::Guest { fault, .. } => fault.kind(),
+            TaskError::Produce { .. } => "produce",
+            TaskError::Source { .. } => "source",
+            TaskError::State { .. } => "state",
+            TaskError::Transaction { .. } => "transaction",
+            TaskError::GaveUp { .. } => "stopped",
+            TaskError::Quota { .. } => "quota",
+        }
+    }
+}
+
+/// Everything a task needs to start and run.
+pub struct TaskContext {
+    pub topology: Arc<DeployedTopology>,
+    pub partition: i32,
+    /// The worker's shared producer (used under at-least-once).
+    pub producer: Arc<WorkerProducer>,
+    pub settings: TaskSettings,
+    pub control: Arc<TaskControl>,
+    pub lease: Arc<Lease>,
+    pub metrics: Metrics,
+    /// Where the task's progress is told (the worker's status board).
+    pub progress: Arc<dyn TaskProgress>,
+    pub kafka: KafkaSettings,
+    /// Where stateful topologies keep their stores.
+    pub state: Arc<StateEnv>,
+}
+
+/// What a task tells the worker as it starts (the worker's status board listens).
+pub trait TaskProgress: Send + Sync {
+    /// The task replays its changelogs: `restored` of `total` records, at `rate` per second.
+    fn restoring(&self, task: &TaskId, restored: u64, total: u64, rate: f64);
+    /// The task has started processing.
+    fn processing(&self, task: &TaskId);
+}
+
+/// What a task did before it stopped.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct TaskSummary {
+    pub records_in: u64,
+    pub records_out: u64,
+    pub ended: Ended,
+}
+
+/// How a task that did not fail ended.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// Asked to stop: it finished its batch, committed and closed the guest.
+    #[default]
+    Stopped,
+    /// Stopped without committing (asked to abort, its lease ran out, or it was fenced).
+    Aborted,
+    /// Asked to stop before it had started processing (while restoring, for example).
+    BeforeStart,
+}
+
+/// A task whose guest call ran into its deadline sits out this many times the call's
+/// duration before its next call: a guest that loops until its deadline on every record
+/// holds its stream thread at most a tenth of the time, and the other tasks on the thread
+/// (other tenants' too) keep the rest.
+pub const DEADLINE_PENALTY: u32 = 9;
+
+pub struct Task {
+    ctx: TaskContext,
+    /// The topology group's metadata for offsets committed in a transaction (exactly-once).
+    group_metadata: Option<ConsumerGroupMetadata>,
+    /// `sluice-<topology>`: where source offsets are committed.
+    group: String,
+    labels: TaskLabels,
+    id: String,
+    info: TaskInfo,
+    instance: TaskInstance,
+    tracker: Arc<DeliveryTracker>,
+    /// Changelog records in flight; remembers acknowledged offsets for the store markers.
+    changelog_tracker: Arc<DeliveryTracker>,
+    output: TaskOutput,
+    state: Option<TaskState>,
+    writer: Writer,
+    /// (source index, offset) of each record in the current batch.
+    batch: Vec<(u32, i64)>,
+    /// Bytes at which a batch is full (see `TaskSettings::max_batch_bytes`).
+    batch_bytes: usize,
+    /// Records at which a batch is full (`TaskSettings::batch_size`, less under a rate).
+    batch_records: usize,
+    /// Its topology's records-per-second limit.
+    rate: Option<rate::Rate>,
+    /// After a call ran into its deadline: no call before this (see [`DEADLINE_PENALTY`]).
+    cooldown_until: Option<Instant>,
+    /// A batch that ran into its deadline is processed one record per turn: the next one.
+    retry: Option<usize>,
+    /// Next offset to commit per source, once the batch that read it is produced.
+    positions: Vec<Option<i64>>,
+    committed: Vec<Option<i64>>,
+    stream_time: i64,
+    last_commit: Instant,
+    /// When source offsets were last committed (idle partitions re-commit theirs).
+    last_offsets_commit: Instant,
+    last_punctuate: Instant,
+    last_punctuate_stream: i64,
+    summary: TaskSummary,
+    counters: Counters,
+}
+
+/// This task's metric handles, looked up once.
+struct Counters {
+    records_in: prometheus_client::metrics::counter::Counter,
+    records_out: prometheus_client::metrics::counter::Counter,
+    calls: prometheus_client::metrics::counter::Counter,
+    call_seconds: prometheus_client::metrics::counter::Counter<f64>,
+}
+
+impl Task {
+    /// Where the task reads from: each source topic's partition and the offset to start at
+    /// (none: nothing committed, from the beginning).
+    pub fn sources(&self) -> Vec<(String, i32, Option<i64>)> {
+        let topics = &self.ctx.topology.binding.source_topics;
+        topics
+            .iter()
+            .zip(&self.committed)
+            .map(|(t, c)| (t.clone(), self.ctx.partition, *c))
+            .collect()
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Whether the batch has room for no more records.
+    pub fn is_full(&self) -> bool {
+        self.retry.is_some() || self.batch.len() >= self.batch_records || self.writer.byte_len() >= self.batch_bytes
+    }
+
+    /// Whether the batch holds records not processed yet.
+    pub fn has_records(&self) -> bool {
+        !self.batch.is_empty()
+    }
+
+    /// The task cannot read its sources (the stream thread could not position them): it
+    /// ends without committing, as failed for a transient reason.
+    pub fn abandon(&mut self, detail: String) -> Result<TaskSummary, TaskError> {
+        self.abort("it cannot read its sources");
+        let result = Err(TaskError::Source {
+            task: self.id.clone(),
+            detail,
+        });
+        report_end(&self.ctx.metrics, &self.labels, &result);
+        result
+    }
+
+    /// Whether the task may process now (asked to run, the lease holds, and it is within
+    /// its records-per-second limit).
+    pub fn may_process(&self) -> bool {
+        self.ctx.control.request() == Request::Run && self.ctx.lease.valid() && self.within_rate() && self.cooled()
+    }
+
+    fn within_rate(&self) -> bool {
+        self.rate.as_ref().is_none_or(|r| r.ready(Instant::now()))
+    }
+
+    /// Whether the cooldown after a call that ran into its deadline is over.
+    fn cooled(&self) -> bool {
+        self.cooldown_until.is_none_or(|t| Instant::now() >= t)
+    }
+
+    /// A call ran into its deadline after `spent`: the task sits out [`DEADLINE_PENALTY`]
+    /// times that, so its stream thread serves its other tasks meanwhile.
+    fn cool_down(&mut self, spent: Duration) {
+        self.cooldown_until = Some(Instant::now() + spent * DEADLINE_PENALTY);
+    }
+
+    /// Processes the batch at once (it is full); the task's end if that ended it.
+    pub fn process_now(&mut self, env: &mut KafkaEnv) -> Option<Result<TaskSummary, TaskError>> {
+        let result = self.process_batch(env).map(|()| None);
+        self.ended(result)
+    }
+
+    /// One turn: honour a stop or abort request; else, if the lease holds, process the
+    /// batch, punctuate and commit when due. Some: the task ended (how, already reported).
+    pub fn step(&mut self, env: &mut KafkaEnv) -> Option<Result<TaskSummary, TaskError>> {
+        let result = self.turn(env);
+        self.ended(result)
+    }
+
+    fn ended(&mut self, result: Result<Option<TaskSummary>, TaskError>) -> Option<Result<TaskSummary, TaskError>> {
+        let result = match result {
+            Ok(None) => return None,
+            Ok(Some(summary)) => Ok(summary),
+            Err(TaskError::GaveUp { .. }) => Ok(self.abort("it was asked to stop while it waited for Kafka")),
+            Err(e) => Err(e),
+        };
+        report_end(&self.ctx.metrics, &self.labels, &result);
+        Some(result)
+    }
+
+    fn turn(&mut self, env: &mut KafkaEnv) -> Result<Option<TaskSummary>, TaskError> {
+        match self.ctx.control.request() {
+            Request::Run => {}
+            Request::Stop => return self.finish(env).map(Some),
+            Request::Abort => return Ok(Some(self.abort("asked to abort"))),
+        }
+        if !self.ctx.lease.valid() {
+            // Membership is uncertain: others may own this task by now. Do nothing until
+            // the worker renews the lease or aborts the task.
+            return Ok(None);
+        }
+        if !self.batch.is_empty() && self.within_rate() && self.cooled() {
+            self.process_batch(env)?;
+        }
+        self.maybe_punctuate()?;
+        if self.last_commit.elapsed() >= self.ctx.settings.commit_interval {
+            match self.commit(env)? {
+                // Skipped: the lease ran out meanwhile; the task waits for it (above).
+                Commit::Done | Commit::Skipped => {}
+                Commit::Fenced => return Ok(Some(self.abort("another owner fenced it"))),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Asked to stop: records fed but not processed are left for the next owner; commit,
+    /// then let the guest close and commit what closing emitted or wrote.
+    fn finish(&mut self, env: &mut KafkaEnv) -> Result<TaskSummary, TaskError> {
+        self.clear_batch();
+        if self.commit(env)? != Commit::Done {
+            return Ok(self.abort("it could not make its final commit (lease expired or fenced)"));
+        }
+        let output = self.call("close", |i| i.close())?;
+        self.produce(&output, now_ms(), "close")?;
+        if self.commit(env)? != Commit::Done {
+            return Ok(self.abort("it could not make its final commit (lease expired or fenced)"));
+        }
+        tracing::info!(task = %self.id, records_in = self.summary.records_in, records_out = self.summary.records_out, "stopped");
+        Ok(self.summary)
+    }
+
+    fn clear_batch(&mut self) {
+        self.writer.clear();
+        self.batch.clear();
+        self.retry = None;
+    }
+
+    /// Stops without committing: uncommitted state is dropped, an open transaction aborted.
+    fn abort(&mut self, why: &str) -> TaskSummary {
+        self.output.abort();
+        if let Some(state) = &self.state {
+            state.discard(self.instance.stores_mut());
+        }
+        tracing::warn!(task = %self.id, records_in = self.summary.records_in, "stopped without committing: {why}");
+        self.summary.ended = Ended::Aborted;
+        self.summary
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,227 @@
+//! Starting a task: its producer (under exactly-once, fencing the previous owner first),
+//! its restored state, its guest instance, and where each source starts.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use rdkafka::consumer::Consumer;
+use sluice_wire::wire::Writer;
+use sluice_wire::TaskInfo;
+
+use super::delivery::DeliveryTracker;
+use super::state::{Opened, TaskState};
+use super::{
+    rate, source, Counters, Ended, Guarantee, KafkaEnv, Task, TaskContext, TaskError, TaskOutput, TaskSummary,
+};
+use crate::metrics::{ErrorLabels, Metrics, TaskLabels};
+
+/// What starting a task came to.
+pub enum Prepared {
+    /// Ready to be fed records from the returned positions on.
+    Ready(Box<Task>),
+    /// Asked to stop, or failed, before it could start: how it ended (already reported).
+    Ended(Result<TaskSummary, TaskError>),
+}
+
+/// Starts a task: its producer, restored state, guest instance and source positions.
+pub fn prepare(ctx: TaskContext, env: &mut KafkaEnv) -> Prepared {
+    let id = format!("{}/{}", ctx.topology.name, ctx.partition);
+    let labels = TaskLabels {
+        topology: ctx.topology.name.clone(),
+        task: id.clone(),
+    };
+    ctx.metrics.task_failed.get_or_create(&labels).set(0);
+    // The first thing a task does; tests check ownership intervals from here to "ended".
+    tracing::info!(task = %id, "starting");
+    ctx.metrics.tasks_running.inc();
+    let (metrics, progress) = (ctx.metrics.clone(), ctx.progress.clone());
+    let task_id = crate::group::TaskId::new(&ctx.topology.name, ctx.partition as u32);
+    match Task::start(ctx, id.clone(), labels.clone(), env) {
+        Ok(Some(task)) => {
+            progress.processing(&task_id);
+            Prepared::Ready(Box::new(task))
+        }
+        Ok(None) => {
+            tracing::info!(task = %id, "stopped before it started processing");
+            let result = Ok(TaskSummary {
+                ended: Ended::BeforeStart,
+                ..Default::default()
+            });
+            report_end(&metrics, &labels, &result);
+            Prepared::Ended(result)
+        }
+        Err(e) => {
+            let result = Err(e);
+            report_end(&metrics, &labels, &result);
+            Prepared::Ended(result)
+        }
+    }
+}
+
+/// Logs how a task ended and updates its metrics. After this, nothing touches its state.
+pub(super) fn report_end(metrics: &Metrics, labels: &TaskLabels, result: &Result<TaskSummary, TaskError>) {
+    let id = &labels.task;
+    metrics.tasks_running.dec();
+    let outcome = match result {
+        Ok(summary) => format!("{:?}", summary.ended),
+        Err(e) => format!("failed ({})", e.kind()),
+    };
+    // The last thing a task does: from "starting" to here it may touch the task's state.
+    tracing::info!(task = %id, outcome = %outcome, "ended");
+    if let Err(e) = result {
+        tracing::error!(task = %id, "{e}");
+        metrics.task_failed.get_or_create(labels).set(1);
+        metrics
+            .task_errors
+            .get_or_create(&ErrorLabels {
+                topology: labels.topology.clone(),
+                task: id.clone(),
+                kind: e.kind().into(),
+            })
+            .inc();
+    }
+}
+
+impl Task {
+    /// Prepares a task: its producer (under exactly-once, fencing the previous owner first),
+    /// its restored state, its guest instance and its consumer. None: asked to stop first.
+    pub(super) fn start(
+        ctx: TaskContext,
+        id: String,
+        labels: TaskLabels,
+        env: &mut KafkaEnv,
+    ) -> Result<Option<Task>, TaskError> {
+        let topology = &ctx.topology;
+        let control = ctx.control.clone();
+        let stopping = move || control.stopping();
+        let info = TaskInfo {
+            topology: topology.name.clone(),
+            task_id: id.clone(),
+            partition: ctx.partition,
+            source_topics: topology.binding.source_topics.clone(),
+            sink_topics: topology.binding.sink_topics.clone(),
+        };
+        // The new owner's producer goes first: it aborts what a previous owner left open, so
+        // the changelogs read below hold only committed data.
+        let output = match ctx.settings.guarantee {
+            Guarantee::AtLeastOnce => TaskOutput::shared(ctx.producer.clone()),
+            Guarantee::ExactlyOnce => {
+                let transactional_id = format!("sluice-{}-{}", topology.name, ctx.partition);
+                match TaskOutput::transactional(&ctx.kafka, &transactional_id, &stopping) {
+                    Ok(Some(output)) => output,
+                    Ok(None) => return Ok(None),
+                    Err(detail) => return Err(TaskError::Transaction { task: id, detail }),
+                }
+            }
+        };
+        let (state, stores) = if topology.changelogs.is_empty() {
+            (None, Vec::new())
+        } else {
+            let opened = TaskState::open(
+                &ctx.state,
+                &ctx.kafka,
+                &topology.name,
+                &id,
+                ctx.partition,
+                topology.changelogs.clone(),
+                &ctx.metrics,
+                ctx.progress.as_ref(),
+                &stopping,
+            )
+            .map_err(|detail| TaskError::State {
+                task: id.clone(),
+                detail,
+            })?;
+            match opened {
+                Opened::Ready(state, stores) => (Some(state), stores),
+                Opened::Stopped => return Ok(None),
+            }
+        };
+        let at = "start-up (instantiate and init)".to_string();
+        let fail = |fault| TaskError::Guest {
+            task: id.clone(),
+            at: at.clone(),
+            fault,
+        };
+        let mut instance = topology
+            .loaded
+            .instantiate(&id, topology.loaded.description().sinks.clone(), stores)
+            .map_err(fail)?;
+        instance.init(&info).map_err(fail)?;
+        let sources = &topology.binding.source_topics;
+        let Some(committed) = source::committed(env, &topology.group, sources, ctx.partition, &id, &stopping) else {
+            return Ok(None);
+        };
+        // After a deploy that asked to reprocess, the group starts empty: from there.
+        let committed = match topology.start_from {
+            Some(from) if committed.iter().any(Option::is_none) => {
+                source::start_from(&ctx.kafka, sources, ctx.partition, committed, from).map_err(|detail| {
+                    TaskError::Source {
+                        task: id.clone(),
+                        detail,
+                    }
+                })?
+            }
+            _ => committed,
+        };
+        // Offsets committed in a transaction name the topology's group.
+        let group_metadata = if output.is_transactional() {
+            let consumer = crate::topology::source_consumer(&ctx.kafka, &topology.group, 1 << 20).map_err(|e| {
+                TaskError::Transaction {
+                    task: id.clone(),
+                    detail: format!("creating a consumer for the group metadata: {e}"),
+                }
+            })?;
+            Some(consumer.group_metadata().ok_or_else(|| TaskError::Transaction {
+                task: id.clone(),
+                detail: "the consumer has no group metadata".into(),
+            })?)
+        } else {
+            None
+        };
+        let counters = Counters {
+            records_in: ctx.metrics.records_in.get_or_create(&labels).clone(),
+            records_out: ctx.metrics.records_out.get_or_create(&labels).clone(),
+            calls: ctx.metrics.guest_calls.get_or_create(&labels).clone(),
+            call_seconds: ctx.metrics.guest_call_seconds.get_or_create(&labels).clone(),
+        };
+        tracing::info!(committed = ?committed, guarantee = ?ctx.settings.guarantee, task = %id, "started");
+        let rate = topology.records_per_second.map(|r| rate::Rate::new(r, Instant::now()));
+        Ok(Some(Task {
+            group_metadata,
+            group: topology.group.clone(),
+            labels,
+            id,
+            info,
+            instance,
+            tracker: Arc::new(DeliveryTracker::default()),
+            changelog_tracker: Arc::new(DeliveryTracker::with_offsets()),
+            output,
+            state,
+            writer: Writer::new(),
+            batch: Vec::with_capacity(ctx.settings.batch_size),
+            batch_bytes: ctx
+                .settings
+                .max_batch_bytes
+                .min(topology.loaded.limits().memory_limit / 4)
+                .max(1),
+            batch_records: ctx
+                .settings
+                .batch_size
+                .min(rate.as_ref().map_or(usize::MAX, rate::Rate::batch)),
+            rate,
+            cooldown_until: None,
+            retry: None,
+            positions: committed.clone(),
+            committed,
+            stream_time: i64::MIN,
+            last_commit: Instant::now(),
+            last_offsets_commit: Instant::now(),
+            last_punctuate: Instant::now(),
+            last_punctuate_stream: i64::MIN,
+            summary: TaskSummary::default(),
+            counters,
+            ctx,
+        }))
+    }
+}

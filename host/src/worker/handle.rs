@@ -1,0 +1,142 @@
+//! What an admin API may ask of a worker, and nothing more: its live status and metrics, a
+//! drain, the checks a deploy must pass here, the committed stores of its active tasks,
+//! and the registry it follows. The binary hands one to the admin server it starts.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::kafka::KafkaSettings;
+use crate::manifest::{Manifest, ManifestError};
+use crate::metrics::Metrics;
+use crate::registry::Watcher;
+use crate::runtime::{LoadError, Runtime};
+use crate::task::state::StateEnv;
+
+use super::board::{Board, WorkerStatus};
+use super::group_runner::Stop;
+
+/// A worker, as its admin API sees it. Cheap to clone.
+#[derive(Clone)]
+pub struct WorkerHandle {
+    pub(super) kafka: KafkaSettings,
+    pub(super) cluster: Option<String>,
+    pub(super) board: Arc<Board>,
+    pub(super) metrics: Metrics,
+    pub(super) runtime: Arc<Runtime>,
+    pub(super) registry: Option<Arc<Watcher>>,
+    pub(super) state: Arc<StateEnv>,
+    pub(super) static_names: Arc<HashSet<String>>,
+    pub(super) drain: Option<Arc<tokio::sync::watch::Sender<Stop>>>,
+}
+
+/// Why an upload would not run on this worker.
+#[derive(Debug, thiserror::Error)]
+pub enum DeployCheckError {
+    /// The component is not one this worker runs (not a component, another world, …).
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// The manifest asks for limits this worker does not give.
+    #[error("{0}")]
+    Limits(String),
+    /// The manifest does not bind what the component declares.
+    #[error(transparent)]
+    Binding(#[from] ManifestError),
+    /// A topic it binds is missing, or its sources disagree on their partitions.
+    #[error("{0}")]
+    Topics(String),
+}
+
+/// What an upload that would run here declares, and how many tasks it has.
+pub struct DeployCheck {
+    pub description: sluice_wire::Description,
+    pub partitions: i32,
+}
+
+impl WorkerHandle {
+    /// The worker's live status (`GET /status`).
+    pub fn status(&self) -> WorkerStatus {
+        self.board.snapshot()
+    }
+
+    /// Whether the worker holds an assignment (`GET /readyz`).
+    pub fn ready(&self) -> bool {
+        self.board.ready()
+    }
+
+    /// Every metric, as Prometheus text (`GET /metrics`).
+    pub fn metrics_text(&self) -> String {
+        self.metrics.render()
+    }
+
+    /// Asks the worker to drain (hand its tasks to the others, then leave). An error says
+    /// why it cannot: not in a cluster, or stopping already.
+    pub fn drain(&self) -> Result<(), String> {
+        let Some(tx) = &self.drain else {
+            return Err("this worker is not in a cluster: there is nobody to drain to".to_string());
+        };
+        let mut accepted = Ok(());
+        tx.send_if_modified(|s| match s {
+            Stop::Run => {
+                *s = Stop::Drain;
+                tracing::info!("drain requested through the admin endpoint");
+                true
+            }
+            Stop::Drain => false,
+            Stop::Now => {
+                accepted = Err("this worker is stopping already".to_string());
+                false
+            }
+        });
+        accepted
+    }
+
+    /// The cluster this worker is a member of, if any.
+    pub fn cluster(&self) -> Option<&str> {
+        self.cluster.as_deref()
+    }
+
+    /// How this worker reaches Kafka.
+    pub fn kafka(&self) -> &KafkaSettings {
+        &self.kafka
+    }
+
+    /// The registry this worker follows (in a cluster).
+    pub fn registry(&self) -> Option<&Arc<Watcher>> {
+        self.registry.as_ref()
+    }
+
+    /// Whether `name` was given to this worker with `--topology` (uploads cannot replace it).
+    pub fn is_static(&self, name: &str) -> bool {
+        self.static_names.contains(name)
+    }
+
+    /// The open stores named `store` of `topology`'s active tasks here, by partition (their
+    /// committed state, for interactive queries).
+    pub fn active_stores(&self, topology: &str, store: &str) -> Vec<(i32, Arc<rocksdb::DB>)> {
+        self.state.active_stores(topology, store)
+    }
+
+    /// Checks an upload as this worker would before running it: a component of our world
+    /// that describes itself (within the sandbox's limits), a manifest that binds what it
+    /// declares within its limits, topics that exist (each looked up for `patience`).
+    /// Blocking: it compiles and runs guest code.
+    pub fn check(
+        &self,
+        manifest: &Manifest,
+        component: &[u8],
+        patience: Duration,
+    ) -> Result<DeployCheck, DeployCheckError> {
+        let loaded = self
+            .runtime
+            .load_bytes(&manifest.component.display().to_string(), component)?;
+        let loaded = loaded.with_limits(&manifest.limits).map_err(DeployCheckError::Limits)?;
+        let binding = manifest.bind(loaded.description())?;
+        let partitions = crate::topology::check_topics(&self.kafka, manifest, &binding, patience)
+            .map_err(|e| DeployCheckError::Topics(format!("{e:#}")))?;
+        Ok(DeployCheck {
+            description: loaded.description().clone(),
+            partitions,
+        })
+    }
+}
