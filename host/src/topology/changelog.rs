@@ -90,15 +90,7 @@ pub fn ensure_changelogs(
                  (delete the topic to let the worker recreate it, or fix the sources)"
             ),
             Some(_) => {
-                let configs =
-                    futures::executor::block_on(admin.describe_configs([&ResourceSpecifier::Topic(&topic)], &options))?;
-                let policy = configs
-                    .into_iter()
-                    .filter_map(Result::ok)
-                    .flat_map(|r| r.entries)
-                    .find(|e| e.name == "cleanup.policy")
-                    .and_then(|e| e.value)
-                    .unwrap_or_default();
+                let policy = cleanup_policy(&admin, &topic, &options)?;
                 if policy.trim() != "compact" {
                     bail!(
                         "changelog topic {topic:?} of store {store:?} has cleanup.policy={policy}, but a changelog must \
@@ -115,4 +107,42 @@ pub fn ensure_changelogs(
         });
     }
     Ok(out)
+}
+
+/// The `cleanup.policy` of `topic`, as the cluster answers it. A topic created a moment
+/// ago (by another worker, say) may not be known yet to the broker that answers, which
+/// then says nothing of its configs: that is asked again for a while, and only a policy
+/// actually read is returned.
+fn cleanup_policy(
+    admin: &AdminClient<DefaultClientContext>,
+    topic: &str,
+    options: &AdminOptions,
+) -> anyhow::Result<String> {
+    let deadline = std::time::Instant::now() + super::topics::TOPIC_APPEAR_WAIT;
+    loop {
+        let answer = futures::executor::block_on(admin.describe_configs([&ResourceSpecifier::Topic(topic)], options));
+        let found = match answer {
+            Ok(configs) => configs
+                .into_iter()
+                .map(|r| r.map_err(|e| e.to_string()))
+                .collect::<Result<Vec<_>, _>>()
+                .map(|resources| {
+                    resources
+                        .into_iter()
+                        .flat_map(|r| r.entries)
+                        .find(|e| e.name == "cleanup.policy")
+                        .and_then(|e| e.value)
+                }),
+            Err(e) => Err(e.to_string()),
+        };
+        match found {
+            Ok(Some(policy)) => return Ok(policy),
+            not_yet if std::time::Instant::now() < deadline => {
+                tracing::debug!(topic, answer = ?not_yet, "no cleanup.policy of the changelog yet; asking again");
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            Ok(None) => bail!("changelog topic {topic:?}: the cluster does not say its cleanup.policy"),
+            Err(e) => bail!("changelog topic {topic:?}: reading its cleanup.policy: {e}"),
+        }
+    }
 }
