@@ -1,25 +1,223 @@
 //! How this process reaches Kafka: the settings every Kafka client shares (rdkafka's
-//! producers, consumers and admin clients, and the group-protocol connection), in one place.
+//! producers, consumers and admin clients, and the group-protocol connections), in one place.
 //!
-//! Every client is made from [`KafkaSettings::client`], so a property that every
-//! connection needs is set here once and reaches them all.
+//! Every rdkafka client is made from [`KafkaSettings::client`], and every group-protocol
+//! connection reads [`KafkaSettings::security`], so a property that every connection needs
+//! (TLS, SASL) is set here once and reaches them all.
+//!
+//! ```
+//! use sluice::kafka::KafkaSettings;
+//! let kafka = KafkaSettings::new("broker1:9093")
+//!     .with([
+//!         ("security.protocol", "SASL_SSL"),
+//!         ("sasl.mechanism", "SCRAM-SHA-512"),
+//!         ("sasl.username", "worker"),
+//!         ("sasl.password", "…"),
+//!         ("ssl.ca.location", "/etc/kafka/ca.pem"),
+//!     ])
+//!     .unwrap();
+//! assert!(kafka.security().sasl.is_some());
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 use rdkafka::client::ClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::ConsumerContext;
 
+/// The client properties Sluice passes on to Kafka (librdkafka's names, as Kafka's own
+/// clients spell them); any other is refused by name.
+pub const PROPERTIES: &[&str] = &[
+    "security.protocol",
+    "sasl.mechanism",
+    "sasl.username",
+    "sasl.password",
+    "ssl.ca.location",
+    "ssl.certificate.location",
+    "ssl.key.location",
+    "ssl.key.password",
+    "ssl.endpoint.identification.algorithm",
+];
+
 /// The Kafka cluster this process talks to, and how.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct KafkaSettings {
     bootstrap: String,
+    properties: BTreeMap<String, String>,
+    security: Security,
+}
+
+impl std::fmt::Debug for KafkaSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSettings")
+            .field("bootstrap", &self.bootstrap)
+            .field("security", &self.security)
+            .finish()
+    }
+}
+
+/// How connections to the brokers are secured, as the group-protocol client reads it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Security {
+    /// TLS, when `security.protocol` is `SSL` or `SASL_SSL`.
+    pub tls: Option<Tls>,
+    /// SASL, when `security.protocol` is `SASL_PLAINTEXT` or `SASL_SSL`.
+    pub sasl: Option<Sasl>,
+}
+
+/// TLS to the brokers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tls {
+    /// The CA (PEM) broker certificates are checked against (`ssl.ca.location`).
+    pub ca: Option<PathBuf>,
+    /// A client certificate chain and its key (PEM), for brokers that ask for one.
+    pub client: Option<(PathBuf, PathBuf)>,
+    /// Check that a broker's certificate names its host (`ssl.endpoint.identification.algorithm
+    /// = https`, the default); `none` checks the chain only.
+    pub verify_hostname: bool,
+}
+
+/// SASL authentication with the brokers.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Sasl {
+    pub mechanism: Mechanism,
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for Sasl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sasl")
+            .field("mechanism", &self.mechanism)
+            .field("username", &self.username)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The SASL mechanisms the workers speak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mechanism {
+    Plain,
+    ScramSha256,
+    ScramSha512,
+}
+
+impl Mechanism {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mechanism::Plain => "PLAIN",
+            Mechanism::ScramSha256 => "SCRAM-SHA-256",
+            Mechanism::ScramSha512 => "SCRAM-SHA-512",
+        }
+    }
 }
 
 impl KafkaSettings {
-    /// Settings for the cluster at `bootstrap` (`host:port[,host:port…]`).
+    /// Settings for the cluster at `bootstrap` (`host:port[,host:port…]`), in plaintext.
     pub fn new(bootstrap: impl Into<String>) -> KafkaSettings {
         KafkaSettings {
             bootstrap: bootstrap.into(),
+            properties: BTreeMap::new(),
+            security: Security::default(),
         }
+    }
+
+    /// These settings with client `properties` (names of [`PROPERTIES`]), checked: an
+    /// unknown name, a protocol or mechanism the workers do not speak, SASL without its
+    /// credentials, each is an error that names it.
+    pub fn with<K: AsRef<str>, V: AsRef<str>>(
+        mut self,
+        properties: impl IntoIterator<Item = (K, V)>,
+    ) -> Result<KafkaSettings, String> {
+        for (name, value) in properties {
+            let (name, value) = (name.as_ref(), value.as_ref());
+            if !PROPERTIES.contains(&name) {
+                return Err(format!(
+                    "kafka.{name}: not a client property Sluice passes on (it passes {})",
+                    PROPERTIES.join(", ")
+                ));
+            }
+            self.properties.insert(name.to_string(), value.to_string());
+        }
+        self.security = self.read_security()?;
+        Ok(self)
+    }
+
+    fn read_security(&self) -> Result<Security, String> {
+        let get = |name: &str| self.properties.get(name).map(|v| v.trim()).filter(|v| !v.is_empty());
+        let protocol = get("security.protocol").unwrap_or("PLAINTEXT").to_ascii_uppercase();
+        let (tls, sasl) = match protocol.as_str() {
+            "PLAINTEXT" => (false, false),
+            "SSL" => (true, false),
+            "SASL_PLAINTEXT" => (false, true),
+            "SASL_SSL" => (true, true),
+            other => {
+                return Err(format!(
+                    "kafka.security.protocol = {other:?}: one of PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL"
+                ))
+            }
+        };
+        let tls = tls
+            .then(|| -> Result<Tls, String> {
+                let verify_hostname = match get("ssl.endpoint.identification.algorithm")
+                    .unwrap_or("https")
+                    .to_ascii_lowercase()
+                    .as_str()
+                {
+                    "https" => true,
+                    "none" => false,
+                    other => {
+                        return Err(format!(
+                            "kafka.ssl.endpoint.identification.algorithm = {other:?}: https (check the host name, the \
+                             default) or none"
+                        ))
+                    }
+                };
+                let client = match (get("ssl.certificate.location"), get("ssl.key.location")) {
+                    (Some(c), Some(k)) => Some((PathBuf::from(c), PathBuf::from(k))),
+                    (None, None) => None,
+                    _ => return Err(
+                        "kafka.ssl.certificate.location and kafka.ssl.key.location go together: give both or neither"
+                            .into(),
+                    ),
+                };
+                if client.is_some() && get("ssl.key.password").is_some() {
+                    return Err("kafka.ssl.key.password: the workers take an unencrypted client key (PEM)".into());
+                }
+                Ok(Tls {
+                    ca: get("ssl.ca.location").map(PathBuf::from),
+                    client,
+                    verify_hostname,
+                })
+            })
+            .transpose()?;
+        let sasl = sasl
+            .then(|| -> Result<Sasl, String> {
+                let mechanism = match get("sasl.mechanism").unwrap_or("PLAIN").to_ascii_uppercase().as_str() {
+                    "PLAIN" => Mechanism::Plain,
+                    "SCRAM-SHA-256" => Mechanism::ScramSha256,
+                    "SCRAM-SHA-512" => Mechanism::ScramSha512,
+                    other => {
+                        return Err(format!(
+                            "kafka.sasl.mechanism = {other:?}: the workers speak PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512"
+                        ))
+                    }
+                };
+                let (Some(username), Some(password)) = (get("sasl.username"), get("sasl.password")) else {
+                    return Err(format!(
+                        "kafka.security.protocol = {protocol} needs kafka.sasl.username and kafka.sasl.password (or \
+                         kafka.sasl.password.file)"
+                    ));
+                };
+                Ok(Sasl {
+                    mechanism,
+                    username: username.to_string(),
+                    password: password.to_string(),
+                })
+            })
+            .transpose()?;
+        Ok(Security { tls, sasl })
     }
 
     /// The bootstrap servers, as given.
@@ -32,10 +230,23 @@ impl KafkaSettings {
         self.bootstrap.split(',').map(str::trim).filter(|a| !a.is_empty())
     }
 
+    /// How connections are secured (for clients that connect themselves).
+    pub fn security(&self) -> &Security {
+        &self.security
+    }
+
+    /// The security properties, as given (for `sluice config show` and the CLI's tools).
+    pub fn properties(&self) -> &BTreeMap<String, String> {
+        &self.properties
+    }
+
     /// An rdkafka configuration with every shared property set; the caller adds its own.
     pub fn client(&self) -> ClientConfig {
         let mut config = ClientConfig::new();
         config.set("bootstrap.servers", &self.bootstrap);
+        for (name, value) in &self.properties {
+            config.set(name, value);
+        }
         config
     }
 
@@ -52,3 +263,42 @@ pub struct ConsumerEvents;
 
 impl ClientContext for ConsumerEvents {}
 impl ConsumerContext for ConsumerEvents {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn security_properties_are_read_and_wrong_ones_named() {
+        let plain = KafkaSettings::new("b:9092");
+        assert_eq!(plain.security(), &Security::default());
+        let s = KafkaSettings::new("b:9093")
+            .with([
+                ("security.protocol", "sasl_ssl"),
+                ("sasl.mechanism", "SCRAM-SHA-256"),
+                ("sasl.username", "u"),
+                ("sasl.password", "p"),
+                ("ssl.ca.location", "/ca.pem"),
+            ])
+            .unwrap();
+        let sasl = s.security().sasl.as_ref().unwrap();
+        assert_eq!((sasl.mechanism, sasl.username.as_str()), (Mechanism::ScramSha256, "u"));
+        let tls = s.security().tls.as_ref().unwrap();
+        assert!(tls.verify_hostname && tls.ca.is_some() && tls.client.is_none());
+        assert!(!format!("{s:?}").contains("password"), "no password in Debug: {s:?}");
+        assert_eq!(s.client().get("sasl.password"), Some("p"));
+
+        let err = |props: &[(&str, &str)]| KafkaSettings::new("b").with(props.iter().copied()).unwrap_err();
+        assert!(err(&[("sasl.jaas.config", "x")]).contains("kafka.sasl.jaas.config"));
+        assert!(err(&[("security.protocol", "TLS")]).contains("one of PLAINTEXT"));
+        assert!(err(&[("security.protocol", "SASL_SSL")]).contains("needs kafka.sasl.username"));
+        assert!(err(&[
+            ("security.protocol", "SASL_PLAINTEXT"),
+            ("sasl.mechanism", "GSSAPI"),
+            ("sasl.username", "u"),
+            ("sasl.password", "p")
+        ])
+        .contains("GSSAPI"));
+        assert!(err(&[("security.protocol", "SSL"), ("ssl.key.location", "k")]).contains("go together"));
+    }
+}

@@ -64,6 +64,8 @@ pub struct Metrics {
     pub restore_remaining: Family<StoreLabels, Gauge>,
     pub restore_rate: Family<StoreLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     pub restore_seconds_left: Family<StoreLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// Registry records skipped for their signature (written by someone without the secret).
+    pub registry_rejected: Counter,
 }
 
 impl Default for Metrics {
@@ -92,6 +94,7 @@ impl Metrics {
         let restore_remaining = Family::<StoreLabels, Gauge>::default();
         let restore_rate = Family::<StoreLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
         let restore_seconds_left = Family::<StoreLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        let registry_rejected = Counter::default();
         registry.register("records_in", "Records read from source topics", records_in.clone());
         registry.register("records_out", "Records produced to sink topics", records_out.clone());
         registry.register(
@@ -144,6 +147,11 @@ impl Metrics {
             "Estimated time until an active task's store is restored",
             restore_seconds_left.clone(),
         );
+        registry.register(
+            "registry_rejected_records",
+            "Registry records skipped because they carry no valid signature of this cluster's secret",
+            registry_rejected.clone(),
+        );
         more(&mut registry);
         Metrics {
             registry: Arc::new(registry),
@@ -159,6 +167,7 @@ impl Metrics {
             restore_remaining,
             restore_rate,
             restore_seconds_left,
+            registry_rejected,
         }
     }
 

@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 /// Each top-level module of the library and its layer (lowest first).
 const LAYERS: &[(&str, u32)] = &[
     ("kafka", 1),
+    ("secret", 1),
+    ("tls", 1),
     ("manifest", 1),
     ("group", 1),
     ("state", 1),
@@ -15,6 +17,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("metrics", 1),
     ("topology", 2),
     ("registry", 2),
+    ("acls", 2),
     ("task", 3),
     ("threads", 4),
     ("worker", 5),

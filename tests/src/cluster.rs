@@ -37,7 +37,10 @@ impl PrivateCluster {
             .to_string();
         Ok(PrivateCluster {
             dir,
-            kafka: Kafka { bootstrap },
+            kafka: Kafka {
+                bootstrap,
+                security: None,
+            },
         })
     }
 

@@ -27,10 +27,24 @@ use rdkafka::types::RDKafkaErrorCode;
 #[derive(Debug)]
 pub struct Kafka {
     bootstrap: String,
+    /// How to connect to a secured cluster (`dev/kafka up --security sasl_ssl`).
+    security: Option<Security>,
 }
 
-/// The Kafka cluster for this test run; see the module docs for where it comes from.
+/// The credentials of a secured test cluster: its CA and each user's password.
+#[derive(Debug, Clone)]
+pub struct Security {
+    pub ca: PathBuf,
+    pub users: std::collections::BTreeMap<String, String>,
+}
+
+/// The Kafka cluster for this test run; see the module docs for where it comes from. With
+/// `SLUICE_TEST_SECURITY=sasl_ssl` it is the secured one ([`secured`]): every worker the
+/// tests start connects as the `worker` principal, and the harness as `admin`.
 pub fn kafka() -> &'static Kafka {
+    if std::env::var("SLUICE_TEST_SECURITY").is_ok_and(|s| s == "sasl_ssl") {
+        return secured();
+    }
     static KAFKA: OnceLock<Kafka> = OnceLock::new();
     KAFKA.get_or_init(|| {
         let bootstrap = match std::env::var("KAFKA_BOOTSTRAP") {
@@ -38,8 +52,106 @@ pub fn kafka() -> &'static Kafka {
             _ => start_local_kafka().unwrap_or_else(|e| panic!("no Kafka for the tests: {e:#}")),
         };
         eprintln!("tests: using Kafka at {bootstrap}");
-        Kafka { bootstrap }
+        Kafka {
+            bootstrap,
+            security: None,
+        }
     })
+}
+
+/// A secured Kafka (SASL_SSL, ACLs on: `dev/kafka up --security sasl_ssl` with a state
+/// directory of its own), started on first use and left running like the plain one. The
+/// `worker` principal is given ACLs wide enough for any test's topics and groups (the
+/// `secured` tests grant exactly what `sluice acls` derives, on names of their own).
+pub fn secured() -> &'static Kafka {
+    SECURED.get_or_init(|| {
+        let kafka = start_secured_kafka().unwrap_or_else(|e| panic!("no secured Kafka for the tests: {e:#}"));
+        eprintln!("tests: using the secured Kafka at {}", kafka.bootstrap);
+        kafka
+    })
+}
+
+static SECURED: OnceLock<Kafka> = OnceLock::new();
+
+/// The secured cluster, if it is running for these tests and `bootstrap` is its address.
+pub fn secured_at(bootstrap: &str) -> Option<&'static Kafka> {
+    SECURED.get().filter(|k| k.bootstrap == bootstrap)
+}
+
+fn secured_dir() -> PathBuf {
+    repo_root().join("dev").join(".kafka-secured")
+}
+
+fn start_secured_kafka() -> Result<Kafka> {
+    let script = repo_root().join("dev").join("kafka");
+    let out = Command::new(&script)
+        .args(["up", "--security", "sasl_ssl"])
+        .env("SLUICE_KAFKA_DIR", secured_dir())
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !out.status.success() {
+        bail!(
+            "`{} up --security sasl_ssl` failed ({}):\n{}",
+            script.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let bootstrap = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .map(|l| l.trim().to_string())
+        .filter(|l| !l.is_empty())
+        .context("dev/kafka up printed no bootstrap address")?;
+    let cluster: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(secured_dir().join("cluster.json"))?)?;
+    let security = &cluster["security"];
+    let users = security["users"]
+        .as_object()
+        .context("no users in the secured cluster's file")?
+        .iter()
+        .map(|(u, p)| (u.clone(), p.as_str().unwrap_or_default().to_string()))
+        .collect();
+    let kafka = Kafka {
+        bootstrap,
+        security: Some(Security {
+            ca: PathBuf::from(security["ca"].as_str().context("no CA in the secured cluster's file")?),
+            users,
+        }),
+    };
+    // Wide ACLs for the workers of ordinary tests (any topic, group and transactional id of
+    // theirs): the principal is not a super user, and every request is authorized.
+    let wide = |resource, operations: Vec<sluice::acls::Operation>| sluice::acls::Acl {
+        principal: "User:worker".into(),
+        resource,
+        // `*`, literal: Kafka's wildcard (every name).
+        name: if resource == sluice::acls::Resource::Cluster {
+            "kafka-cluster".into()
+        } else {
+            "*".into()
+        },
+        prefixed: false,
+        operations,
+        why: "tests",
+    };
+    use sluice::acls::{Operation::*, Resource};
+    let acls = vec![
+        wide(Resource::Topic, vec![Read, Write, Create, Describe, DescribeConfigs]),
+        wide(Resource::Group, vec![Read, Describe]),
+        wide(Resource::TransactionalId, vec![Write, Describe]),
+        wide(Resource::Cluster, vec![IdempotentWrite]),
+    ];
+    let admin = kafka.settings("admin")?;
+    // On a thread of its own: the first test to ask runs inside an async runtime.
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+            .block_on(sluice::acls::apply(&admin, &acls))
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("granting the test workers' ACLs panicked"))??;
+    Ok(kafka)
 }
 
 /// The root of this repository.
@@ -120,11 +232,51 @@ impl Kafka {
         &self.bootstrap
     }
 
-    /// A client config with the bootstrap address set.
+    /// A client config with the bootstrap address set (on a secured cluster, as `admin`).
     pub fn config(&self) -> ClientConfig {
+        self.config_as("admin")
+    }
+
+    /// A client config connecting as `user` (on a plaintext cluster, the user is ignored).
+    pub fn config_as(&self, user: &str) -> ClientConfig {
         let mut config = ClientConfig::new();
         config.set("bootstrap.servers", &self.bootstrap);
+        for (k, v) in self.properties(user) {
+            config.set(k, v);
+        }
         config
+    }
+
+    /// The client properties of `user` on this cluster (none on a plaintext one).
+    pub fn properties(&self, user: &str) -> Vec<(&'static str, String)> {
+        let Some(s) = &self.security else { return Vec::new() };
+        vec![
+            ("security.protocol", "SASL_SSL".into()),
+            ("sasl.mechanism", "SCRAM-SHA-512".into()),
+            ("sasl.username", user.into()),
+            ("sasl.password", s.users.get(user).cloned().unwrap_or_default()),
+            ("ssl.ca.location", s.ca.display().to_string()),
+        ]
+    }
+
+    /// The environment that makes `sluice` connect as `user` (`SLUICE_KAFKA_*`).
+    pub fn env_as(&self, user: &str) -> Vec<(String, String)> {
+        self.properties(user)
+            .into_iter()
+            .map(|(k, v)| (format!("SLUICE_KAFKA_{}", k.to_ascii_uppercase().replace('.', "_")), v))
+            .collect()
+    }
+
+    /// The host's settings for `user` on this cluster.
+    pub fn settings(&self, user: &str) -> Result<sluice::kafka::KafkaSettings> {
+        sluice::kafka::KafkaSettings::new(self.bootstrap.as_str())
+            .with(self.properties(user))
+            .map_err(anyhow::Error::msg)
+    }
+
+    /// Whether this is a secured cluster.
+    pub fn is_secured(&self) -> bool {
+        self.security.is_some()
     }
 
     /// Creates a topic with `partitions` partitions and waits until it exists.
@@ -440,7 +592,8 @@ impl Kafka {
                 .with_value(rate.unwrap_or(0.0))
                 .with_remove(rate.is_none())])]);
         let addr = self.bootstrap.split(',').next().unwrap_or_default();
-        let mut connection = sluice::group::connection::Connection::connect(addr).await?;
+        let settings = self.settings("admin")?;
+        let mut connection = sluice::group::connection::Connection::connect(&settings, addr).await?;
         let response = connection.send(&request, 1).await?;
         for entry in response.entries {
             if entry.error_code != 0 {
@@ -486,4 +639,42 @@ pub fn http_get(port: u16, path: &str) -> Result<String> {
         .split_once("\r\n\r\n")
         .map(|(_, body)| body.to_string())
         .unwrap_or_default())
+}
+
+/// One HTTP/1.1 exchange with `127.0.0.1:{port}` on a connection of its own: the status and
+/// the body of the answer. `headers` are sent as given (`("authorization", "Bearer …")`).
+/// A body the server stops reading (it answered first) is not an error: the answer counts.
+pub fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(60)))?;
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+    stream.write_all(head.as_bytes())?;
+    for piece in body.chunks(64 << 10) {
+        if stream.write_all(piece).is_err() {
+            break;
+        }
+    }
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response);
+    let response = String::from_utf8_lossy(&response).into_owned();
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse::<u16>().ok())
+        .with_context(|| {
+            format!(
+                "{method} {path}: no HTTP answer (got {} bytes: {response:?})",
+                response.len()
+            )
+        })?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((status, body))
 }

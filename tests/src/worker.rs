@@ -20,8 +20,12 @@ pub fn target_dir() -> PathBuf {
         .to_path_buf()
 }
 
-/// The `sluice` binary built alongside these tests.
+/// The `sluice` binary built alongside these tests (or `SLUICE_BINARY`: another build to run
+/// the same tests against, an older one to show what a fix changed).
 pub fn sluice_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("SLUICE_BINARY") {
+        return PathBuf::from(path);
+    }
     let exe = std::env::current_exe().expect("the test binary's path");
     let profile_dir = exe.ancestors().nth(2).expect("<target>/<profile>/deps/<binary>");
     let bin = profile_dir.join("sluice");
@@ -108,9 +112,26 @@ pub struct WorkerProcess {
 impl WorkerProcess {
     /// Starts `sluice worker --bootstrap … <args>` with `SLUICE_LOG` at info.
     pub fn start(bootstrap: &str, log_dir: &Path, args: &[&str]) -> Result<WorkerProcess> {
+        Self::start_with_env(bootstrap, log_dir, args, &[])
+    }
+
+    /// As [`start`](Self::start), with environment variables of its own (they win over the
+    /// secured cluster's `worker` credentials).
+    pub fn start_with_env(
+        bootstrap: &str,
+        log_dir: &Path,
+        args: &[&str],
+        env: &[(String, String)],
+    ) -> Result<WorkerProcess> {
         let log = log_dir.join(crate::unique_name("worker") + ".log");
         let file = std::fs::File::create(&log)?;
-        let child = Command::new(sluice_binary())
+        let mut command = Command::new(sluice_binary());
+        // On the secured cluster, workers connect as its `worker` principal.
+        if let Some(kafka) = crate::secured_at(bootstrap) {
+            command.envs(kafka.env_as("worker"));
+        }
+        command.envs(env.iter().map(|(k, v)| (k, v)));
+        let child = command
             .arg("worker")
             .arg("--bootstrap")
             .arg(bootstrap)

@@ -1,10 +1,176 @@
-//! Who calls the admin API: the bearer token of a request, checked against the token
-//! hashes of the configuration file's tenants and those created through the API.
+//! Who calls the admin API, decided before anything else of a request is read: the bearer
+//! token, checked against the token hashes of the configuration file's tenants and those
+//! created through the API; or another worker's request signed with the cluster secret.
+//!
+//! Every route says who may call it ([`Access`]); [`gate`] answers 401 or 403 before the
+//! route's handler (and so before its body is read), and hands the handler the [`Caller`].
+//! With no token configured the API is open (every caller is the admin), but it still
+//! refuses what a browser could send to it from another site: a request that changes
+//! something must carry an `Authorization`, `X-Sluice-Client` or JSON `Content-Type` header,
+//! which a cross-site page cannot send without the API's consent (it never gives it).
 
-use axum::http::{HeaderMap, StatusCode};
+use std::sync::Arc;
 
-use super::{AdminState, ApiError};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::ApiError;
 use crate::registry::tenants::{Caller, Tenancy};
+use crate::registry::Watcher;
+use crate::secret::{ClusterSecret, WORKER_HEADER};
+
+/// Who may call a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Anybody (`/healthz`, `/readyz`).
+    Public,
+    /// Anybody when metrics are public (`admin.metrics.public`, the default), else callers.
+    Metrics,
+    /// Callers and other workers of the cluster (reads that workers ask each other for).
+    Read,
+    /// The admin and tenants.
+    Callers,
+    /// The admin only.
+    Admin,
+}
+
+/// The header the `sluice` command sends with every request (proof that it is not a page in
+/// a browser).
+pub const CLIENT_HEADER: &str = "x-sluice-client";
+
+/// What the gate checks requests against.
+pub struct Gate {
+    /// The configuration file's tenancy.
+    tenancy: Tenancy,
+    /// The cluster's registry, for the tenants created through the API.
+    registry: Option<Arc<Watcher>>,
+    /// Other workers sign their requests with it.
+    secret: Option<ClusterSecret>,
+    metrics_public: bool,
+}
+
+impl Gate {
+    pub fn new(
+        tenancy: Tenancy,
+        registry: Option<Arc<Watcher>>,
+        secret: Option<ClusterSecret>,
+        metrics_public: bool,
+    ) -> Gate {
+        Gate {
+            tenancy,
+            registry,
+            secret,
+            metrics_public,
+        }
+    }
+
+    /// The tenants now: the configuration file's and those an admin created through the API.
+    pub fn tenancy(&self) -> Tenancy {
+        let Some(registry) = &self.registry else {
+            return self.tenancy.clone();
+        };
+        let snapshot = registry.snapshot();
+        self.tenancy.with(&snapshot.tenants).unwrap_or_else(|e| {
+            tracing::warn!(
+                "the tenants created through the API do not fit the configuration file's: {e}; using the file's"
+            );
+            self.tenancy.clone()
+        })
+    }
+
+    /// Who sends a request (`method` on `path_and_query`, with `headers`).
+    fn identify(&self, method: &Method, path_and_query: &str, headers: &HeaderMap) -> Result<Caller, ApiError> {
+        let tenancy = self.tenancy();
+        if !tenancy.enforced() {
+            return Ok(Caller::Admin);
+        }
+        if let (Some(secret), Some(signed)) = (&self.secret, headers.get(WORKER_HEADER)) {
+            let ok = signed
+                .to_str()
+                .is_ok_and(|t| secret.verify_request(t, method.as_str(), path_and_query));
+            return if ok {
+                Ok(Caller::Worker)
+            } else {
+                Err(ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "unauthorized",
+                    "the worker signature of this request does not check (another cluster's secret, a clock \
+                     more than a minute off, or a request it was not made for)",
+                ))
+            };
+        }
+        let token = bearer(headers);
+        tenancy.caller(token).ok_or_else(|| {
+            let why = if token.is_some() {
+                "the token is not one this cluster knows"
+            } else {
+                "this cluster requires a token: pass --token (or set SLUICE_TOKEN)"
+            };
+            ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", why)
+        })
+    }
+}
+
+/// The middleware in front of every route: decides who calls (or refuses) before the
+/// route reads anything of the request, and hands the [`Caller`] to the handler.
+pub async fn gate(State((gate, access)): State<(Arc<Gate>, Access)>, mut request: Request, next: Next) -> Response {
+    if access == Access::Public || (access == Access::Metrics && gate.metrics_public) {
+        return next.run(request).await;
+    }
+    let path = request
+        .uri()
+        .path_and_query()
+        .map_or_else(|| request.uri().path().to_string(), |p| p.as_str().to_string());
+    let who = match gate.identify(request.method(), &path, request.headers()) {
+        Ok(who) => who,
+        Err(e) => return e.into_response(),
+    };
+    if let Err(e) = allowed(access, &who, request.method(), request.headers(), &gate) {
+        return e.into_response();
+    }
+    request.extensions_mut().insert(who);
+    next.run(request).await
+}
+
+/// Whether `who` may make a request of `access`.
+fn allowed(access: Access, who: &Caller, method: &Method, headers: &HeaderMap, gate: &Gate) -> Result<(), ApiError> {
+    match (access, who) {
+        (Access::Admin, Caller::Admin) => {}
+        (Access::Admin, _) => return Err(admin_only(who).unwrap_err()),
+        (Access::Callers, Caller::Worker) => {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "worker-only-reads",
+                "a worker's signed request may only read status and stores",
+            ))
+        }
+        _ => {}
+    }
+    // An open API: a request that changes something must come from a program, not from a
+    // page of another site in a browser.
+    let open = !gate.tenancy().enforced();
+    let changes = !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
+    if open && changes {
+        let json = headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim_start().starts_with("application/json"));
+        let from_a_program = json || headers.contains_key("authorization") || headers.contains_key(CLIENT_HEADER);
+        if !from_a_program {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "cross-site",
+                format!(
+                    "a request that changes something needs an Authorization, {CLIENT_HEADER} or JSON Content-Type \
+                     header (a browser's cross-site request has none of them)"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
 
 /// The token of `Authorization: Bearer TOKEN`, if any.
 pub(super) fn bearer(headers: &HeaderMap) -> Option<&str> {
@@ -15,38 +181,18 @@ pub(super) fn bearer(headers: &HeaderMap) -> Option<&str> {
         .map(str::trim)
 }
 
-/// The tenants now: the configuration file's and those an admin created through the API.
-pub(super) fn tenancy(state: &AdminState) -> Tenancy {
-    let snapshot = state.registry.snapshot();
-    state.tenancy.with(&snapshot.tenants).unwrap_or_else(|e| {
-        tracing::warn!(
-            "the tenants created through the API do not fit the configuration file's: {e}; using the file's"
-        );
-        state.tenancy.clone()
-    })
-}
-
-/// Who calls: `Authorization: Bearer TOKEN`, checked against the token hashes of the
-/// file's and the API's tenants.
-pub(super) fn caller(state: &AdminState, headers: &HeaderMap) -> Result<Caller, ApiError> {
-    let token = bearer(headers);
-    tenancy(state).caller(token).ok_or_else(|| {
-        let why = if token.is_some() {
-            "the token is not one this cluster knows"
-        } else {
-            "this cluster requires a token: pass --token (or set SLUICE_TOKEN)"
-        };
-        ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", why)
-    })
-}
-
 pub(super) fn admin_only(who: &Caller) -> Result<(), ApiError> {
     match who {
         Caller::Admin => Ok(()),
         Caller::Tenant(t) => Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "admin-only",
-            format!("only the admin manages tenants (the token is tenant {}'s)", t.name),
+            format!("only the admin may do this (the token is tenant {}'s)", t.name),
+        )),
+        Caller::Worker => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "admin-only",
+            "only the admin may do this (this is another worker's request)",
         )),
     }
 }

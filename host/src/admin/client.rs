@@ -1,7 +1,20 @@
-//! A small HTTP/1 client for the workers' admin endpoints (`sluice status`, `sluice worker
-//! drain`, `sluice deploy`, `sluice topologies`): one request per connection, with a
-//! deadline.
+//! The HTTP/1 client of the workers' admin endpoints (`sluice status`, `sluice worker
+//! drain`, `sluice deploy`, `sluice topologies`, and workers asking each other): one request
+//! per connection, with a deadline and a bound on the answer, over TLS for an `https://`
+//! address (checked against the CA given, the host name included).
+//!
+//! ```no_run
+//! # async fn run() -> anyhow::Result<()> {
+//! use sluice::admin::client::{Client, Request};
+//! let client = Client::new(None)?;
+//! let (status, body) = Request::new(hyper::Method::GET, "127.0.0.1:9100", "/healthz")
+//!     .send(&client)
+//!     .await?;
+//! # Ok(()) }
+//! ```
 
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -18,42 +31,136 @@ pub struct Body {
 /// Bytes per piece of a body.
 const PIECE: usize = 64 * 1024;
 
-/// Sends `method path` to `admin` (`host:port`) and returns the status and body, or an error
-/// naming the address when it cannot be reached or does not answer within `timeout`.
-pub async fn request(
-    method: hyper::Method,
-    admin: &str,
-    path: &str,
-    timeout: Duration,
-) -> anyhow::Result<(hyper::StatusCode, Bytes)> {
-    send(method, admin, path, None, None, timeout).await
+/// What the client trusts for `https://` addresses.
+#[derive(Clone)]
+pub struct Client {
+    tls: Arc<rustls::ClientConfig>,
 }
 
-/// As [`request`], with a body.
-pub async fn send(
+impl Client {
+    /// A client that trusts the certificates of `ca` (PEM) for `https://` addresses (none:
+    /// the system's roots are not used; an `https://` address then needs a CA).
+    pub fn new(ca: Option<&Path>) -> anyhow::Result<Client> {
+        let mut roots = rustls::RootCertStore::empty();
+        if let Some(ca) = ca {
+            for cert in crate::tls::certificates(ca)? {
+                roots
+                    .add(cert)
+                    .with_context(|| format!("the CA file {}: a certificate rustls refuses", ca.display()))?;
+            }
+        }
+        let config = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+            .with_safe_default_protocol_versions()
+            .context("TLS settings")?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Ok(Client { tls: Arc::new(config) })
+    }
+}
+
+/// One request to an admin endpoint.
+pub struct Request<'a> {
     method: hyper::Method,
-    admin: &str,
-    path: &str,
-    token: Option<&str>,
+    admin: &'a str,
+    path: &'a str,
+    headers: Vec<(&'static str, String)>,
     body: Option<Body>,
     timeout: Duration,
-) -> anyhow::Result<(hyper::StatusCode, Bytes)> {
-    let exchange = async {
-        let stream = tokio::net::TcpStream::connect(admin)
+    max_answer: usize,
+}
+
+impl<'a> Request<'a> {
+    /// `method path` to `admin` (`host:port`, or `https://host:port`), 30 s to answer, at
+    /// most 64 MiB of answer.
+    pub fn new(method: hyper::Method, admin: &'a str, path: &'a str) -> Request<'a> {
+        Request {
+            method,
+            admin,
+            path,
+            headers: vec![(super::auth::CLIENT_HEADER, format!("sluice/{}", crate::VERSION))],
+            body: None,
+            timeout: Duration::from_secs(30),
+            max_answer: 64 << 20,
+        }
+    }
+
+    pub fn header(mut self, name: &'static str, value: String) -> Self {
+        self.headers.push((name, value));
+        self
+    }
+
+    /// `Authorization: Bearer TOKEN`, when there is a token.
+    pub fn bearer(self, token: Option<&str>) -> Self {
+        match token {
+            Some(t) => self.header("authorization", format!("Bearer {t}")),
+            None => self,
+        }
+    }
+
+    pub fn body(mut self, body: Body) -> Self {
+        self.body = Some(body);
+        self
+    }
+
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The largest answer read; a larger one is an error.
+    pub fn max_answer(mut self, bytes: usize) -> Self {
+        self.max_answer = bytes;
+        self
+    }
+
+    /// Sends the request; the status and body of the answer, or an error naming the address
+    /// when it cannot be reached, does not answer within the timeout, or answers too much.
+    pub async fn send(self, client: &Client) -> anyhow::Result<(hyper::StatusCode, Bytes)> {
+        let (method, path, timeout) = (self.method.clone(), self.path, self.timeout);
+        let (tls, hostport) = match self.admin.strip_prefix("https://") {
+            Some(rest) => (true, rest.trim_end_matches('/')),
+            None => (false, self.admin.strip_prefix("http://").unwrap_or(self.admin)),
+        };
+        let shown = format!("{}://{hostport}{path}", if tls { "https" } else { "http" });
+        let exchange = async {
+            let stream = tokio::net::TcpStream::connect(hostport)
+                .await
+                .with_context(|| format!("cannot reach the worker's admin endpoint at {hostport}"))?;
+            if tls {
+                let host = hostport.rsplit_once(':').map_or(hostport, |(h, _)| h);
+                let name = rustls::pki_types::ServerName::try_from(host.trim_matches(['[', ']']).to_string())
+                    .with_context(|| format!("{host} is not a host name TLS can check"))?;
+                let stream = tokio_rustls::TlsConnector::from(client.tls.clone())
+                    .connect(name, stream)
+                    .await
+                    .with_context(|| format!("TLS with {hostport} (is --ca the CA that signed its certificate?)"))?;
+                self.exchange(stream, hostport).await
+            } else {
+                self.exchange(stream, hostport).await
+            }
+        };
+        tokio::time::timeout(timeout, exchange)
             .await
-            .with_context(|| format!("cannot reach the worker's admin endpoint at {admin}"))?;
+            .map_err(|_| anyhow::anyhow!("{method} {shown}: no answer within {timeout:?}"))?
+            .with_context(|| format!("{method} {shown}"))
+    }
+
+    async fn exchange<S>(self, stream: S, hostport: &str) -> anyhow::Result<(hyper::StatusCode, Bytes)>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+    {
         let (mut sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
             .await
-            .with_context(|| format!("talking HTTP to {admin}"))?;
+            .with_context(|| format!("talking HTTP to {hostport}"))?;
         tokio::spawn(connection);
         let mut request = hyper::Request::builder()
-            .method(method.clone())
-            .uri(path)
-            .header("host", admin);
-        if let Some(token) = token {
-            request = request.header("authorization", format!("Bearer {token}"));
+            .method(self.method.clone())
+            .uri(self.path)
+            .header("host", hostport);
+        for (name, value) in &self.headers {
+            request = request.header(*name, value);
         }
-        let (pieces, progress): (Vec<Bytes>, _) = match body {
+        let (pieces, progress): (Vec<Bytes>, _) = match self.body {
             Some(body) => {
                 request = request
                     .header("content-type", body.content_type)
@@ -81,15 +188,14 @@ pub async fn send(
             Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(piece))
         });
         let request = request.body(http_body_util::StreamBody::new(stream))?;
-        let response = sender
-            .send_request(request)
-            .await
-            .with_context(|| format!("{method} http://{admin}{path}"))?;
+        let response = sender.send_request(request).await?;
         let status = response.status();
-        let body = response.into_body().collect().await?.to_bytes();
-        anyhow::Ok((status, body))
-    };
-    tokio::time::timeout(timeout, exchange)
-        .await
-        .map_err(|_| anyhow::anyhow!("{method} http://{admin}{path}: no answer within {timeout:?}"))?
+        let limited = http_body_util::Limited::new(response.into_body(), self.max_answer);
+        let body = limited
+            .collect()
+            .await
+            .map_err(|e| anyhow::anyhow!("reading the answer (at most {} bytes): {e}", self.max_answer))?
+            .to_bytes();
+        Ok((status, body))
+    }
 }

@@ -42,6 +42,7 @@ use serde::Serialize;
 
 use crate::registry::tenants::{Caller, Tenancy};
 use crate::registry::{self, Watcher, Writer};
+use crate::secret::ClusterSecret;
 use crate::worker::WorkerHandle;
 pub use queries::Found;
 pub use server::serve;
@@ -59,6 +60,39 @@ pub struct AdminConfig {
     pub max_component_bytes: usize,
     /// Who may call, and what each caller may do.
     pub tenancy: Tenancy,
+    /// `GET /metrics` without a token (`admin.metrics.public`, the default: Prometheus
+    /// scrapes without one).
+    pub metrics_public: bool,
+    /// Serve an open API (no tokens) on an address others can reach (`admin.allow.open`).
+    pub allow_open: bool,
+    /// Speak TLS with this certificate chain and key (`admin.tls.cert`, `admin.tls.key`).
+    pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    /// The CA workers check each other's admin certificates against (`admin.tls.ca`).
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// Connections open at once, at most (`admin.max.connections`).
+    pub max_connections: usize,
+    /// How long a request may take to be answered (`admin.request.timeout.ms`).
+    pub request_timeout: Duration,
+    /// Workers sign what they ask each other with it.
+    pub secret: Option<ClusterSecret>,
+}
+
+impl AdminConfig {
+    /// An API on `listen` with the defaults: open (no tokens), public metrics, no TLS.
+    pub fn new(listen: Option<std::net::SocketAddr>) -> AdminConfig {
+        AdminConfig {
+            listen,
+            max_component_bytes: 64 << 20,
+            tenancy: Tenancy::default(),
+            metrics_public: true,
+            allow_open: false,
+            tls: None,
+            tls_ca: None,
+            max_connections: 256,
+            request_timeout: Duration::from_secs(120),
+            secret: None,
+        }
+    }
 }
 
 /// What the topology and tenant routes work with: the worker, its cluster's registry, and
@@ -72,6 +106,12 @@ pub struct AdminState {
     pub max_component_bytes: usize,
     /// Who may call, and what each caller may do.
     pub tenancy: Tenancy,
+    /// Decides who calls (and knows the tenants created through the API).
+    pub gate: Arc<auth::Gate>,
+    /// Workers sign what they ask each other with it.
+    pub secret: Option<ClusterSecret>,
+    /// The client workers ask each other with.
+    pub client: client::Client,
     /// When each tenant's last deploys and deletes through this worker were made (for
     /// `max-deploys-per-minute`).
     pub deploys: std::sync::Mutex<HashMap<String, std::collections::VecDeque<std::time::Instant>>>,
@@ -79,11 +119,15 @@ pub struct AdminState {
 
 impl AdminState {
     /// The state of a worker in a cluster (none outside one: there is no registry).
-    pub fn new(worker: WorkerHandle, config: &AdminConfig) -> anyhow::Result<Option<AdminState>> {
+    pub fn new(
+        worker: WorkerHandle,
+        config: &AdminConfig,
+        gate: Arc<auth::Gate>,
+    ) -> anyhow::Result<Option<AdminState>> {
         let (Some(registry), Some(cluster)) = (worker.registry().cloned(), worker.cluster().map(str::to_string)) else {
             return Ok(None);
         };
-        let writer = Writer::new(worker.kafka(), &cluster)?;
+        let writer = Writer::new(worker.kafka(), &cluster, config.secret.clone())?;
         Ok(Some(AdminState {
             worker,
             registry,
@@ -91,6 +135,9 @@ impl AdminState {
             cluster,
             max_component_bytes: config.max_component_bytes,
             tenancy: config.tenancy.clone(),
+            gate,
+            secret: config.secret.clone(),
+            client: client::Client::new(config.tls_ca.as_deref())?,
             deploys: Default::default(),
         }))
     }
@@ -179,20 +226,41 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// The topology, tenant and query routes, for the worker's admin listener.
-pub fn router(state: Arc<AdminState>) -> axum::Router {
-    // Room for the manifest and the multipart framing beside the largest component.
-    let limit = state.max_component_bytes + (1 << 20);
+/// The topology, tenant and query routes, each behind the gate, for the worker's admin
+/// listener.
+fn router(state: Arc<AdminState>, g: &Arc<auth::Gate>) -> axum::Router {
+    use auth::Access::{Callers, Read};
+    use server::guarded;
+    // Room for the manifest and the multipart framing beside the largest component; only
+    // uploads take that much, and only from a caller the gate let through.
+    let upload = state.max_component_bytes + (1 << 20);
     axum::Router::new()
-        .route("/v1/topologies", post(topologies::upload).get(topologies::list))
+        .route(
+            "/v1/topologies",
+            guarded(
+                g,
+                Callers,
+                post(topologies::upload)
+                    .layer(DefaultBodyLimit::max(upload))
+                    .get(topologies::list),
+            ),
+        )
         .route(
             "/v1/topologies/{name}",
-            get(topologies::describe).delete(topologies::delete),
+            guarded(g, Callers, get(topologies::describe).delete(topologies::delete)),
         )
-        .route("/v1/tenants", get(tenants::list).post(tenants::create))
-        .route("/v1/tenants/{name}", axum::routing::delete(tenants::delete))
-        .route("/v1/topologies/{name}/stores/{store}", get(queries::query))
-        .layer(DefaultBodyLimit::max(limit))
+        .route(
+            "/v1/tenants",
+            guarded(g, Callers, get(tenants::list).post(tenants::create)),
+        )
+        .route(
+            "/v1/tenants/{name}",
+            guarded(g, Callers, axum::routing::delete(tenants::delete)),
+        )
+        .route(
+            "/v1/topologies/{name}/stores/{store}",
+            guarded(g, Read, get(queries::query)),
+        )
         .with_state(state)
 }
 

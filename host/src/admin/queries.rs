@@ -5,34 +5,42 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Path as UrlPath, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Extension, Path as UrlPath, Query, State};
+use axum::http::StatusCode;
 use axum::Json;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use serde::Serialize;
 
-use super::auth::{bearer, caller};
 use super::{internal, not_found, AdminState, ApiError};
 use crate::kafka::KafkaSettings;
 use crate::registry::tenants::Caller;
+use crate::secret::{hex, ClusterSecret};
 
-/// Asks every member of the cluster (by its admin address) for `path`.
+/// Asks every member of the cluster (by its admin address) for `GET path`, signed as this
+/// worker with the cluster secret (a caller's token is never passed on). Each answer is
+/// read up to `max_bytes`.
 pub(super) async fn ask_members(
     state: &AdminState,
     path: &str,
-    token: Option<&str>,
+    max_bytes: usize,
 ) -> Result<Vec<(String, anyhow::Result<(StatusCode, bytes::Bytes)>)>, ApiError> {
-    let (kafka, group) = (
+    let (kafka, group, secret) = (
         state.worker.kafka().clone(),
         crate::group::cluster_group(&state.cluster),
+        state.secret.clone(),
     );
-    let admins = tokio::task::spawn_blocking(move || member_admins(&kafka, &group))
+    let admins = tokio::task::spawn_blocking(move || member_admins(&kafka, &group, secret.as_ref()))
         .await
         .map_err(internal)?
         .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "cluster", e))?;
     let asks = admins.iter().map(|admin| async move {
-        let answer = super::client::send(hyper::Method::GET, admin, path, token, None, Duration::from_secs(10)).await;
-        (admin.clone(), answer)
+        let mut request = super::client::Request::new(hyper::Method::GET, admin, path)
+            .timeout(Duration::from_secs(10))
+            .max_answer(max_bytes);
+        if let Some(secret) = &state.secret {
+            request = request.header(crate::secret::WORKER_HEADER, secret.request_token("GET", path));
+        }
+        (admin.clone(), request.send(&state.client).await)
     });
     Ok(futures::future::join_all(asks).await)
 }
@@ -64,33 +72,37 @@ pub struct Found {
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub value: Option<String>,
     pub value_hex: String,
+    /// Set (with no value) when the value is too large for an answer: its size in bytes.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub value_bytes: Option<usize>,
     /// Which worker answered (its admin address; empty for a local answer).
     #[serde(default)]
     pub worker: String,
 }
 
-/// Most entries a range query answers by default.
+/// Most entries a range query answers by default, and at most.
 const QUERY_LIMIT: usize = 1000;
+const MAX_QUERY_LIMIT: usize = 100_000;
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// Bytes of keys and values one member answers with, and one answer holds in all: a query
+/// of large values stops there (and says so) instead of holding them all.
+const MEMBER_ANSWER_BYTES: usize = 8 << 20;
+const ANSWER_BYTES: usize = 16 << 20;
+
+/// What one entry weighs in an answer, at most: its key and value as hex (2 bytes a byte)
+/// and as JSON text (up to 6 bytes a byte: `\u0000`).
+fn weight(key: usize, value: usize) -> usize {
+    8 * (key + value) + 128
 }
 
 fn unhex(name: &str, text: &str) -> Result<Vec<u8>, ApiError> {
-    let bad = || {
+    crate::secret::unhex(text).ok_or_else(|| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
             "bad-request",
-            format!("{name} = {text:?} is not hex"),
+            format!("{name} = {text:?} is not hex (an even number of the digits 0-9 and a-f)"),
         )
-    };
-    if !text.len().is_multiple_of(2) {
-        return Err(bad());
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).map_err(|_| bad()))
-        .collect()
+    })
 }
 
 fn bytes_of(name: &str, text: &Option<String>, hex: &Option<String>) -> Result<Option<Vec<u8>>, ApiError> {
@@ -113,7 +125,18 @@ fn found(partition: i32, key: &[u8], value: &[u8]) -> Found {
         key_hex: hex(key),
         value: std::str::from_utf8(value).ok().map(str::to_string),
         value_hex: hex(value),
+        value_bytes: None,
         worker: String::new(),
+    }
+}
+
+/// An entry whose value is too large for an answer: its key and the value's size only.
+fn too_large(partition: i32, key: &[u8], bytes: usize) -> Found {
+    Found {
+        value: None,
+        value_hex: String::new(),
+        value_bytes: Some(bytes),
+        ..found(partition, key, &[])
     }
 }
 
@@ -121,11 +144,10 @@ fn found(partition: i32, key: &[u8], value: &[u8]) -> Found {
 /// workers that run its tasks (each worker asks every member and merges the answers).
 pub(super) async fn query(
     State(state): State<Arc<AdminState>>,
-    headers: HeaderMap,
+    Extension(who): Extension<Caller>,
     UrlPath((name, store)): UrlPath<(String, String)>,
     Query(params): Query<QueryParams>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let who = caller(&state, &headers)?;
     let snapshot = state.registry.snapshot();
     let owned = snapshot.entries.get(&name).filter(|(e, _)| who.owns(&e.tenant));
     let entry = match owned {
@@ -147,14 +169,20 @@ pub(super) async fn query(
     let key = bytes_of("key", &params.key, &params.key_hex)?;
     let from = bytes_of("from", &params.from, &params.from_hex)?;
     let to = bytes_of("to", &params.to, &params.to_hex)?;
-    let limit = params.limit.unwrap_or(QUERY_LIMIT).min(100_000);
+    let limit = params.limit.unwrap_or(QUERY_LIMIT).min(MAX_QUERY_LIMIT);
     if params.local {
         let st = state.clone();
         let (n, s) = (name.clone(), store.clone());
-        let local = tokio::task::spawn_blocking(move || read_local(&st, &n, &s, key.as_deref(), from, to, limit))
-            .await
-            .map_err(internal)??;
-        return Ok(Json(serde_json::json!({ "entries": local.0, "partitions": local.1 })));
+        let local = tokio::task::spawn_blocking(move || {
+            read_local(&st, &n, &s, key.as_deref(), from, to, limit, MEMBER_ANSWER_BYTES)
+        })
+        .await
+        .map_err(internal)??;
+        return Ok(Json(serde_json::json!({
+            "entries": local.entries,
+            "partitions": local.partitions,
+            "truncated": local.truncated,
+        })));
     }
     // Every member answers for the tasks it runs.
     let mut path = format!("/v1/topologies/{name}/stores/{store}?local=true&limit={limit}");
@@ -182,18 +210,28 @@ pub(super) async fn query(
             path.push_str(&format!("&{k}={v}"));
         }
     }
-    let answers = ask_members(&state, &path, bearer(&headers)).await?;
+    // A member's answer of MEMBER_ANSWER_BYTES of entries, as JSON, with room to spare.
+    let answers = ask_members(&state, &path, 2 * MEMBER_ANSWER_BYTES).await?;
     let mut entries: Vec<Found> = Vec::new();
     let mut answered: Vec<i32> = Vec::new();
     let mut problems: Vec<String> = Vec::new();
+    let mut truncated = false;
+    let mut bytes = 0;
     for (admin, answer) in answers {
         match answer {
             Ok((code, body)) if code.is_success() => {
                 let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
                 let mut found: Vec<Found> = serde_json::from_value(v["entries"].clone()).unwrap_or_default();
+                truncated |= v["truncated"].as_bool().unwrap_or(false);
                 for f in &mut found {
                     f.worker = admin.clone();
                 }
+                let before = found.len();
+                found.retain(|f| {
+                    bytes += weight(f.key_hex.len() / 2, f.value_hex.len() / 2);
+                    bytes <= ANSWER_BYTES
+                });
+                truncated |= found.len() < before;
                 entries.extend(found);
                 answered.extend(
                     v["partitions"]
@@ -223,12 +261,15 @@ pub(super) async fn query(
         "entries": entries,
         "partitions_answered": answered,
         "partitions_missing": missing,
+        "truncated": truncated,
         "problems": problems,
     })))
 }
 
-/// The admin addresses of the cluster's members (from the group coordinator).
-fn member_admins(kafka: &KafkaSettings, group: &str) -> Result<Vec<String>, String> {
+/// The admin addresses of the cluster's members (from the group coordinator). With a
+/// secret, only members whose metadata is signed with it: a process that joined the group
+/// without it is not asked anything.
+fn member_admins(kafka: &KafkaSettings, group: &str, secret: Option<&ClusterSecret>) -> Result<Vec<String>, String> {
     let consumer: BaseConsumer = kafka.client().create().map_err(|e| e.to_string())?;
     let list = consumer
         .fetch_group_list(Some(group), Duration::from_secs(10))
@@ -238,7 +279,7 @@ fn member_admins(kafka: &KafkaSettings, group: &str) -> Result<Vec<String>, Stri
         for m in g.members() {
             let meta = m
                 .metadata()
-                .and_then(|b| crate::group::metadata::MemberMetadata::decode(b).ok());
+                .and_then(|b| crate::group::metadata::MemberMetadata::decode_signed(b, secret).ok());
             if let Some(admin) = meta.map(|m| m.admin).filter(|a| !a.is_empty()) {
                 out.push(admin);
             }
@@ -249,8 +290,18 @@ fn member_admins(kafka: &KafkaSettings, group: &str) -> Result<Vec<String>, Stri
     Ok(out)
 }
 
-/// Reads this worker's active stores: one key, or a range. Returns the entries and the
-/// partitions it holds.
+/// What this worker's stores hold for a query.
+struct Local {
+    entries: Vec<Found>,
+    partitions: Vec<i32>,
+    /// The answer stopped at its byte budget (or a value was too large to hold).
+    truncated: bool,
+}
+
+/// Reads this worker's active stores: one key, or a range of at most `limit` entries and
+/// `max_bytes` of keys and values. A value is measured before it is copied: one larger
+/// than the budget is answered by its size alone.
+#[allow(clippy::too_many_arguments)]
 fn read_local(
     state: &AdminState,
     topology: &str,
@@ -259,26 +310,59 @@ fn read_local(
     from: Option<Vec<u8>>,
     to: Option<Vec<u8>>,
     limit: usize,
-) -> Result<(Vec<Found>, Vec<i32>), ApiError> {
+    max_bytes: usize,
+) -> Result<Local, ApiError> {
     let stores = state.worker.active_stores(topology, store);
-    let mut out = Vec::new();
-    for (partition, db) in &stores {
-        let failed = |e: rocksdb::Error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "store", e.to_string());
+    let mut out = Local {
+        entries: Vec::new(),
+        partitions: stores.iter().map(|(p, _)| *p).collect(),
+        truncated: false,
+    };
+    let mut bytes = 0;
+    let failed = |e: rocksdb::Error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "store", e.to_string());
+    'stores: for (partition, db) in &stores {
         if let Some(key) = key {
-            if let Some(value) = db.get(key).map_err(failed)? {
-                out.push(found(*partition, key, &value));
+            if let Some(value) = db.get_pinned(key).map_err(failed)? {
+                if weight(key.len(), value.len()) > max_bytes {
+                    out.entries.push(too_large(*partition, key, value.len()));
+                    out.truncated = true;
+                } else {
+                    out.entries.push(found(*partition, key, &value));
+                }
             }
             continue;
         }
-        let start = from.clone().unwrap_or_default();
-        let mode = rocksdb::IteratorMode::From(&start, rocksdb::Direction::Forward);
-        for item in db.iterator(mode) {
-            let (k, v) = item.map_err(failed)?;
-            if to.as_deref().is_some_and(|to| &*k >= to) || out.len() >= limit {
+        // A raw iterator lends keys and values in place: nothing is copied until it is kept.
+        let mut it = db.raw_iterator();
+        match &from {
+            Some(start) => it.seek(start),
+            None => it.seek_to_first(),
+        }
+        while it.valid() {
+            let (Some(k), Some(v)) = (it.key(), it.value()) else {
+                break;
+            };
+            if to.as_deref().is_some_and(|to| k >= to) {
                 break;
             }
-            out.push(found(*partition, &k, &v));
+            if out.entries.len() >= limit {
+                break 'stores;
+            }
+            let w = weight(k.len(), v.len());
+            if bytes + w > max_bytes {
+                out.truncated = true;
+                if w > max_bytes {
+                    out.entries.push(too_large(*partition, k, v.len()));
+                    it.next();
+                    continue;
+                }
+                break 'stores;
+            }
+            bytes += w;
+            out.entries.push(found(*partition, k, v));
+            it.next();
         }
+        it.status().map_err(failed)?;
     }
-    Ok((out, stores.iter().map(|(p, _)| *p).collect()))
+    Ok(out)
 }

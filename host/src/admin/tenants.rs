@@ -3,14 +3,15 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path as UrlPath, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Extension, Path as UrlPath, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 
-use super::auth::{admin_only, caller, tenancy};
+use super::auth::admin_only;
 use super::{store, AdminState, ApiError};
+use crate::registry::tenants::Caller;
 use crate::registry::Entry;
 
 /// A tenant as `GET /v1/tenants` shows it.
@@ -41,10 +42,9 @@ pub struct NewTenant {
 /// from the registry.
 pub(super) async fn create(
     State(state): State<Arc<AdminState>>,
-    headers: HeaderMap,
+    Extension(who): Extension<Caller>,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    let who = caller(&state, &headers)?;
     admin_only(&who)?;
     let new: NewTenant = serde_json::from_slice(&body).map_err(|e| {
         ApiError::new(
@@ -98,10 +98,9 @@ pub(super) async fn create(
 /// Deletes a tenant created through the API (one without topologies).
 pub(super) async fn delete(
     State(state): State<Arc<AdminState>>,
-    headers: HeaderMap,
+    Extension(who): Extension<Caller>,
     UrlPath(name): UrlPath<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let who = caller(&state, &headers)?;
     admin_only(&who)?;
     if state.tenancy.in_file(&name) {
         return Err(ApiError::new(
@@ -141,12 +140,13 @@ pub(super) async fn delete(
 
 pub(super) async fn list(
     State(state): State<Arc<AdminState>>,
-    headers: HeaderMap,
+    Extension(who): Extension<Caller>,
 ) -> Result<Json<Vec<TenantView>>, ApiError> {
-    let who = caller(&state, &headers)?;
     let snapshot = state.registry.snapshot();
     Ok(Json(
-        tenancy(&state)
+        state
+            .gate
+            .tenancy()
             .tenants()
             .filter(|t| who.owns(&t.name))
             .map(|t| {

@@ -6,13 +6,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Multipart, Path as UrlPath, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Extension, Multipart, Path as UrlPath, Query, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 
-use super::auth::caller;
 use super::{internal, not_found, store, AdminState, ApiError};
 use crate::manifest::Manifest;
 use crate::registry::tenants::Caller;
@@ -51,9 +50,8 @@ pub struct TaskPlace {
 
 pub(super) async fn list(
     State(state): State<Arc<AdminState>>,
-    headers: HeaderMap,
+    Extension(who): Extension<Caller>,
 ) -> Result<Json<Vec<TopologyView>>, ApiError> {
-    let who = caller(&state, &headers)?;
     let snapshot = state.registry.snapshot();
     Ok(Json(
         snapshot
@@ -73,10 +71,9 @@ pub(super) async fn list(
 
 pub(super) async fn describe(
     State(state): State<Arc<AdminState>>,
-    headers: HeaderMap,
+    Extension(who): Extension<Caller>,
     UrlPath(name): UrlPath<String>,
 ) -> Result<Json<TopologyView>, ApiError> {
-    let who = caller(&state, &headers)?;
     let snapshot = state.registry.snapshot();
     // Another tenant's topology is not there, as far as this caller can tell.
     let Some((entry, _)) = snapshot.entries.get(&name).filter(|(e, _)| who.owns(&e.tenant)) else {
@@ -85,7 +82,7 @@ pub(super) async fn describe(
     // Where its tasks are: every member's live status.
     let mut tasks = Vec::new();
     let mut problems = Vec::new();
-    match super::queries::ask_members(&state, "/status", None).await {
+    match super::queries::ask_members(&state, "/status", 16 << 20).await {
         Ok(answers) => {
             for (admin, answer) in answers {
                 match answer {
@@ -134,10 +131,9 @@ pub(super) async fn describe(
 
 pub(super) async fn delete(
     State(state): State<Arc<AdminState>>,
-    headers: HeaderMap,
+    Extension(who): Extension<Caller>,
     UrlPath(name): UrlPath<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let who = caller(&state, &headers)?;
     let snapshot = state.registry.snapshot();
     let Some((entry, _)) = snapshot
         .entries
@@ -247,11 +243,10 @@ pub struct UploadParams {
 
 pub(super) async fn upload(
     State(state): State<Arc<AdminState>>,
-    headers: HeaderMap,
+    Extension(who): Extension<Caller>,
     Query(params): Query<UploadParams>,
     form: Multipart,
 ) -> Result<Response, ApiError> {
-    let who = caller(&state, &headers)?;
     let reprocess_from = params
         .reprocess_from
         .as_deref()
@@ -285,7 +280,9 @@ pub(super) async fn upload(
     }
     let mut manifest = manifest;
     if let Caller::Tenant(tenant) = &who {
-        namespace_check(tenant, &manifest)?;
+        tenant
+            .check_manifest(&manifest)
+            .map_err(|(kind, message)| ApiError::new(StatusCode::FORBIDDEN, kind, message))?;
         let mine: Vec<&Entry> = snapshot
             .entries
             .values()
@@ -369,7 +366,7 @@ pub(super) async fn upload(
         tenant: who.name().to_string(),
         caps: match &who {
             Caller::Tenant(tenant) => tenant.caps,
-            Caller::Admin => Default::default(),
+            Caller::Admin | Caller::Worker => Default::default(),
         },
         offsets_epoch,
         reprocess_from,
@@ -381,56 +378,9 @@ pub(super) async fn upload(
     Ok((StatusCode::CREATED, Json(entry)).into_response())
 }
 
-/// A tenant's topology is named inside its namespace and binds only topics in it (its
-/// changelogs, `<name>-<store>-changelog`, then are too).
-fn namespace_check(tenant: &crate::registry::tenants::Tenant, manifest: &Manifest) -> Result<(), ApiError> {
-    let ns = &tenant.namespace;
-    if !manifest.name.starts_with(ns.as_str()) {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "foreign-name",
-            format!(
-                "topology {:?} is outside tenant {}'s namespace: its name must start with {ns:?}",
-                manifest.name, tenant.name
-            ),
-        ));
-    }
-    let topics = manifest
-        .sources
-        .iter()
-        .map(|(n, t)| ("source", n, t))
-        .chain(manifest.sinks.iter().map(|(n, t)| ("sink", n, t)));
-    for (kind, binding, topic) in topics {
-        if !topic.starts_with(ns.as_str()) {
-            return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "foreign-topic",
-                format!(
-                    "{kind} {binding:?} is bound to {topic:?}, outside tenant {}'s namespace {ns:?}",
-                    tenant.name
-                ),
-            ));
-        }
-    }
-    if let Some(topic) = manifest
-        .dead_letter_topic
-        .as_ref()
-        .filter(|t| !t.starts_with(ns.as_str()))
-    {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "foreign-topic",
-            format!(
-                "dead-letter-topic {topic:?} is outside tenant {}'s namespace {ns:?}",
-                tenant.name
-            ),
-        ));
-    }
-    Ok(())
-}
-
 /// Checks an upload as its worker would before running it (see
-/// [`crate::worker::WorkerHandle::check`]); each failure gets its own status and kind. Returns its description and partition count.
+/// [`crate::worker::WorkerHandle::check`]); each failure gets its own status and kind.
+/// Returns its description and partition count.
 fn check(
     state: &AdminState,
     manifest: Manifest,
@@ -458,6 +408,10 @@ fn check(
                 }
                 DeployCheckError::Load(LoadError::BadDescription { .. }) => {
                     (StatusCode::UNPROCESSABLE_ENTITY, "bad-description")
+                }
+                DeployCheckError::Load(LoadError::Limits { .. }) => (StatusCode::UNPROCESSABLE_ENTITY, "bad-limits"),
+                DeployCheckError::Load(LoadError::TooLarge { .. }) => {
+                    (StatusCode::UNPROCESSABLE_ENTITY, "too-many-instances")
                 }
                 DeployCheckError::Limits(_) => (StatusCode::UNPROCESSABLE_ENTITY, "bad-limits"),
                 DeployCheckError::Binding(_) => (StatusCode::UNPROCESSABLE_ENTITY, "bad-binding"),

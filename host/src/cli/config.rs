@@ -105,6 +105,33 @@ pub const SETTINGS: &[Setting] = &[
     s("state.max.bytes", "state_limit", Kind::Bytes),
     s("admin.listener", "metrics", Kind::Value),
     s("admin.advertised.listener", "advertise_admin", Kind::Value),
+    s("admin.metrics.public", "private_metrics", Kind::NotFlag),
+    s("admin.allow.open", "allow_open_admin", Kind::Flag),
+    s("admin.tls.cert", "admin_tls_cert", Kind::Path),
+    s("admin.tls.key", "admin_tls_key", Kind::Path),
+    s("admin.tls.ca", "admin_tls_ca", Kind::Path),
+    s("admin.max.connections", "admin_max_connections", Kind::Value),
+    s("admin.request.timeout.ms", "admin_request_timeout", Kind::Millis),
+    s("registry.secret", "registry_secret", Kind::Value),
+    s("registry.secret.file", "registry_secret_file", Kind::Path),
+    s("kafka.security.protocol", "kafka_security_protocol", Kind::Value),
+    s("kafka.sasl.mechanism", "kafka_sasl_mechanism", Kind::Value),
+    s("kafka.sasl.username", "kafka_sasl_username", Kind::Value),
+    s("kafka.sasl.password", "kafka_sasl_password", Kind::Value),
+    s("kafka.sasl.password.file", "kafka_sasl_password_file", Kind::Path),
+    s("kafka.ssl.ca.location", "kafka_ssl_ca_location", Kind::Path),
+    s(
+        "kafka.ssl.certificate.location",
+        "kafka_ssl_certificate_location",
+        Kind::Path,
+    ),
+    s("kafka.ssl.key.location", "kafka_ssl_key_location", Kind::Path),
+    s("kafka.ssl.key.password", "kafka_ssl_key_password", Kind::Value),
+    s(
+        "kafka.ssl.endpoint.identification.algorithm",
+        "kafka_ssl_endpoint_identification_algorithm",
+        Kind::Value,
+    ),
 ];
 
 /// Where a setting's value came from.
@@ -231,7 +258,19 @@ pub fn parse(argv: Vec<OsString>) -> anyhow::Result<(Cli, Layered)> {
         layered.values = SETTINGS
             .iter()
             .filter(|s| m.try_contains_id(s.arg).is_ok())
-            .map(|s| (s.key, shown(s, m)))
+            .map(|s| {
+                let value = shown(s, m);
+                // Secrets are never printed: only whether one is set.
+                let secret = s.key.ends_with(".secret") || s.key.ends_with(".password");
+                (
+                    s.key,
+                    if secret && value != "-" {
+                        "(set)".to_string()
+                    } else {
+                        value
+                    },
+                )
+            })
             .collect();
     }
     Ok((cli, layered))
@@ -292,22 +331,7 @@ fn layer(
     let mut table: toml::Table = text
         .parse()
         .map_err(|e: toml::de::Error| bad(format!("not valid TOML: {e}")))?;
-    // The tenancy sections go to their own parser.
-    let mut tenancy = toml::Table::new();
-    if let Some(tenants) = table.remove("tenants") {
-        tenancy.insert("tenants".into(), tenants);
-    }
-    if let Some(toml::Value::Table(admin)) = table.get_mut("admin") {
-        if let Some(tokens) = admin.remove("tokens") {
-            tenancy.insert(
-                "admin".into(),
-                toml::Value::Table([("tokens".to_string(), tokens)].into_iter().collect()),
-            );
-        }
-    }
-    let tenancy: TenancyConfig = toml::Value::Table(tenancy)
-        .try_into()
-        .map_err(|e: toml::de::Error| bad(e.to_string().trim().to_string()))?;
+    let tenancy = split_tenancy(&mut table).map_err(bad)?;
     let mut leaves = Vec::new();
     flatten("", table, &mut leaves);
     let base = file.parent().unwrap_or(Path::new("."));
@@ -356,6 +380,36 @@ fn layer(
         }
     }
     Ok((extra, decided, tenancy))
+}
+
+/// Takes the tenancy sections (`[admin] tokens`, `[tenants.*]`) out of a file's table, to
+/// their own parser.
+fn split_tenancy(table: &mut toml::Table) -> Result<TenancyConfig, String> {
+    let mut tenancy = toml::Table::new();
+    if let Some(tenants) = table.remove("tenants") {
+        tenancy.insert("tenants".into(), tenants);
+    }
+    if let Some(toml::Value::Table(admin)) = table.get_mut("admin") {
+        if let Some(tokens) = admin.remove("tokens") {
+            tenancy.insert(
+                "admin".into(),
+                toml::Value::Table([("tokens".to_string(), tokens)].into_iter().collect()),
+            );
+        }
+    }
+    toml::Value::Table(tenancy)
+        .try_into()
+        .map_err(|e: toml::de::Error| e.to_string().trim().to_string())
+}
+
+/// The tenancy sections of configuration file `file` (for commands other than the worker).
+pub fn tenancy_of(file: &Path) -> anyhow::Result<TenancyConfig> {
+    let bad = |e: String| anyhow::anyhow!("configuration file {}: {e}", file.display());
+    let text = std::fs::read_to_string(file).map_err(|e| bad(e.to_string()))?;
+    let mut table: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| bad(format!("not valid TOML: {e}")))?;
+    split_tenancy(&mut table).map_err(bad)
 }
 
 /// `a.b.c` for every non-table value under `prefix`.

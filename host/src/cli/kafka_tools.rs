@@ -21,11 +21,24 @@ pub struct Connection {
     /// Kafka bootstrap servers, `host:port[,host:port…]`.
     #[arg(long, env = "KAFKA_BOOTSTRAP")]
     pub bootstrap: String,
+    #[command(flatten)]
+    pub kafka: super::kafka_args::KafkaArgs,
 }
 
 impl Connection {
-    fn config(&self) -> ClientConfig {
-        sluice::kafka::KafkaSettings::new(self.bootstrap.as_str()).client()
+    /// A client configuration, once the brokers answer as the settings say (a wrong
+    /// password or CA fails here within seconds, naming the broker and what failed).
+    async fn config(&self) -> anyhow::Result<ClientConfig> {
+        let settings = self.settings()?;
+        sluice::group::connection::check_brokers(&settings, std::time::Duration::from_secs(15))
+            .await
+            .context("connecting to Kafka")?;
+        Ok(settings.client())
+    }
+
+    /// The Kafka settings of these flags, checked.
+    pub fn settings(&self) -> anyhow::Result<sluice::kafka::KafkaSettings> {
+        self.kafka.settings(&self.bootstrap)
     }
 }
 
@@ -59,7 +72,7 @@ pub async fn topics(args: TopicsArgs) -> anyhow::Result<ExitCode> {
         replication,
         topics,
     } = args.command;
-    let admin: AdminClient<DefaultClientContext> = connection.config().create()?;
+    let admin: AdminClient<DefaultClientContext> = connection.config().await?.create()?;
     let new: Vec<NewTopic<'_>> = topics
         .iter()
         .map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(replication)))
@@ -84,7 +97,12 @@ pub struct ProduceArgs {
 }
 
 pub async fn produce(args: ProduceArgs) -> anyhow::Result<ExitCode> {
-    let producer: FutureProducer = args.connection.config().set("enable.idempotence", "true").create()?;
+    let producer: FutureProducer = args
+        .connection
+        .config()
+        .await?
+        .set("enable.idempotence", "true")
+        .create()?;
     let lines: Vec<String> = std::io::stdin().lock().lines().collect::<Result<_, _>>()?;
     let sends = lines.iter().map(|line| {
         let (key, value) = match line.split_once('\t') {
@@ -124,6 +142,7 @@ pub async fn consume(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
     let consumer: StreamConsumer = args
         .connection
         .config()
+        .await?
         .set("group.id", &group)
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false")

@@ -1,6 +1,8 @@
 //! Command-line interface: argument parsing and dispatch to the subcommands.
 
+mod acls;
 pub mod config;
+mod kafka_args;
 mod kafka_tools;
 mod new;
 mod state;
@@ -50,6 +52,9 @@ pub enum Command {
     New(new::NewArgs),
     /// Inspect a stopped worker's local state.
     State(state::StateArgs),
+    /// The Kafka ACLs of a cluster's workers (`--worker`) or of one tenant (`--tenant NAME`),
+    /// as `kafka-acls.sh` commands, or created with `--apply`.
+    Acls(acls::AclsArgs),
     /// Create topics.
     Topics(kafka_tools::TopicsArgs),
     /// Produce lines from standard input as records (`key<TAB>value`, or just `value`).
@@ -86,6 +91,7 @@ pub async fn run(cli: Cli, layered: config::Layered) -> anyhow::Result<ExitCode>
         Command::Query(args) => topologies::query(args).await,
         Command::New(args) => new::run(args),
         Command::Status(args) => status::run(args).await,
+        Command::Acls(args) => acls::run(args).await,
         Command::Topics(args) => kafka_tools::topics(args).await,
         Command::Produce(args) => kafka_tools::produce(args).await,
         Command::Consume(args) => kafka_tools::consume(args).await,

@@ -27,6 +27,8 @@ enum Output {
 pub struct StatusArgs {
     #[arg(long, env = "KAFKA_BOOTSTRAP")]
     bootstrap: String,
+    #[command(flatten)]
+    kafka: super::kafka_args::KafkaArgs,
     /// The cluster name the workers were started with.
     #[arg(long, env = "SLUICE_CLUSTER")]
     cluster: String,
@@ -35,6 +37,12 @@ pub struct StatusArgs {
     /// Show the status again every this many seconds, until interrupted.
     #[arg(long, value_name = "SECONDS")]
     watch: Option<f64>,
+    /// The admin's token, when the cluster's admin API requires one.
+    #[arg(long, env = "SLUICE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// The CA (PEM) to check the workers' `https://` admin certificates against.
+    #[arg(long, env = "SLUICE_ADMIN_CA", value_name = "FILE.pem")]
+    ca: Option<std::path::PathBuf>,
 }
 
 /// How long a worker's admin endpoint may take to answer.
@@ -98,9 +106,11 @@ struct Task {
 }
 
 pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
-    let consumer: BaseConsumer = sluice::kafka::KafkaSettings::new(args.bootstrap.as_str())
-        .client()
-        .create()?;
+    let kafka = args.kafka.settings(&args.bootstrap)?;
+    sluice::group::connection::check_brokers(&kafka, Duration::from_secs(15))
+        .await
+        .context("connecting to Kafka")?;
+    let consumer: BaseConsumer = kafka.client().create()?;
     let Some(every) = args.watch else {
         return show(&args, &consumer).await;
     };
@@ -235,7 +245,7 @@ async fn gather(
         if meta.admin.is_empty() {
             return None;
         }
-        Some(live_status(&meta.admin).await)
+        Some(live_status(args, &meta.admin).await)
     });
     let answers = futures::future::join_all(asks).await;
     for ((member_id, host, meta, assignment), live) in decoded.into_iter().zip(answers) {
@@ -321,8 +331,13 @@ async fn gather(
 }
 
 /// A worker's `GET /status`.
-async fn live_status(admin: &str) -> anyhow::Result<WorkerStatus> {
-    let (code, body) = sluice::admin::client::request(hyper::Method::GET, admin, "/status", ASK_TIMEOUT).await?;
+async fn live_status(args: &StatusArgs, admin: &str) -> anyhow::Result<WorkerStatus> {
+    let client = sluice::admin::client::Client::new(args.ca.as_deref())?;
+    let (code, body) = sluice::admin::client::Request::new(hyper::Method::GET, admin, "/status")
+        .bearer(args.token.as_deref())
+        .timeout(ASK_TIMEOUT)
+        .send(&client)
+        .await?;
     anyhow::ensure!(code.is_success(), "GET http://{admin}/status answered {code}");
     serde_json::from_slice(&body).with_context(|| format!("reading the status from http://{admin}/status"))
 }

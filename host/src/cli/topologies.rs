@@ -26,8 +26,18 @@ pub struct AdminArgs {
     /// The caller's token (a tenant's or the admin's), when the cluster requires one.
     #[arg(long, env = "SLUICE_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// The CA (PEM) to check an `https://` admin address's certificate against.
+    #[arg(long, env = "SLUICE_ADMIN_CA", value_name = "FILE.pem")]
+    ca: Option<PathBuf>,
     #[arg(long, value_enum, default_value = "text")]
     output: Output,
+}
+
+impl AdminArgs {
+    /// The client for this address (trusting `--ca` for an `https://` one).
+    fn client(&self) -> anyhow::Result<http::Client> {
+        http::Client::new(self.ca.as_deref())
+    }
 }
 
 #[derive(Debug, Args)]
@@ -120,19 +130,16 @@ pub async fn deploy(args: DeployArgs) -> anyhow::Result<ExitCode> {
         }
         None => "/v1/topologies".to_string(),
     };
-    let (status, answer) = http::send(
-        hyper::Method::POST,
-        &args.admin.admin,
-        &path,
-        args.admin.token.as_deref(),
-        Some(Body {
+    let (status, answer) = http::Request::new(hyper::Method::POST, &args.admin.admin, &path)
+        .bearer(args.admin.token.as_deref())
+        .body(Body {
             content_type: format!("multipart/form-data; boundary={boundary}"),
             bytes: body,
             progress: progress.clone(),
-        }),
-        TIMEOUT,
-    )
-    .await?;
+        })
+        .timeout(TIMEOUT)
+        .send(&args.admin.client()?)
+        .await?;
     if let Some(bar) = progress {
         bar.finish_and_clear();
     }
@@ -185,7 +192,11 @@ fn progress_bar(len: u64, admin: &AdminArgs) -> Option<indicatif::ProgressBar> {
 /// A request without a body to the admin API; the answer's JSON, or an error naming the
 /// worker, the status and the API's message.
 async fn call(admin: &AdminArgs, method: hyper::Method, path: &str) -> anyhow::Result<Value> {
-    let (status, answer) = http::send(method, &admin.admin, path, admin.token.as_deref(), None, TIMEOUT).await?;
+    let (status, answer) = http::Request::new(method, &admin.admin, path)
+        .bearer(admin.token.as_deref())
+        .timeout(TIMEOUT)
+        .send(&admin.client()?)
+        .await?;
     let json = parse(&answer)?;
     if !status.is_success() {
         anyhow::bail!("{} ({status}): {}", admin.admin, error_text(&json));
@@ -395,19 +406,16 @@ pub async fn tenants(args: TenantsArgs) -> anyhow::Result<ExitCode> {
                 .filter(|(_, v)| !v.is_null())
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
-            let (status, answer) = http::send(
-                hyper::Method::POST,
-                &c.admin.admin,
-                "/v1/tenants",
-                c.admin.token.as_deref(),
-                Some(Body {
+            let (status, answer) = http::Request::new(hyper::Method::POST, &c.admin.admin, "/v1/tenants")
+                .bearer(c.admin.token.as_deref())
+                .body(Body {
                     content_type: "application/json".into(),
                     bytes: serde_json::to_vec(&body)?,
                     progress: None,
-                }),
-                TIMEOUT,
-            )
-            .await?;
+                })
+                .timeout(TIMEOUT)
+                .send(&c.admin.client()?)
+                .await?;
             let json = parse(&answer)?;
             if !status.is_success() {
                 anyhow::bail!("{} refused the tenant ({status}): {}", c.admin.admin, error_text(&json));

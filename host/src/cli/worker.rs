@@ -8,9 +8,9 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use sluice::admin::AdminConfig;
 use sluice::group::assignor::LearnerPolicy;
-use sluice::kafka::KafkaSettings;
 use sluice::manifest::parse_size;
 use sluice::runtime::RuntimeConfig;
+use sluice::secret::ClusterSecret;
 use sluice::task::{Guarantee, TaskSettings};
 use sluice::topology::ChangelogSettings;
 use sluice::worker::group_runner::{ClusterConfig, LearnerRejoin, Stop};
@@ -29,6 +29,12 @@ pub struct DrainArgs {
     /// The worker's admin address: what it was started with as `--metrics`.
     #[arg(long, value_name = "HOST:PORT")]
     admin: String,
+    /// The admin's token, when the cluster's admin API requires one.
+    #[arg(long, env = "SLUICE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// The CA (PEM) to check an `https://` admin address's certificate against.
+    #[arg(long, env = "SLUICE_ADMIN_CA", value_name = "FILE.pem")]
+    ca: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -47,6 +53,8 @@ pub struct WorkerSettings {
     /// Kafka bootstrap servers, `host:port[,host:port…]`.
     #[arg(long, env = "KAFKA_BOOTSTRAP")]
     bootstrap: Option<String>,
+    #[command(flatten)]
+    kafka: super::kafka_args::KafkaArgs,
     /// A topology manifest (TOML); repeat for several topologies. In a cluster (`--cluster`)
     /// it may be left out: the worker runs what is uploaded to the cluster's registry.
     #[arg(long = "topology", value_name = "FILE.toml")]
@@ -196,11 +204,42 @@ pub struct WorkerSettings {
     /// Largest component the admin API takes (`POST /v1/topologies`).
     #[arg(long, default_value = "64MiB", value_parser = parse_size)]
     max_component_size: usize,
+    /// The cluster secret (the same on every worker of the cluster; 16 bytes at least):
+    /// registry records and group messages are believed only when signed with it, and
+    /// workers sign what they ask each other with it. Needed when the admin API has tokens.
+    #[arg(long, value_name = "SECRET", hide_env_values = true)]
+    registry_secret: Option<String>,
+    /// A file holding the cluster secret (its first line), instead of --registry-secret.
+    #[arg(long, value_name = "FILE")]
+    registry_secret_file: Option<PathBuf>,
+    /// Ask a token for `GET /metrics` too (by default metrics are public, as Prometheus
+    /// scrapes them).
+    #[arg(long)]
+    private_metrics: bool,
+    /// Serve an open admin API (no tokens configured) on an address others can reach; by
+    /// default a worker refuses to, unless it listens on a loopback address.
+    #[arg(long)]
+    allow_open_admin: bool,
+    /// The admin API speaks TLS with this certificate chain (PEM); with --admin-tls-key.
+    #[arg(long, value_name = "FILE.pem", requires = "admin_tls_key")]
+    admin_tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --admin-tls-cert.
+    #[arg(long, value_name = "FILE.pem", requires = "admin_tls_cert")]
+    admin_tls_key: Option<PathBuf>,
+    /// The CA (PEM) workers check each other's admin certificates against.
+    #[arg(long, value_name = "FILE.pem")]
+    admin_tls_ca: Option<PathBuf>,
+    /// Connections the admin API keeps open at once; more are closed as they arrive.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    admin_max_connections: u32,
+    /// How long an admin request may take to be answered.
+    #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
+    admin_request_timeout: Duration,
 }
 
 pub async fn run(args: WorkerArgs, layered: super::config::Layered) -> anyhow::Result<ExitCode> {
     if let Some(WorkerAction::Drain(drain)) = &args.action {
-        return ask_to_drain(&drain.admin).await;
+        return ask_to_drain(drain).await;
     }
     let settings = args.settings;
     // Stop requests from signals: a drain first (in a cluster, when asked), then a stop.
@@ -225,10 +264,10 @@ pub async fn run(args: WorkerArgs, layered: super::config::Layered) -> anyhow::R
     // The worker, and its admin API beside it (started before the worker joins its group,
     // which it tells where the API is).
     let mut worker = Worker::start(config).await?;
-    if let Some(addr) = admin.listen {
-        let bound = sluice::admin::serve(addr, worker.handle(), &admin).await?;
-        worker.admin_bound(bound);
-        tracing::info!("metrics on http://{bound}/metrics; POST http://{bound}/drain drains this worker");
+    if let Some(bound) = sluice::admin::serve(worker.handle(), &admin).await? {
+        worker.admin_bound(bound, admin.tls.is_some());
+        let scheme = if admin.tls.is_some() { "https" } else { "http" };
+        tracing::info!("metrics on {scheme}://{bound}/metrics; POST {scheme}://{bound}/drain drains this worker");
     }
     let report = worker.run(shutdown).await?;
     let out: u64 = report.stopped.iter().map(|(_, s)| s.records_out).sum();
@@ -293,6 +332,20 @@ impl WorkerSettings {
         if args.advertise_admin.is_some() && args.metrics.is_none() {
             anyhow::bail!("--advertise-admin (admin.advertised.listener) needs --metrics (admin.listener)");
         }
+        let kafka = args.kafka.settings(&bootstrap)?;
+        let secret = cluster_secret(args.registry_secret.as_deref(), args.registry_secret_file.as_deref())?;
+        if args.cluster.is_some() && tenancy.enforced() && secret.is_none() {
+            anyhow::bail!(
+                "this cluster's admin API has tokens, so its workers need the cluster secret: set registry.secret (or \
+                 registry.secret.file, SLUICE_REGISTRY_SECRET) to the same long random value on every worker (without \
+                 it a tenant with Kafka access could forge registry records and group members)"
+            );
+        }
+        // With tls, the address others reach this worker's API at says so.
+        let advertise = match (&args.admin_tls_cert, args.advertise_admin.clone()) {
+            (Some(_), Some(a)) if !a.starts_with("https://") => Some(format!("https://{a}")),
+            (_, a) => a,
+        };
         let cluster = args.cluster.map(|name| ClusterConfig {
             name,
             capacity: args.capacity.unwrap_or(threads as u32),
@@ -301,7 +354,7 @@ impl WorkerSettings {
             heartbeat_interval: args.heartbeat_interval,
             assignor: args.assignor,
             standby_replicas: args.standby_replicas,
-            kafka: KafkaSettings::new(bootstrap.as_str()),
+            kafka: kafka.clone(),
             state_dir: args.state_dir.clone(),
             metadata_version: args.metadata_version,
             release_failed_tasks: args.release_failed_tasks,
@@ -312,16 +365,24 @@ impl WorkerSettings {
             learner_rejoin: args.learner_rejoin,
             drain,
             scale_down_timeout: args.scale_down_timeout,
-            admin: args.advertise_admin.clone().unwrap_or_default(),
+            admin: advertise.unwrap_or_default(),
+            secret: secret.clone(),
         });
         let admin = AdminConfig {
             listen: args.metrics,
             max_component_bytes: args.max_component_size,
-            tenancy,
+            tenancy: tenancy.clone(),
+            metrics_public: !args.private_metrics,
+            allow_open: args.allow_open_admin,
+            tls: args.admin_tls_cert.clone().zip(args.admin_tls_key.clone()),
+            tls_ca: args.admin_tls_ca.clone(),
+            max_connections: args.admin_max_connections as usize,
+            request_timeout: args.admin_request_timeout,
+            secret: secret.clone(),
         };
         let worker = WorkerConfig {
             cluster,
-            kafka: KafkaSettings::new(bootstrap),
+            kafka,
             manifests: args.topologies,
             tasks: TaskSettings {
                 batch_size: args.batch_size as usize,
@@ -355,9 +416,31 @@ impl WorkerSettings {
             state_block_cache: args.state_cache,
             state_write_buffers: args.state_write_buffers,
             state_limit: args.state_limit as u64,
+            tenancy,
+            secret,
         };
         Ok((worker, admin))
     }
+}
+
+/// The cluster secret from its setting or its file (the file's first line), checked.
+fn cluster_secret(value: Option<&str>, file: Option<&std::path::Path>) -> anyhow::Result<Option<ClusterSecret>> {
+    let text = match (value, file) {
+        (Some(_), Some(_)) => {
+            anyhow::bail!("give registry.secret or registry.secret.file, not both")
+        }
+        (Some(v), None) => v.to_string(),
+        (None, Some(path)) => std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("registry.secret.file {}: {e}", path.display()))?
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string(),
+        (None, None) => return Ok(None),
+    };
+    ClusterSecret::new(text.trim().as_bytes().to_vec())
+        .map(Some)
+        .map_err(|e| anyhow::anyhow!("registry.secret: {e}"))
 }
 
 /// The exit status of a worker that stopped cleanly but had tasks fail while it ran.
@@ -400,9 +483,14 @@ async fn signals(stop: std::sync::Arc<tokio::sync::watch::Sender<Stop>>, drain_f
 }
 
 /// `sluice worker drain`: asks a worker, through its admin endpoint, to drain.
-async fn ask_to_drain(admin: &str) -> anyhow::Result<ExitCode> {
-    let (status, body) =
-        sluice::admin::client::request(hyper::Method::POST, admin, "/drain", Duration::from_secs(30)).await?;
+async fn ask_to_drain(args: &DrainArgs) -> anyhow::Result<ExitCode> {
+    let admin = &args.admin;
+    let client = sluice::admin::client::Client::new(args.ca.as_deref())?;
+    let (status, body) = sluice::admin::client::Request::new(hyper::Method::POST, admin, "/drain")
+        .bearer(args.token.as_deref())
+        .timeout(Duration::from_secs(30))
+        .send(&client)
+        .await?;
     let text = String::from_utf8_lossy(&body);
     if status.is_success() {
         println!("{admin}: {}", text.trim());

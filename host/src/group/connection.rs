@@ -1,18 +1,31 @@
-//! One TCP connection to a broker speaking Kafka's request/response framing, with the
-//! messages encoded by the `kafka-protocol` crate.
+//! One connection to a broker speaking Kafka's request/response framing, with the messages
+//! encoded by the `kafka-protocol` crate: over TLS (rustls) and authenticated with SASL
+//! (SaslHandshake and SaslAuthenticate, the mechanisms by the `rsasl` crate) as the
+//! [`KafkaSettings`] say, like every other client of the worker.
+//!
+//! A connection that cannot be secured fails within [`CONNECT_TIMEOUT`] with an error
+//! naming the broker and what failed (the TLS handshake, the mechanism, the credentials),
+//! never a hang.
 
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, BytesMut};
 use kafka_protocol::messages::{
-    AlterClientQuotasRequest, AlterClientQuotasResponse, ApiKey, FindCoordinatorRequest, FindCoordinatorResponse,
-    HeartbeatRequest, HeartbeatResponse, JoinGroupRequest, JoinGroupResponse, LeaveGroupRequest, LeaveGroupResponse,
-    MetadataRequest, MetadataResponse, OffsetCommitRequest, OffsetCommitResponse, OffsetFetchRequest,
-    OffsetFetchResponse, RequestHeader, ResponseHeader, SyncGroupRequest, SyncGroupResponse, TopicName,
+    AlterClientQuotasRequest, AlterClientQuotasResponse, ApiKey, CreateAclsRequest, CreateAclsResponse,
+    FindCoordinatorRequest, FindCoordinatorResponse, HeartbeatRequest, HeartbeatResponse, JoinGroupRequest,
+    JoinGroupResponse, LeaveGroupRequest, LeaveGroupResponse, MetadataRequest, MetadataResponse, OffsetCommitRequest,
+    OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse, RequestHeader, ResponseHeader,
+    SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse, SyncGroupRequest,
+    SyncGroupResponse, TopicName,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, StrBytes};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+use crate::kafka::{KafkaSettings, Sasl, Tls};
+
+/// How long connecting, the TLS handshake and SASL authentication may take together.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A connection or protocol failure talking to a broker (the external system's side).
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +36,17 @@ pub enum ConnectionError {
     Io { addr: String, detail: String },
     #[error("broker {addr} answered something that does not decode: {detail}")]
     Protocol { addr: String, detail: String },
+    /// TLS with the broker failed (its certificate, our CA, the host name, …).
+    #[error("broker {addr}: TLS failed: {detail}")]
+    Tls { addr: String, detail: String },
+    /// The broker refused our SASL authentication (mechanism, credentials).
+    #[error("broker {addr}: SASL {mechanism} authentication as {user:?} failed: {detail}")]
+    Sasl {
+        addr: String,
+        mechanism: &'static str,
+        user: String,
+        detail: String,
+    },
 }
 
 /// The FindCoordinator version both group clients (membership, offsets) speak.
@@ -36,7 +60,9 @@ pub mod code {
     pub const COORDINATOR_NOT_AVAILABLE: i16 = 15;
     pub const NOT_COORDINATOR: i16 = 16;
     pub const ILLEGAL_GENERATION: i16 = 22;
+    pub const INCONSISTENT_GROUP_PROTOCOL: i16 = 23;
     pub const UNKNOWN_MEMBER_ID: i16 = 25;
+    pub const GROUP_AUTHORIZATION_FAILED: i16 = 30;
     pub const REBALANCE_IN_PROGRESS: i16 = 27;
     pub const MEMBER_ID_REQUIRED: i16 = 79;
     pub const FENCED_INSTANCE_ID: i16 = 82;
@@ -77,10 +103,17 @@ calls! {
     AlterClientQuotasRequest => AlterClientQuotasResponse, AlterClientQuotas;
     OffsetCommitRequest => OffsetCommitResponse, OffsetCommit;
     OffsetFetchRequest => OffsetFetchResponse, OffsetFetch;
+    SaslHandshakeRequest => SaslHandshakeResponse, SaslHandshake;
+    CreateAclsRequest => CreateAclsResponse, CreateAcls;
+    SaslAuthenticateRequest => SaslAuthenticateResponse, SaslAuthenticate;
 }
 
+/// A byte stream to a broker: plain TCP, or TLS over it.
+trait Stream: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Stream for T {}
+
 pub struct Connection {
-    stream: TcpStream,
+    stream: Box<dyn Stream>,
     addr: String,
     correlation: i32,
     client_id: StrBytes,
@@ -90,22 +123,90 @@ pub struct Connection {
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 
 impl Connection {
-    pub async fn connect(addr: &str) -> Result<Connection, ConnectionError> {
+    /// Connects to the broker at `addr`, secured (TLS, SASL) as `kafka` says.
+    pub async fn connect(kafka: &KafkaSettings, addr: &str) -> Result<Connection, ConnectionError> {
         let fail = |detail: String| ConnectionError::Connect {
             addr: addr.to_string(),
             detail,
         };
-        let stream = tokio::time::timeout(Duration::from_secs(10), TcpStream::connect(addr))
+        let connecting = async {
+            let tcp = TcpStream::connect(addr).await.map_err(|e| fail(e.to_string()))?;
+            tcp.set_nodelay(true).ok();
+            let security = kafka.security();
+            let stream: Box<dyn Stream> = match &security.tls {
+                Some(tls) => Box::new(tls_handshake(tls, addr, tcp).await?),
+                None => Box::new(tcp),
+            };
+            let mut connection = Connection {
+                stream,
+                addr: addr.to_string(),
+                correlation: 0,
+                client_id: StrBytes::from_static_str("sluice-worker"),
+            };
+            if let Some(sasl) = &security.sasl {
+                connection.authenticate(sasl).await?;
+            }
+            Ok(connection)
+        };
+        tokio::time::timeout(CONNECT_TIMEOUT, connecting)
             .await
-            .map_err(|_| fail("timed out after 10s".into()))?
-            .map_err(|e| fail(e.to_string()))?;
-        stream.set_nodelay(true).ok();
-        Ok(Connection {
-            stream,
-            addr: addr.to_string(),
-            correlation: 0,
-            client_id: StrBytes::from_static_str("sluice-worker"),
-        })
+            .map_err(|_| fail(format!("no connection (TLS, SASL included) within {CONNECT_TIMEOUT:?}")))?
+    }
+
+    /// SaslHandshake, then SaslAuthenticate until the mechanism is done.
+    async fn authenticate(&mut self, sasl: &Sasl) -> Result<(), ConnectionError> {
+        use rsasl::prelude::{Mechname, SASLClient, SASLConfig, State};
+        let mechanism = sasl.mechanism.name();
+        let addr = self.addr.clone();
+        let failed = |detail: String| ConnectionError::Sasl {
+            addr: addr.clone(),
+            mechanism,
+            user: sasl.username.clone(),
+            detail,
+        };
+        let handshake = SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str(mechanism));
+        let answer = self.send_within(&handshake, 1, CONNECT_TIMEOUT).await?;
+        if answer.error_code != code::NONE {
+            let offered: Vec<String> = answer.mechanisms.iter().map(|m| m.to_string()).collect();
+            return Err(failed(format!(
+                "the broker does not take it ({}; it takes {})",
+                describe(answer.error_code),
+                offered.join(", ")
+            )));
+        }
+        let config = SASLConfig::with_credentials(None, sasl.username.clone(), sasl.password.clone())
+            .map_err(|e| failed(e.to_string()))?;
+        let name = Mechname::parse(mechanism.as_bytes()).map_err(|e| failed(e.to_string()))?;
+        let mut session = SASLClient::new(config)
+            .start_suggested(&[name])
+            .map_err(|e| failed(e.to_string()))?;
+        let mut input: Option<Vec<u8>> = None;
+        // A mechanism takes a few rounds (SCRAM two); a broker that asks for more is not one.
+        for _ in 0..8 {
+            let mut out = Vec::new();
+            let state = session
+                .step(input.as_deref(), &mut out)
+                .map_err(|e| failed(format!("the mechanism failed: {e}")))?;
+            let finished = matches!(state, State::Finished(_));
+            let sent = match state {
+                State::Running => true,
+                State::Finished(sent) => sent == rsasl::prelude::MessageSent::Yes,
+            };
+            if !sent {
+                return Ok(());
+            }
+            let request = SaslAuthenticateRequest::default().with_auth_bytes(bytes::Bytes::from(out));
+            let answer = self.send_within(&request, 2, CONNECT_TIMEOUT).await?;
+            if answer.error_code != code::NONE {
+                let message = answer.error_message.map(|m| m.to_string()).unwrap_or_default();
+                return Err(failed(format!("{message} ({})", describe(answer.error_code))));
+            }
+            if finished {
+                return Ok(());
+            }
+            input = Some(answer.auth_bytes.to_vec());
+        }
+        Err(failed("the broker asked for more rounds than the mechanism has".into()))
     }
 
     pub fn addr(&self) -> &str {
@@ -201,7 +302,7 @@ pub async fn topic_ids(
     let mut last = None;
     for addr in kafka.bootstrap_addrs() {
         let answer = async {
-            let mut c = Connection::connect(addr).await?;
+            let mut c = Connection::connect(kafka, addr).await?;
             c.send_within(&request, 12, Duration::from_secs(15)).await
         }
         .await;
@@ -221,4 +322,82 @@ pub async fn topic_ids(
         addr: kafka.bootstrap().to_string(),
         detail: "no bootstrap address".into(),
     }))
+}
+
+/// TLS over `tcp` to the broker at `addr` (`host:port`): its certificate checked against the
+/// CA, and its host name unless the settings say not to.
+async fn tls_handshake(
+    tls: &Tls,
+    addr: &str,
+    tcp: TcpStream,
+) -> Result<tokio_rustls::client::TlsStream<TcpStream>, ConnectionError> {
+    let fail = |detail: String| ConnectionError::Tls {
+        addr: addr.to_string(),
+        detail,
+    };
+    let config = tls_config(tls).map_err(|e| fail(format!("{e:#}")))?;
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h).trim_matches(['[', ']']);
+    let name = rustls::pki_types::ServerName::try_from(host.to_string())
+        .map_err(|e| fail(format!("{host} is not a host name TLS can check: {e}")))?;
+    tokio_rustls::TlsConnector::from(config)
+        .connect(name, tcp)
+        .await
+        .map_err(|e| fail(e.to_string()))
+}
+
+/// The client TLS configuration of `tls`, made once per setting (connections are many).
+fn tls_config(tls: &Tls) -> anyhow::Result<std::sync::Arc<rustls::ClientConfig>> {
+    use std::sync::{Arc, Mutex, OnceLock};
+    type Made = Vec<(Tls, Arc<rustls::ClientConfig>)>;
+    static MADE: OnceLock<Mutex<Made>> = OnceLock::new();
+    let made = MADE.get_or_init(Default::default);
+    if let Some((_, config)) = made
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .find(|(t, _)| t == tls)
+    {
+        return Ok(config.clone());
+    }
+    let config = Arc::new(crate::tls::client_config(
+        tls.ca.as_deref(),
+        tls.client.as_ref(),
+        tls.verify_hostname,
+    )?);
+    made.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push((tls.clone(), config.clone()));
+    Ok(config)
+}
+
+/// Checks that the brokers can be reached as the settings say, before anything else of a
+/// worker starts: a wrong password, mechanism or CA fails within seconds, naming the broker
+/// and what failed, instead of every client retrying in silence. A broker that is not up
+/// yet (refused, timed out) is waited for, up to `patience`.
+pub async fn check_brokers(kafka: &KafkaSettings, patience: Duration) -> Result<(), ConnectionError> {
+    let deadline = std::time::Instant::now() + patience;
+    let mut said = false;
+    loop {
+        let mut last = None;
+        for addr in kafka.bootstrap_addrs() {
+            match Connection::connect(kafka, addr).await {
+                Ok(_) => return Ok(()),
+                // Refused credentials or certificates do not get better by waiting.
+                Err(e @ (ConnectionError::Tls { .. } | ConnectionError::Sasl { .. })) => return Err(e),
+                Err(e) => last = Some(e),
+            }
+        }
+        let last = last.unwrap_or(ConnectionError::Connect {
+            addr: kafka.bootstrap().to_string(),
+            detail: "no bootstrap address".into(),
+        });
+        if std::time::Instant::now() >= deadline {
+            return Err(last);
+        }
+        if !said {
+            tracing::info!("no broker answers yet ({last}); trying again for up to {patience:?}");
+            said = true;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }

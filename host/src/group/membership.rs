@@ -19,8 +19,13 @@ use super::metadata::{Assignment, AssignmentError, MemberMetadata, CURRENT_VERSI
 
 /// The protocol type of Sluice groups; the coordinator refuses members of other types.
 pub const PROTOCOL_TYPE: &str = "sluice";
-/// The one protocol (assignment strategy) name members advertise.
-pub const PROTOCOL_NAME: &str = "sluice-v1";
+
+/// The protocol (assignment strategy) a member advertises: its assignor's, so the
+/// coordinator refuses a member whose assignor differs from the group's (an eager leader
+/// and a sticky follower would otherwise run a task on two workers at once).
+pub fn protocol_name(assignor: &str) -> String {
+    format!("sluice-{assignor}")
+}
 
 use super::connection::FIND_COORDINATOR_VERSION;
 const JOIN_GROUP_VERSION: i16 = 7;
@@ -45,6 +50,14 @@ pub enum MembershipError {
     Fenced { group: String, instance: String },
     #[error("group {group}: the leader's assignment does not decode: {detail}")]
     BadAssignment { group: String, detail: String },
+    /// The coordinator refused the join: the group's members advertise another protocol
+    /// (another assignor).
+    #[error("group {group}: its members run another assignor than this worker's {ours:?} (the coordinator answered {reason})")]
+    OtherProtocol {
+        group: String,
+        ours: String,
+        reason: String,
+    },
     /// The coordinator no longer knows this member (its session expired, or a newer
     /// generation moved on without it): its tasks may belong to others already.
     #[error("group {group}: the coordinator no longer knows this member ({call}: {reason})")]
@@ -60,6 +73,10 @@ pub enum MembershipError {
 pub struct MembershipConfig {
     pub kafka: crate::kafka::KafkaSettings,
     pub group: String,
+    /// The assignor this member runs when it leads (its protocol name, see [`protocol_name`]).
+    pub assignor: String,
+    /// Signs this member's metadata and its assignments as leader; checks theirs.
+    pub secret: Option<crate::secret::ClusterSecret>,
     /// Static membership: a restart within the session timeout keeps the member's place.
     pub instance_id: Option<String>,
     pub session_timeout: Duration,
@@ -124,6 +141,7 @@ impl Membership {
             return None;
         }
         Some(HeartbeatProbe {
+            kafka: self.config.kafka.clone(),
             addr: self.coordinator.as_ref()?.addr().to_string(),
             connection: None,
             request: HeartbeatRequest::default()
@@ -145,14 +163,17 @@ impl Membership {
     /// Finds the coordinator through any bootstrap broker and connects to it. Brokers that
     /// are away or a coordinator that moves are weather: this retries with backoff until it
     /// succeeds (callers bound it with their own deadlines or shutdown).
-    async fn coordinator(&mut self) -> &mut Connection {
+    /// The coordinator's connection, found (again) through the bootstrap brokers. Failures
+    /// that retrying cannot cure end the search: the broker refuses this principal the
+    /// group (GROUP_AUTHORIZATION_FAILED) or refuses its SASL credentials.
+    async fn coordinator(&mut self) -> Result<&mut Connection, MembershipError> {
         let mut backoff = Duration::from_millis(100);
         let mut failures = 0u32;
         while self.coordinator.is_none() {
             let mut last = None;
             for addr in self.config.kafka.bootstrap_addrs() {
                 let found = async {
-                    let mut c = Connection::connect(addr).await?;
+                    let mut c = Connection::connect(&self.config.kafka, addr).await?;
                     let request = FindCoordinatorRequest::default()
                         .with_key(StrBytes::from_string(self.config.group.clone()))
                         .with_key_type(0);
@@ -163,7 +184,7 @@ impl Membership {
                 match found {
                     Ok(r) if r.error_code == code::NONE => {
                         let addr = format!("{}:{}", r.host, r.port);
-                        match Connection::connect(&addr).await {
+                        match Connection::connect(&self.config.kafka, &addr).await {
                             Ok(c) => {
                                 if failures > 0 {
                                     tracing::info!(group = %self.config.group, coordinator = %addr, "found the group coordinator again");
@@ -171,10 +192,15 @@ impl Membership {
                                 self.coordinator = Some(c);
                                 break;
                             }
+                            Err(e @ ConnectionError::Sasl { .. }) => return Err(e.into()),
                             Err(e) => last = Some(e.to_string()),
                         }
                     }
+                    Ok(r) if r.error_code == code::GROUP_AUTHORIZATION_FAILED => {
+                        return Err(self.refused("FindCoordinator", r.error_code))
+                    }
                     Ok(r) => last = Some(format!("FindCoordinator: {}", describe(r.error_code))),
+                    Err(e @ ConnectionError::Sasl { .. }) => return Err(e.into()),
                     Err(e) => last = Some(e.to_string()),
                 }
             }
@@ -189,7 +215,7 @@ impl Membership {
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
         }
-        self.coordinator.as_mut().expect("connected")
+        Ok(self.coordinator.as_mut().expect("connected"))
     }
 
     /// Forgets the coordinator connection (it failed or the coordinator moved).
@@ -204,7 +230,9 @@ impl Membership {
         metadata: &MemberMetadata,
         assign: impl Fn(&BTreeMap<String, MemberMetadata>) -> BTreeMap<String, Assignment>,
     ) -> Result<Joined, MembershipError> {
-        let encoded = Bytes::from(metadata.encode(metadata.version.min(CURRENT_VERSION)));
+        let encoded =
+            Bytes::from(metadata.encode_signed(metadata.version.min(CURRENT_VERSION), self.config.secret.as_ref()));
+        let protocol = StrBytes::from_string(protocol_name(&self.config.assignor));
         let mut backoff = Duration::from_millis(50);
         loop {
             let request = JoinGroupRequest::default()
@@ -215,10 +243,10 @@ impl Membership {
                 .with_group_instance_id(self.instance())
                 .with_protocol_type(StrBytes::from_static_str(PROTOCOL_TYPE))
                 .with_protocols(vec![JoinGroupRequestProtocol::default()
-                    .with_name(StrBytes::from_static_str(PROTOCOL_NAME))
+                    .with_name(protocol.clone())
                     .with_metadata(encoded.clone())]);
             let join_sent = Instant::now();
-            let response = match self.coordinator().await.send(&request, JOIN_GROUP_VERSION).await {
+            let response = match self.coordinator().await?.send(&request, JOIN_GROUP_VERSION).await {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::warn!(group = %self.config.group, "JoinGroup: {e}; finding the coordinator again");
@@ -257,6 +285,13 @@ impl Membership {
                     continue;
                 }
                 code::FENCED_INSTANCE_ID => return Err(self.fenced()),
+                code::INCONSISTENT_GROUP_PROTOCOL => {
+                    return Err(MembershipError::OtherProtocol {
+                        group: self.config.group.clone(),
+                        ours: self.config.assignor.clone(),
+                        reason: describe(response.error_code),
+                    })
+                }
                 other => return Err(self.refused("JoinGroup", other)),
             }
             self.member_id = response.member_id.to_string();
@@ -266,12 +301,15 @@ impl Membership {
                 let mut members = BTreeMap::new();
                 let mut unreadable = Vec::new();
                 for m in &response.members {
-                    match MemberMetadata::decode(&m.metadata) {
+                    match MemberMetadata::decode_signed(&m.metadata, self.config.secret.as_ref()) {
                         Ok(meta) => {
                             members.insert(m.member_id.to_string(), meta);
                         }
                         Err(e) => {
-                            tracing::warn!(member = %m.member_id, "a member's metadata does not decode, it gets no tasks: {e}");
+                            tracing::warn!(
+                                member = %m.member_id, instance = ?m.group_instance_id.as_deref(),
+                                "a member's metadata does not decode, it gets no tasks: {e}"
+                            );
                             unreadable.push(m.member_id.to_string());
                         }
                     }
@@ -297,9 +335,10 @@ impl Membership {
                     .into_iter()
                     .map(|(id, mut a)| {
                         a.generation = generation;
+                        let bytes = a.encode_signed(version, self.config.secret.as_ref(), &id);
                         SyncGroupRequestAssignment::default()
                             .with_member_id(StrBytes::from_string(id))
-                            .with_assignment(Bytes::from(a.encode(version)))
+                            .with_assignment(Bytes::from(bytes))
                     })
                     .collect()
             } else {
@@ -311,9 +350,9 @@ impl Membership {
                 .with_member_id(StrBytes::from_string(self.member_id.clone()))
                 .with_group_instance_id(self.instance())
                 .with_protocol_type(Some(StrBytes::from_static_str(PROTOCOL_TYPE)))
-                .with_protocol_name(Some(StrBytes::from_static_str(PROTOCOL_NAME)))
+                .with_protocol_name(Some(protocol.clone()))
                 .with_assignments(assignments);
-            let response = match self.coordinator().await.send(&sync, SYNC_GROUP_VERSION).await {
+            let response = match self.coordinator().await?.send(&sync, SYNC_GROUP_VERSION).await {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::warn!(group = %self.config.group, "SyncGroup: {e}; rejoining");
@@ -338,7 +377,13 @@ impl Membership {
                 code::FENCED_INSTANCE_ID => return Err(self.fenced()),
                 other => return Err(self.refused("SyncGroup", other)),
             }
-            let assignment = Assignment::decode(&response.assignment).map_err(|e| MembershipError::BadAssignment {
+            let assignment = Assignment::decode_signed(
+                &response.assignment,
+                self.config.secret.as_ref(),
+                &self.member_id,
+                self.generation,
+            )
+            .map_err(|e| MembershipError::BadAssignment {
                 group: self.config.group.clone(),
                 detail: e.to_string(),
             })?;
@@ -361,11 +406,14 @@ impl Membership {
             .with_member_id(StrBytes::from_string(self.member_id.clone()))
             .with_group_instance_id(self.instance());
         let exchange = async {
-            let connection = self.coordinator().await;
-            connection.send_within(&request, HEARTBEAT_VERSION, timeout).await
+            let connection = self.coordinator().await?;
+            Ok::<_, MembershipError>(connection.send_within(&request, HEARTBEAT_VERSION, timeout).await?)
         };
         let response = match tokio::time::timeout(timeout, exchange).await {
             Ok(Ok(r)) => r,
+            Ok(Err(
+                e @ (MembershipError::Refused { .. } | MembershipError::Connection(ConnectionError::Sasl { .. })),
+            )) => return Err(e),
             failed => {
                 // The next heartbeat finds the coordinator again; the lease bounds how long
                 // this may go on before the member stops its tasks.
@@ -412,7 +460,7 @@ impl Membership {
                 group,
                 call: "LeaveGroup",
                 reason: "no coordinator reachable within 5s".into(),
-            })?;
+            })??;
         let response = connection
             .send_within(&request, LEAVE_GROUP_VERSION, Duration::from_secs(5))
             .await?;
@@ -450,6 +498,7 @@ impl Membership {
 
 /// Heartbeats for a member whose JoinGroup is in flight, on a connection of its own.
 pub struct HeartbeatProbe {
+    kafka: crate::kafka::KafkaSettings,
     addr: String,
     connection: Option<Connection>,
     request: HeartbeatRequest,
@@ -463,7 +512,7 @@ impl HeartbeatProbe {
     pub async fn still_member(&mut self, timeout: Duration) -> bool {
         let exchange = async {
             if self.connection.is_none() {
-                self.connection = Some(Connection::connect(&self.addr).await?);
+                self.connection = Some(Connection::connect(&self.kafka, &self.addr).await?);
             }
             let connection = self.connection.as_mut().expect("connected");
             connection.send_within(&self.request, HEARTBEAT_VERSION, timeout).await

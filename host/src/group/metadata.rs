@@ -7,6 +7,13 @@
 //! encodes assignments in the highest version every member understands, so workers of two
 //! versions share a group during a rolling upgrade.
 //!
+//! Signatures: in a cluster with a secret, a member's metadata and the leader's assignments
+//! carry an HMAC under it after their fields (a reader without the secret ignores it, as it
+//! ignores any field after its version's). A member whose metadata is not signed gets no
+//! tasks and is never asked anything; an assignment that is not signed, for this member in
+//! this generation, is not applied: a process that joins the cluster's group without the
+//! secret can neither take tasks nor hand them out.
+//!
 //! Versions: 1 — capacity, admin address, active and standby tasks, changelog offset sums.
 //! 2 — adds learner tasks and the *leaving* flag (members and assignments).
 //! 3 — adds the topologies a member runs (name, partitions, digest, stateful) and its failed
@@ -14,6 +21,7 @@
 
 use super::codec::{Decoder, Encoder};
 use super::{DecodeError, TaskId};
+use crate::secret::{ClusterSecret, TAG_BYTES};
 
 /// The newest version this build writes and understands.
 pub const CURRENT_VERSION: u16 = 3;
@@ -145,6 +153,28 @@ impl MemberMetadata {
     }
 
     pub fn decode(buf: &[u8]) -> Result<MemberMetadata, DecodeError> {
+        Self::decode_fields(buf).map(|(m, _)| m)
+    }
+
+    /// Encoded in `version`, followed by its signature when there is a secret.
+    pub fn encode_signed(&self, version: u16, secret: Option<&ClusterSecret>) -> Vec<u8> {
+        let mut bytes = self.encode(version);
+        if let Some(secret) = secret {
+            let tag = secret.sign("member metadata", &[&bytes]);
+            bytes.extend_from_slice(&tag);
+        }
+        bytes
+    }
+
+    /// Decoded; with a secret, only if the signature after its fields checks.
+    pub fn decode_signed(buf: &[u8], secret: Option<&ClusterSecret>) -> Result<MemberMetadata, DecodeError> {
+        let (metadata, used) = Self::decode_fields(buf)?;
+        check_signature(buf, used, secret, "member metadata", &[])?;
+        Ok(metadata)
+    }
+
+    /// The fields, and how many bytes they took.
+    fn decode_fields(buf: &[u8]) -> Result<(MemberMetadata, usize), DecodeError> {
         let mut d = Decoder::new(buf);
         let version = d.u64()? as u16;
         check_version(&d, version)?;
@@ -194,21 +224,46 @@ impl MemberMetadata {
                 failed.push((TaskId::new(&topology, partition), d.string()?));
             }
         }
-        Ok(MemberMetadata {
-            version,
-            supported,
-            worker_id,
-            capacity,
-            admin,
-            active,
-            standby,
-            offset_sums,
-            learner,
-            leaving,
-            topologies,
-            failed,
-        })
+        let used = d.pos;
+        Ok((
+            MemberMetadata {
+                version,
+                supported,
+                worker_id,
+                capacity,
+                admin,
+                active,
+                standby,
+                offset_sums,
+                learner,
+                leaving,
+                topologies,
+                failed,
+            },
+            used,
+        ))
     }
+}
+
+/// With a secret: that `buf` is `used` bytes of fields followed by their signature for
+/// `purpose` (over the fields and `context`).
+fn check_signature(
+    buf: &[u8],
+    used: usize,
+    secret: Option<&ClusterSecret>,
+    purpose: &str,
+    context: &[&[u8]],
+) -> Result<(), DecodeError> {
+    let Some(secret) = secret else { return Ok(()) };
+    let (fields, tag) = buf.split_at(used);
+    let parts: Vec<&[u8]> = std::iter::once(fields).chain(context.iter().copied()).collect();
+    if tag.len() != TAG_BYTES || !secret.verify(purpose, &parts, tag) {
+        return Err(DecodeError {
+            position: used,
+            problem: "not signed with this cluster's secret (registry.secret)",
+        });
+    }
+    Ok(())
 }
 
 impl Assignment {
@@ -227,7 +282,36 @@ impl Assignment {
         e.buf
     }
 
+    /// Encoded in `version`, signed with the secret (when there is one) for `member` in
+    /// `generation`, so that it is not taken for another member's or another round's.
+    pub fn encode_signed(&self, version: u16, secret: Option<&ClusterSecret>, member: &str) -> Vec<u8> {
+        let mut bytes = self.encode(version);
+        if let Some(secret) = secret {
+            let generation = self.generation.to_be_bytes();
+            let tag = secret.sign("assignment", &[&bytes, member.as_bytes(), &generation]);
+            bytes.extend_from_slice(&tag);
+        }
+        bytes
+    }
+
+    /// Decoded; with a secret, only if it is signed for `member` in `generation`.
+    pub fn decode_signed(
+        buf: &[u8],
+        secret: Option<&ClusterSecret>,
+        member: &str,
+        generation: i32,
+    ) -> Result<Assignment, DecodeError> {
+        let (assignment, used) = Self::decode_fields(buf)?;
+        let generation = generation.to_be_bytes();
+        check_signature(buf, used, secret, "assignment", &[member.as_bytes(), &generation])?;
+        Ok(assignment)
+    }
+
     pub fn decode(buf: &[u8]) -> Result<Assignment, DecodeError> {
+        Self::decode_fields(buf).map(|(a, _)| a)
+    }
+
+    fn decode_fields(buf: &[u8]) -> Result<(Assignment, usize), DecodeError> {
         let mut d = Decoder::new(buf);
         let version = d.u64()? as u16;
         check_version(&d, version)?;
@@ -241,16 +325,20 @@ impl Assignment {
         } else {
             (Vec::new(), -1)
         };
-        Ok(Assignment {
-            version,
-            error,
-            rejoin,
-            active,
-            standby,
-            revoked,
-            learner,
-            generation,
-        })
+        let used = d.pos;
+        Ok((
+            Assignment {
+                version,
+                error,
+                rejoin,
+                active,
+                standby,
+                revoked,
+                learner,
+                generation,
+            },
+            used,
+        ))
     }
 }
 
@@ -331,6 +419,50 @@ mod tests {
             (a.active.clone(), true, vec![], -1)
         );
         assert_eq!(Assignment::decode(&a.encode(2)).unwrap(), a);
+    }
+
+    #[test]
+    fn signed_metadata_and_assignments_are_believed_only_with_the_secret() {
+        let secret = ClusterSecret::new(b"the cluster secret, long enough".to_vec()).unwrap();
+        let other = ClusterSecret::new(b"another cluster's secret, also".to_vec()).unwrap();
+        let m = member();
+        let signed = m.encode_signed(3, Some(&secret));
+        assert_eq!(MemberMetadata::decode_signed(&signed, Some(&secret)).unwrap(), m);
+        assert_eq!(
+            MemberMetadata::decode(&signed).unwrap(),
+            m,
+            "a reader without the secret ignores the signature"
+        );
+        assert!(MemberMetadata::decode_signed(&signed, Some(&other)).is_err());
+        assert!(
+            MemberMetadata::decode_signed(&m.encode(3), Some(&secret)).is_err(),
+            "unsigned"
+        );
+        let mut forged = signed.clone();
+        forged[5] ^= 1;
+        assert!(MemberMetadata::decode_signed(&forged, Some(&secret)).is_err());
+
+        let a = Assignment {
+            version: 2,
+            active: tasks("t", &[1]),
+            generation: 9,
+            ..Default::default()
+        };
+        let signed = a.encode_signed(2, Some(&secret), "member-1");
+        assert_eq!(
+            Assignment::decode_signed(&signed, Some(&secret), "member-1", 9).unwrap(),
+            a
+        );
+        assert!(
+            Assignment::decode_signed(&signed, Some(&secret), "member-2", 9).is_err(),
+            "another member's"
+        );
+        assert!(
+            Assignment::decode_signed(&signed, Some(&secret), "member-1", 10).is_err(),
+            "another round's"
+        );
+        assert!(Assignment::decode_signed(&a.encode(2), Some(&secret), "member-1", 9).is_err());
+        assert_eq!(Assignment::decode_signed(&a.encode(2), None, "member-1", 9).unwrap(), a);
     }
 
     #[test]

@@ -178,7 +178,7 @@ impl GroupOffsets {
             }
         };
         if !self.connections.contains_key(&addr) {
-            let c = Connection::connect(&addr).await.map_err(|e| {
+            let c = Connection::connect(&self.kafka, &addr).await.map_err(|e| {
                 self.coordinators.remove(group);
                 e.to_string()
             })?;
@@ -203,7 +203,7 @@ impl GroupOffsets {
         let kafka = self.kafka.clone();
         for addr in kafka.bootstrap_addrs() {
             if !self.connections.contains_key(addr) {
-                match Connection::connect(addr).await {
+                match Connection::connect(&kafka, addr).await {
                     Ok(c) => {
                         self.connections.insert(addr.to_string(), c);
                     }

@@ -10,6 +10,10 @@
 //! - `t/<name>`: a topology ([`Entry`], JSON): its manifest text, its component's digest,
 //!   size and chunk count, its version. A tombstone deletes it.
 //!
+//! With a cluster secret (`registry.secret`), every record carries a signature
+//! ([`SIGNATURE_HEADER`]); a reader with the secret skips any record without a valid one, so
+//! a tenant with write access to the topic cannot forge a tenant or an entry.
+//!
 //! The registry also holds the tenants an admin created through the API (`n/<name>`), and
 //! [`tenants`] is the model of tenants, their tokens, namespaces and caps.
 //!
@@ -29,6 +33,32 @@ use sha2::{Digest, Sha256};
 
 pub use reader::Watcher;
 pub use writer::{ensure_topic, Writer};
+
+use crate::secret::ClusterSecret;
+
+/// The header a registry record's signature travels in (HMAC-SHA256 under the cluster
+/// secret, hex).
+pub const SIGNATURE_HEADER: &str = "sluice.signature";
+
+/// What a registry record's signature covers: its topic, key and value (or that it is a
+/// tombstone), so no record signed for one place or meaning passes for another.
+fn signed_parts<'a>(topic: &'a str, key: &'a str, value: Option<&'a [u8]>) -> [&'a [u8]; 4] {
+    let (kind, value): (&[u8], &[u8]) = match value {
+        Some(v) => (b"value", v),
+        None => (b"tombstone", b""),
+    };
+    [topic.as_bytes(), key.as_bytes(), kind, value]
+}
+
+/// The signature of a registry record.
+fn record_signature(secret: &ClusterSecret, topic: &str, key: &str, value: Option<&[u8]>) -> [u8; 32] {
+    secret.sign("registry record", &signed_parts(topic, key, value))
+}
+
+/// Whether `tag` is a registry record's signature.
+fn record_signed(secret: &ClusterSecret, topic: &str, key: &str, value: Option<&[u8]>, tag: &[u8]) -> bool {
+    secret.verify("registry record", &signed_parts(topic, key, value), tag)
+}
 
 /// Most bytes of a component in one record (brokers take 1 MB records by default).
 pub const CHUNK_BYTES: usize = 512 * 1024;

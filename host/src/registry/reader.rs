@@ -2,18 +2,20 @@
 //! its chunks arrived and their digest checks, and publishes a [`Snapshot`] whenever the
 //! entries change.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
+use prometheus_client::metrics::counter::Counter;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
+use rdkafka::message::{BorrowedMessage, Headers as _, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::{digest, parse_key, tenants, topic, Entry, Record, Snapshot};
+use super::{digest, parse_key, record_signed, tenants, topic, Entry, Record, Snapshot, SIGNATURE_HEADER};
 use crate::kafka::KafkaSettings;
+use crate::secret::{unhex, ClusterSecret};
 
 /// Tails the registry topic on a thread of its own.
 pub struct Watcher {
@@ -30,8 +32,15 @@ impl Drop for Watcher {
 impl Watcher {
     /// Starts reading the registry of `cluster` and returns once everything written before
     /// now has been read (so a worker starts knowing every topology). Components are kept
-    /// under `dir`.
-    pub fn start(kafka: &KafkaSettings, cluster: &str, dir: &Path) -> anyhow::Result<Watcher> {
+    /// under `dir`. With `secret`, a record without a valid signature is skipped, counted in
+    /// `rejected` and logged (once per key).
+    pub fn start(
+        kafka: &KafkaSettings,
+        cluster: &str,
+        dir: &Path,
+        secret: Option<ClusterSecret>,
+        rejected: Counter,
+    ) -> anyhow::Result<Watcher> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let name = topic(cluster);
         let consumer: BaseConsumer = kafka
@@ -62,6 +71,10 @@ impl Watcher {
         tpl.add_partition_offset(&name, 0, Offset::Beginning)?;
         consumer.assign(&tpl)?;
         let mut state = Reader {
+            topic: name.clone(),
+            secret,
+            rejected,
+            warned: HashSet::new(),
             dir: dir.to_path_buf(),
             chunks: HashMap::new(),
             entries: BTreeMap::new(),
@@ -109,6 +122,13 @@ impl Watcher {
 }
 
 struct Reader {
+    topic: String,
+    /// Records are believed only with a valid signature under it (when there is one).
+    secret: Option<ClusterSecret>,
+    /// Records skipped for their signature.
+    rejected: Counter,
+    /// Keys of skipped records already logged.
+    warned: HashSet<String>,
     dir: PathBuf,
     /// Chunks of components not assembled yet, by digest and index.
     chunks: HashMap<String, BTreeMap<u32, Vec<u8>>>,
@@ -147,6 +167,9 @@ impl Reader {
             let Some(key) = m.key().and_then(|k| std::str::from_utf8(k).ok()) else {
                 continue;
             };
+            if !self.signed(&m, key) {
+                continue;
+            }
             match parse_key(key) {
                 Some(Record::Chunk { digest, index }) => match m.payload() {
                     Some(bytes) => {
@@ -167,14 +190,18 @@ impl Reader {
                     match m.payload() {
                         None => {
                             if let Some((entry, _)) = self.entries.remove(name) {
-                                self.changed_by(entry.tenant, at);
+                                self.changed_by(entry.tenant.clone(), at);
+                                self.forget_component(&entry.digest);
                             }
                         }
                         Some(json) => match serde_json::from_slice::<Entry>(json) {
                             Ok(entry) => match self.assemble(&entry) {
                                 Ok(path) => {
                                     self.changed_by(entry.tenant.clone(), at);
-                                    self.entries.insert(name.to_string(), (entry, path));
+                                    let replaced = self.entries.insert(name.to_string(), (entry, path));
+                                    if let Some((old, _)) = replaced {
+                                        self.forget_component(&old.digest);
+                                    }
                                 }
                                 Err(e) => tracing::error!(topology = name, "not running an uploaded topology: {e}"),
                             },
@@ -198,6 +225,46 @@ impl Reader {
             }
         }
         changed
+    }
+
+    /// Whether a record is one to believe: any, without a secret; with one, only a record
+    /// whose signature checks (a skipped one is counted, and logged once per key).
+    fn signed(&mut self, m: &BorrowedMessage<'_>, key: &str) -> bool {
+        let Some(secret) = &self.secret else {
+            return true;
+        };
+        let tag = m
+            .headers()
+            .and_then(|h| h.iter().find(|h| h.key == SIGNATURE_HEADER))
+            .and_then(|h| h.value)
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .and_then(unhex);
+        let good = tag.is_some_and(|t| record_signed(secret, &self.topic, key, m.payload(), &t));
+        if !good {
+            self.rejected.inc();
+            if self.warned.insert(key.to_string()) {
+                tracing::warn!(
+                    key,
+                    offset = m.offset(),
+                    "skipping a registry record without a valid signature: only what a worker of this cluster \
+                     wrote (signed with its registry.secret) is believed"
+                );
+            }
+        }
+        good
+    }
+
+    /// Removes the component file of `digest` once no entry names it any more.
+    fn forget_component(&mut self, digest: &str) {
+        if self.entries.values().any(|(e, _)| e.digest == digest) {
+            return;
+        }
+        let path = self.component_path(digest);
+        match std::fs::remove_file(&path) {
+            Ok(()) => tracing::info!(file = %path.display(), "removed a component no topology uses any more"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(file = %path.display(), "removing a component no topology uses: {e}"),
+        }
     }
 
     fn component_path(&self, digest: &str) -> PathBuf {

@@ -56,6 +56,8 @@ pub struct RawTenant {
     pub max_topologies: Option<u32>,
     pub max_tasks: Option<u32>,
     pub max_memory: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_host_memory: Option<String>,
     pub max_call_timeout: Option<String>,
     pub max_state: Option<String>,
     pub max_records_per_second: Option<u32>,
@@ -68,6 +70,8 @@ pub struct RawTenant {
 pub struct Caps {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_memory: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_host_memory: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_call_timeout_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -86,6 +90,7 @@ impl Caps {
             }
         }
         lower(&mut limits.memory, self.max_memory);
+        lower(&mut limits.host_memory, self.max_host_memory);
         lower(
             &mut limits.call_timeout,
             self.max_call_timeout_ms.map(Duration::from_millis),
@@ -111,21 +116,25 @@ pub struct Tenant {
 pub enum Caller {
     Admin,
     Tenant(Tenant),
+    /// Another worker of the cluster (signed with the cluster secret): it may read, on behalf
+    /// of a caller it has checked already, never write.
+    Worker,
 }
 
 impl Caller {
     /// The tenant name entries of this caller are stored under (`admin` for the admin).
     pub fn name(&self) -> &str {
         match self {
-            Caller::Admin => ADMIN,
+            Caller::Admin | Caller::Worker => ADMIN,
             Caller::Tenant(t) => &t.name,
         }
     }
 
-    /// Whether this caller may see and manage a topology stored under `owner`.
+    /// Whether this caller may see a topology stored under `owner` (and, but for a worker,
+    /// manage it).
     pub fn owns(&self, owner: &str) -> bool {
         match self {
-            Caller::Admin => true,
+            Caller::Admin | Caller::Worker => true,
             Caller::Tenant(t) => t.name == owner,
         }
     }
@@ -133,6 +142,81 @@ impl Caller {
 
 /// The owner of topologies the admin uploads.
 pub const ADMIN: &str = "admin";
+
+/// A name as Kafka's metrics see it: `.` and `_` are the same there, so topics `a.x` and
+/// `a_x` collide.
+fn kafka_normal(name: &str) -> String {
+    name.replace('.', "_")
+}
+
+/// Whether two namespaces can name the same topic (one is a prefix of the other, as Kafka
+/// compares names).
+fn overlap(a: &str, b: &str) -> bool {
+    let (a, b) = (kafka_normal(a), kafka_normal(b));
+    a.starts_with(&b) || b.starts_with(&a)
+}
+
+/// The prefix of the cluster's own topics and groups (`sluice.cluster.NAME.registry`, …).
+pub const RESERVED_PREFIX: &str = "sluice.";
+
+/// Why a namespace may not be a tenant's, if it may not: one over `sluice.` (or that
+/// `sluice.` is in) would let a tenant bind the cluster's own topics.
+pub fn reserved(namespace: &str) -> Option<String> {
+    overlap(namespace, RESERVED_PREFIX).then(|| {
+        format!(
+            "a namespace may not overlap {RESERVED_PREFIX:?} (the cluster's own topics and groups): choose a prefix \
+             that neither starts with \"sluice.\" nor is the start of it"
+        )
+    })
+}
+
+impl Tenant {
+    /// Whether a topology of this tenant is named inside its namespace and binds only
+    /// topics in it (its changelogs, `<name>-<store>-changelog`, then are too). An error
+    /// says which name or topic is outside, with its kind (`foreign-name`, `foreign-topic`).
+    pub fn check_manifest(&self, manifest: &crate::manifest::Manifest) -> Result<(), (&'static str, String)> {
+        let ns = &self.namespace;
+        if !manifest.name.starts_with(ns.as_str()) {
+            return Err((
+                "foreign-name",
+                format!(
+                    "topology {:?} is outside tenant {}'s namespace: its name must start with {ns:?}",
+                    manifest.name, self.name
+                ),
+            ));
+        }
+        let topics = manifest
+            .sources
+            .iter()
+            .map(|(n, t)| ("source", n, t))
+            .chain(manifest.sinks.iter().map(|(n, t)| ("sink", n, t)));
+        for (kind, binding, topic) in topics {
+            if !topic.starts_with(ns.as_str()) {
+                return Err((
+                    "foreign-topic",
+                    format!(
+                        "{kind} {binding:?} is bound to {topic:?}, outside tenant {}'s namespace {ns:?}",
+                        self.name
+                    ),
+                ));
+            }
+        }
+        if let Some(topic) = manifest
+            .dead_letter_topic
+            .as_ref()
+            .filter(|t| !t.starts_with(ns.as_str()))
+        {
+            return Err((
+                "foreign-topic",
+                format!(
+                    "dead-letter-topic {topic:?} is outside tenant {}'s namespace {ns:?}",
+                    self.name
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
 
 /// Who may call, by token hash.
 #[derive(Debug, Clone, Default)]
@@ -229,6 +313,7 @@ impl Tenancy {
                 max_deploys_per_minute: t.max_deploys_per_minute,
                 caps: Caps {
                     max_memory: size(&t.max_memory, "max-memory")?,
+                    max_host_memory: size(&t.max_host_memory, "max-host-memory")?,
                     max_call_timeout_ms: t
                         .max_call_timeout
                         .as_deref()
@@ -242,10 +327,20 @@ impl Tenancy {
                     max_records_per_second: t.max_records_per_second,
                 },
             };
+            if let Some(why) = reserved(&t.namespace) {
+                return Err(format!("tenants.{name}.namespace = {:?}: {why}", t.namespace));
+            }
             for other in raw.tenants.iter().filter(|(n, _)| *n != name) {
-                if other.1.namespace.starts_with(&t.namespace) {
+                if overlap(&t.namespace, &other.1.namespace) {
+                    let collide =
+                        if t.namespace.starts_with(&other.1.namespace) || other.1.namespace.starts_with(&t.namespace) {
+                            ""
+                        } else {
+                            " (they collide in Kafka's names, where '.' and '_' are the same)"
+                        };
                     return Err(format!(
-                        "tenants.{name}.namespace {:?} contains tenant {}'s namespace {:?}: namespaces must not overlap",
+                        "tenants.{name}.namespace {:?} and tenant {}'s namespace {:?} overlap{collide}: namespaces \
+                         must not overlap",
                         t.namespace, other.0, other.1.namespace
                     ));
                 }
@@ -269,6 +364,11 @@ impl Tenancy {
             return Some(Caller::Admin);
         }
         self.tokens.get(&hash_token(token?)).cloned()
+    }
+
+    /// The tenant named `name`, if there is one.
+    pub fn tenant(&self, name: &str) -> Option<&Tenant> {
+        self.tenants.get(name)
     }
 
     pub fn tenants(&self) -> impl Iterator<Item = &Tenant> {

@@ -7,10 +7,12 @@ use anyhow::{bail, Context as _};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 
-use super::{chunk_key, entry_key, tenant_key, tenants, topic, Entry, CHUNK_BYTES};
+use super::{chunk_key, entry_key, record_signature, tenant_key, tenants, topic, Entry, CHUNK_BYTES, SIGNATURE_HEADER};
 use crate::kafka::KafkaSettings;
+use crate::secret::{hex, ClusterSecret};
 
 /// Creates the registry topic when it is missing (compacted, one partition).
 pub fn ensure_topic(kafka: &KafkaSettings, cluster: &str) -> anyhow::Result<()> {
@@ -47,14 +49,16 @@ pub fn ensure_topic(kafka: &KafkaSettings, cluster: &str) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// Writes to the registry: idempotent, every write acknowledged by all in-sync replicas.
+/// Writes to the registry: idempotent, every write acknowledged by all in-sync replicas,
+/// and signed with the cluster secret when there is one.
 pub struct Writer {
     producer: ThreadedProducer<DefaultProducerContext>,
     topic: String,
+    secret: Option<ClusterSecret>,
 }
 
 impl Writer {
-    pub fn new(kafka: &KafkaSettings, cluster: &str) -> anyhow::Result<Writer> {
+    pub fn new(kafka: &KafkaSettings, cluster: &str, secret: Option<ClusterSecret>) -> anyhow::Result<Writer> {
         let producer = kafka
             .client()
             .set("enable.idempotence", "true")
@@ -66,6 +70,7 @@ impl Writer {
         Ok(Writer {
             producer,
             topic: topic(cluster),
+            secret,
         })
     }
 
@@ -73,6 +78,13 @@ impl Writer {
         let mut record = BaseRecord::<str, [u8]>::to(&self.topic).key(key).partition(0);
         if let Some(value) = value {
             record = record.payload(value);
+        }
+        if let Some(secret) = &self.secret {
+            let signature = hex(&record_signature(secret, &self.topic, key, value));
+            record = record.headers(OwnedHeaders::new().insert(Header {
+                key: SIGNATURE_HEADER,
+                value: Some(signature.as_bytes()),
+            }));
         }
         self.producer
             .send(record)

@@ -112,3 +112,21 @@ impl<'a> Cache<'a> {
         }
     }
 }
+
+/// Removes every compiled form of the component whose SHA-256 is `digest` (hex), for any
+/// engine.
+pub fn forget(dir: &Path, digest: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let prefix = format!("{digest}-");
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if name.to_string_lossy().starts_with(&prefix) {
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => {
+                    tracing::debug!(file = %entry.path().display(), "removed a compiled component no topology uses")
+                }
+                Err(e) => tracing::warn!(file = %entry.path().display(), "removing a compiled component: {e}"),
+            }
+        }
+    }
+}

@@ -47,6 +47,9 @@ pub struct TaskData {
     pub(super) host_memory_limit: usize,
     /// Set when the guest asked for more memory than its limit.
     pub(super) memory_denied: Option<usize>,
+    /// Bytes of linear memory of every memory of the instance together (the cap holds for
+    /// the instance as a whole, however many memories its core instances define).
+    memory_total: usize,
     /// Why a host function ended the call, when one did (a budget, a denied call).
     pub(super) fault: Option<GuestFault>,
     /// A sink or store the guest used without declaring it: the call fails when it returns,
@@ -86,6 +89,7 @@ impl TaskData {
             memory_limit,
             host_memory_limit,
             memory_denied: None,
+            memory_total: 0,
             fault: None,
             undeclared: None,
             log: LogLimiter::new(),
@@ -144,19 +148,45 @@ impl WasiView for TaskData {
     }
 }
 
+/// Core instances one task's component may create (a Rust `wasm32-wasip2` topology has a
+/// handful: its module and the shims of the WASI it links).
+pub const MAX_CORE_INSTANCES: usize = 32;
+/// Linear memories of one task's component, all its core instances together.
+pub const MAX_MEMORIES: usize = 4;
+/// Tables of one task's component.
+pub const MAX_TABLES: usize = 32;
+
 impl ResourceLimiter for TaskData {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        if desired > self.memory_limit {
+    fn memory_growing(&mut self, current: usize, desired: usize, maximum: Option<usize>) -> wasmtime::Result<bool> {
+        // Called for each memory's creation (from 0) and each growth: the instance's memories
+        // together stay within the limit.
+        let total = self.memory_total.saturating_sub(current).saturating_add(desired);
+        if desired > self.memory_limit || total > self.memory_limit {
             // Refuse the growth (the guest sees memory.grow fail, and Rust aborts); remember
             // why, so the trap that follows is reported as a memory limit.
-            self.memory_denied = Some(desired);
+            self.memory_denied = Some(total.max(desired));
             return Ok(false);
+        }
+        if maximum.is_none_or(|m| desired <= m) {
+            self.memory_total = total;
         }
         Ok(true)
     }
 
     fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
         Ok(desired <= 100_000)
+    }
+
+    fn instances(&self) -> usize {
+        MAX_CORE_INSTANCES
+    }
+
+    fn memories(&self) -> usize {
+        MAX_MEMORIES
+    }
+
+    fn tables(&self) -> usize {
+        MAX_TABLES
     }
 }
 

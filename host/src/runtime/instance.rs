@@ -95,9 +95,16 @@ impl TaskInstance {
             // (e.g. the pooling allocator has no free slot).
             Err(e) if e.downcast_ref::<Trap>().is_some() => return Err(classify(&mut store, e, timeout)),
             Err(e) => {
+                // Its memories together asked for more than the limit (at creation).
+                if let Some(requested) = store.data_mut().memory_denied.take() {
+                    return Err(GuestFault::Memory {
+                        limit: config.memory_limit,
+                        requested,
+                    });
+                }
                 return Err(GuestFault::Instantiate {
                     detail: format!("{e:#}"),
-                })
+                });
             }
         };
         Ok(TaskInstance {

@@ -111,6 +111,12 @@ pub enum LoadError {
     Describe { path: String, fault: GuestFault },
     #[error("component {path} describes itself inconsistently: {detail}")]
     BadDescription { path: String, detail: String },
+    /// The component makes more core instances, memories or tables than one task may.
+    #[error("component {path} is larger than a topology may be: {detail}")]
+    TooLarge { path: String, detail: String },
+    /// The limits asked for are not ones this worker gives (see [`LoadedTopology::with_limits`]).
+    #[error("{detail}")]
+    Limits { path: String, detail: String },
 }
 
 /// The process-wide engine, linker and epoch ticker.
@@ -187,6 +193,17 @@ impl Runtime {
 
     /// As [`Runtime::load`], from bytes; `name` is used in errors.
     pub fn load_bytes(&self, name: &str, bytes: &[u8]) -> Result<LoadedTopology, LoadError> {
+        self.load_bytes_under(name, bytes, &crate::manifest::Limits::default())
+    }
+
+    /// As [`Runtime::load_bytes`], with `limits` applied before the component describes
+    /// itself: a tenant's upload describes itself under its own caps, not the worker's.
+    pub fn load_bytes_under(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        limits: &crate::manifest::Limits,
+    ) -> Result<LoadedTopology, LoadError> {
         let path = name.to_string();
         if !is_component(bytes) {
             let detail = if bytes.starts_with(b"\0asm") {
@@ -216,10 +233,27 @@ impl Runtime {
             engine: self.engine.clone(),
             config: self.config.clone(),
             from_cache,
-        };
-        let description = topology.describe().map_err(|fault| LoadError::Describe {
+        }
+        .with_limits(limits)
+        .map_err(|detail| LoadError::Limits {
             path: path.clone(),
-            fault,
+            detail,
+        })?;
+        let description = topology.describe().map_err(|fault| match fault {
+            // The component makes more core instances, memories or tables than a task may.
+            GuestFault::Instantiate { detail } if detail.contains("count too high") => LoadError::TooLarge {
+                path: path.clone(),
+                detail: format!(
+                    "{detail} (a topology may create at most {} core instances, {} memories and {} tables)",
+                    host::MAX_CORE_INSTANCES,
+                    host::MAX_MEMORIES,
+                    host::MAX_TABLES
+                ),
+            },
+            fault => LoadError::Describe {
+                path: path.clone(),
+                fault,
+            },
         })?;
         check_description(&description).map_err(|detail| LoadError::BadDescription { path, detail })?;
         Ok(LoadedTopology {
@@ -230,6 +264,14 @@ impl Runtime {
 }
 
 impl Runtime {
+    /// Removes what the compile cache keeps of the component whose SHA-256 is `digest` (hex):
+    /// its topology was deleted and no other uses it.
+    pub fn forget_compiled(&self, digest: &str) {
+        if let Some(dir) = &self.config.compile_cache {
+            cache::forget(dir, digest);
+        }
+    }
+
     /// The component compiled: from the compile cache when it holds this component for this
     /// engine, else by Cranelift (and then kept in the cache). True: it came from the cache.
     fn compile(&self, path: &str, bytes: &[u8]) -> Result<(Component, bool), LoadError> {
@@ -242,9 +284,25 @@ impl Runtime {
             return Ok((found, true));
         }
         let started = std::time::Instant::now();
-        let component = Component::new(&self.engine, bytes).map_err(|e| LoadError::NotAComponent {
-            path: path.to_string(),
-            detail: format!("{e:#}"),
+        let component = Component::new(&self.engine, bytes).map_err(|e| {
+            let detail = format!("{e:#}");
+            // The pooling allocator's per-component caps (see `host::MAX_*`).
+            if detail.contains("exceeds the configured maximum") {
+                LoadError::TooLarge {
+                    path: path.to_string(),
+                    detail: format!(
+                        "{detail} (a topology may create at most {} core instances, {} memories and {} tables)",
+                        host::MAX_CORE_INSTANCES,
+                        host::MAX_MEMORIES,
+                        host::MAX_TABLES
+                    ),
+                }
+            } else {
+                LoadError::NotAComponent {
+                    path: path.to_string(),
+                    detail,
+                }
+            }
         })?;
         tracing::debug!(component = %path, seconds = started.elapsed().as_secs_f64(), "compiled");
         if let Some(cache) = &cache {
@@ -397,6 +455,11 @@ fn engine_config(config: &RuntimeConfig, pooling: bool) -> Config {
         pool.total_tables(n.saturating_mul(4));
         pool.total_stacks(n);
         pool.max_memory_size(config.memory_limit);
+        // What one component may hold at most (the store's limiter says the same, for
+        // on-demand allocation too): see `host::MAX_*`.
+        pool.max_core_instances_per_component(host::MAX_CORE_INSTANCES as u32);
+        pool.max_memories_per_component(host::MAX_MEMORIES as u32);
+        pool.max_tables_per_component(host::MAX_TABLES as u32);
         // A slot given back keeps the pages its instance touched: with PAGEMAP_SCAN (Linux
         // 6.7+) only those are reset, by memset, so the next instance in the slot takes no
         // page faults and the release no madvise (and no TLB shootdown across threads).
@@ -456,24 +519,48 @@ impl LoadedTopology {
         &self.description
     }
 
-    /// The same topology with a manifest's limits applied. A topology may ask for less
-    /// memory than the worker allows, not more (the pooling allocator's slots are sized
-    /// for the worker's limit).
+    /// The same topology with a manifest's limits applied. A manifest may only lower the
+    /// worker's limits, never raise them (the pooling allocator's slots are sized for the
+    /// worker's memory limit, and the others are what the operator allows one task).
     pub fn with_limits(&self, limits: &crate::manifest::Limits) -> Result<LoadedTopology, String> {
         let mut config = self.config.clone();
+        let above = |key: &str, asked: String, worker: String, flag: &str| {
+            format!(
+                "limits.{key} ({asked}) is more than the worker allows ({worker}, its {flag}): a manifest may only \
+                 lower the worker's limits"
+            )
+        };
         if let Some(memory) = limits.memory {
             if memory > self.config.memory_limit {
-                return Err(format!(
-                    "limits.memory ({memory} bytes) is more than the worker's memory limit ({} bytes)",
-                    self.config.memory_limit
+                return Err(above(
+                    "memory",
+                    format!("{memory} bytes"),
+                    format!("{} bytes", self.config.memory_limit),
+                    "--memory-limit",
                 ));
             }
             config.memory_limit = memory;
         }
         if let Some(timeout) = limits.call_timeout {
+            if timeout > self.config.call_timeout {
+                return Err(above(
+                    "call-timeout",
+                    format!("{timeout:?}"),
+                    format!("{:?}", self.config.call_timeout),
+                    "--call-timeout",
+                ));
+            }
             config.call_timeout = timeout;
         }
         if let Some(bytes) = limits.host_memory {
+            if bytes > self.config.host_memory_limit {
+                return Err(above(
+                    "host-memory",
+                    format!("{bytes} bytes"),
+                    format!("{} bytes", self.config.host_memory_limit),
+                    "--host-memory-limit",
+                ));
+            }
             config.host_memory_limit = bytes;
         }
         Ok(LoadedTopology { config, ..self.clone() })

@@ -165,30 +165,22 @@ impl wit::HostScan for TaskData {
         }
         let (index, start, end, last) = (state.store, state.start.clone(), state.end.clone(), state.last.clone());
         let max = max.clamp(1, MAX_PAGE) as usize;
-        let mut page = match self.stores[index]
-            .store
-            .scan(start.as_deref(), end.as_deref(), last.as_deref(), max)
-        {
-            Ok(page) => page,
-            Err(e) => return Ok(Err(storage(e))),
-        };
-        let full = page.len() == max;
-        // A page is also cut by bytes: the next page resumes after its last key.
-        let mut bytes = 0;
-        let keep = page
-            .iter()
-            .position(|(k, v)| {
-                bytes += k.len() + v.len();
-                bytes > MAX_PAGE_BYTES
-            })
-            .map_or(page.len(), |i| i.max(1));
-        let cut = keep < page.len();
-        page.truncate(keep);
+        // The page stops at its byte budget before the store copies the entry past it.
+        let page =
+            match self.stores[index]
+                .store
+                .scan(start.as_deref(), end.as_deref(), last.as_deref(), max, MAX_PAGE_BYTES)
+            {
+                Ok(page) => page,
+                Err(e) => return Ok(Err(storage(e))),
+            };
         let state = match self.table.get_mut(&scan) {
             Ok(state) => state,
             Err(e) => return Ok(Err(storage(e.to_string()))),
         };
-        state.done = !full && !cut;
+        // A page cut by count or by bytes may have more after it: the scan is over when a
+        // page comes back empty.
+        state.done = page.is_empty();
         if let Some((k, _)) = page.last() {
             state.last = Some(k.clone());
         }

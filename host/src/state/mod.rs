@@ -23,13 +23,16 @@ pub trait StateStore: Send + 'static {
     fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, String>;
     fn put(&mut self, key: Vec<u8>, value: Vec<u8>) -> Result<(), String>;
     fn delete(&mut self, key: Vec<u8>) -> Result<(), String>;
-    /// Up to `max` entries with `start <= key < end`, strictly after `after`, in key order.
+    /// Up to `max` entries with `start <= key < end`, strictly after `after`, in key order,
+    /// and no more than `max_bytes` of keys and values (but at least one entry): a store
+    /// stops before it copies the entry that would pass the budget.
     fn scan(
         &mut self,
         start: Option<&[u8]>,
         end: Option<&[u8]>,
         after: Option<&[u8]>,
         max: usize,
+        max_bytes: usize,
     ) -> Result<Vec<Entry>, String>;
     /// Ends a guest call: keep its writes (it succeeded) or drop them (it faulted), so a
     /// faulted call leaves no trace. Stores without layers write through and ignore this.
@@ -105,14 +108,23 @@ impl StateStore for MemoryStore {
         end: Option<&[u8]>,
         after: Option<&[u8]>,
         max: usize,
+        max_bytes: usize,
     ) -> Result<Vec<Entry>, String> {
         let upper = end.map_or(Bound::Unbounded, Bound::Excluded);
-        Ok(self
+        let mut bytes = 0;
+        let mut out = Vec::new();
+        for (k, v) in self
             .entries
             .range::<[u8], _>((lower_bound(start, after), upper))
             .take(max)
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect())
+        {
+            bytes += k.len() + v.len();
+            if !out.is_empty() && bytes > max_bytes {
+                break;
+            }
+            out.push((k.clone(), v.clone()));
+        }
+        Ok(out)
     }
 
     fn as_any(&mut self) -> &mut dyn Any {
@@ -139,10 +151,13 @@ mod tests {
         for k in [b"a", b"b", b"c", b"d", b"e"] {
             store.put(k.to_vec(), k.to_vec()).unwrap();
         }
-        let page = store.scan(Some(b"b"), Some(b"e"), None, 2).unwrap();
+        let page = store.scan(Some(b"b"), Some(b"e"), None, 2, usize::MAX).unwrap();
         assert_eq!(page.iter().map(|(k, _)| k.as_slice()).collect::<Vec<_>>(), [b"b", b"c"]);
-        let page = store.scan(Some(b"b"), Some(b"e"), Some(b"c"), 2).unwrap();
+        let page = store.scan(Some(b"b"), Some(b"e"), Some(b"c"), 2, usize::MAX).unwrap();
         assert_eq!(page.iter().map(|(k, _)| k.as_slice()).collect::<Vec<_>>(), [b"d"]);
-        assert!(store.scan(Some(b"b"), Some(b"e"), Some(b"d"), 2).unwrap().is_empty());
+        assert!(store
+            .scan(Some(b"b"), Some(b"e"), Some(b"d"), 2, usize::MAX)
+            .unwrap()
+            .is_empty());
     }
 }

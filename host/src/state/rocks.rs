@@ -12,7 +12,6 @@
 
 use std::any::Any;
 use std::collections::BTreeMap;
-use std::iter::Peekable;
 use std::ops::Bound;
 use std::path::Path;
 use std::sync::Arc;
@@ -265,12 +264,14 @@ impl StateStore for RocksStore {
         end: Option<&[u8]>,
         after: Option<&[u8]>,
         max: usize,
+        max_bytes: usize,
     ) -> Result<Vec<super::Entry>, String> {
-        // Nothing is written to RocksDB here: the layers are merged over an iterator.
+        // Nothing is written to RocksDB here: the layers are merged over an iterator, and an
+        // entry is copied only once it fits the page (its size is known before).
         let lower = lower_bound(start, after);
         let upper = end.map_or(Bound::Unbounded, Bound::Excluded);
-        let call = self.call.range::<[u8], _>((lower, upper));
-        let dirty = self.dirty.range::<[u8], _>((lower, upper));
+        let mut call = self.call.range::<[u8], _>((lower, upper)).peekable();
+        let mut dirty = self.dirty.range::<[u8], _>((lower, upper)).peekable();
         let mut options = ReadOptions::default();
         if let Some(end) = end {
             options.set_iterate_upper_bound(end.to_vec());
@@ -280,26 +281,55 @@ impl StateStore for RocksStore {
             Bound::Included(k) | Bound::Excluded(k) => it.seek(k),
             Bound::Unbounded => it.seek_to_first(),
         }
-        let rocks = std::iter::from_fn(|| {
+        let mut out: Vec<super::Entry> = Vec::new();
+        let mut bytes = 0usize;
+        while out.len() < max {
             // Skip the excluded lower bound.
             while it.valid() && after.is_some() && it.key() == after {
                 it.next();
             }
-            if !it.valid() {
-                return None;
+            let rocks_key = if it.valid() { it.key() } else { None };
+            // The smallest key of the three layers; on equal keys the newer layer wins.
+            let key: Vec<u8> = match [
+                call.peek().map(|(k, _)| k.as_slice()),
+                dirty.peek().map(|(k, _)| k.as_slice()),
+                rocks_key,
+            ]
+            .into_iter()
+            .flatten()
+            .min()
+            {
+                Some(k) => k.to_vec(),
+                None => break,
+            };
+            let from_call = call.peek().is_some_and(|(k, _)| **k == key);
+            let from_dirty = dirty.peek().is_some_and(|(k, _)| **k == key);
+            let from_rocks = rocks_key.is_some_and(|k| k == key.as_slice());
+            let value: Option<&[u8]> = if from_call {
+                call.peek().and_then(|(_, v)| v.as_deref())
+            } else if from_dirty {
+                dirty.peek().and_then(|(_, v)| v.as_deref())
+            } else {
+                it.value()
+            };
+            if let Some(value) = value {
+                bytes = bytes.saturating_add(key.len() + value.len());
+                if !out.is_empty() && bytes > max_bytes {
+                    break;
+                }
+                out.push((key.clone(), value.to_vec()));
             }
-            let entry = (
-                it.key().unwrap_or_default().to_vec(),
-                Some(it.value().unwrap_or_default().to_vec()),
-            );
-            it.next();
-            Some(entry)
-        });
-        let merged = merge(
-            call.map(|(k, v)| (k.clone(), v.clone())),
-            merge(dirty.map(|(k, v)| (k.clone(), v.clone())), rocks),
-        );
-        let out: Vec<super::Entry> = merged.filter_map(|(k, v)| v.map(|v| (k, v))).take(max).collect();
+            if from_call {
+                call.next();
+            }
+            if from_dirty {
+                dirty.next();
+            }
+            if from_rocks {
+                it.next();
+            }
+        }
+        it.status().map_err(|e| e.to_string())?;
         Ok(out)
     }
 
@@ -318,43 +348,6 @@ impl StateStore for RocksStore {
 
     fn as_any(&mut self) -> &mut dyn Any {
         self
-    }
-}
-
-/// Merges two key-ordered streams; on equal keys the first stream's entry wins.
-fn merge<A, B>(a: A, b: B) -> impl Iterator<Item = (Vec<u8>, Option<Vec<u8>>)>
-where
-    A: Iterator<Item = (Vec<u8>, Option<Vec<u8>>)>,
-    B: Iterator<Item = (Vec<u8>, Option<Vec<u8>>)>,
-{
-    struct Merge<A: Iterator, B: Iterator> {
-        a: Peekable<A>,
-        b: Peekable<B>,
-    }
-    impl<A, B> Iterator for Merge<A, B>
-    where
-        A: Iterator<Item = (Vec<u8>, Option<Vec<u8>>)>,
-        B: Iterator<Item = (Vec<u8>, Option<Vec<u8>>)>,
-    {
-        type Item = (Vec<u8>, Option<Vec<u8>>);
-        fn next(&mut self) -> Option<Self::Item> {
-            match (self.a.peek(), self.b.peek()) {
-                (Some((ka, _)), Some((kb, _))) => match ka.cmp(kb) {
-                    std::cmp::Ordering::Less => self.a.next(),
-                    std::cmp::Ordering::Greater => self.b.next(),
-                    std::cmp::Ordering::Equal => {
-                        self.b.next();
-                        self.a.next()
-                    }
-                },
-                (Some(_), None) => self.a.next(),
-                (None, _) => self.b.next(),
-            }
-        }
-    }
-    Merge {
-        a: a.peekable(),
-        b: b.peekable(),
     }
 }
 
@@ -395,7 +388,7 @@ mod tests {
         store.put(b"c".to_vec(), b"3".to_vec()).unwrap();
         assert_eq!(store.get(b"a").unwrap(), Some(b"1".to_vec()));
         // A scan in the middle of a call sees every layer and writes nothing to RocksDB.
-        let page = store.scan(None, None, None, 10).unwrap();
+        let page = store.scan(None, None, None, 10, usize::MAX).unwrap();
         assert_eq!(keys(&page), [b"a", b"b", b"c"]);
         assert!(is_empty(&db), "a scan must not move uncommitted writes into RocksDB");
         store.end_call(true);
@@ -408,7 +401,7 @@ mod tests {
         store.end_call(true);
         store.put(b"a".to_vec(), b"new".to_vec()).unwrap();
         store.put(b"d".to_vec(), b"4".to_vec()).unwrap();
-        let page = store.scan(None, None, None, 10).unwrap();
+        let page = store.scan(None, None, None, 10, usize::MAX).unwrap();
         assert_eq!(
             page,
             vec![
@@ -418,11 +411,54 @@ mod tests {
             ]
         );
         assert_eq!(
-            keys(&store.scan(Some(b"a"), Some(b"d"), Some(b"a"), 10).unwrap()),
+            keys(&store.scan(Some(b"a"), Some(b"d"), Some(b"a"), 10, usize::MAX).unwrap()),
             [b"c"]
         );
-        assert_eq!(keys(&store.scan(None, None, None, 2).unwrap()), [b"a", b"c"]);
-        assert_eq!(keys(&store.scan(None, None, Some(b"c"), 2).unwrap()), [b"d"]);
+        assert_eq!(
+            keys(&store.scan(None, None, None, 2, usize::MAX).unwrap()),
+            [b"a", b"c"]
+        );
+        assert_eq!(
+            keys(&store.scan(None, None, Some(b"c"), 2, usize::MAX).unwrap()),
+            [b"d"]
+        );
+        drop(store);
+        drop(db);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_page_stops_at_its_byte_budget_across_the_layers_and_resumes_after_it() {
+        let (dir, db) = temp_db();
+        let mut store = RocksStore::new("s", db.clone());
+        // Ten values of 1,000 bytes: five committed, three written since, two in this call.
+        for i in 0..10u8 {
+            store.put(vec![b'k', i], vec![i; 1000]).unwrap();
+            if i == 4 {
+                store.end_call(true);
+                store.commit(&marker(1)).unwrap();
+            }
+            if i == 7 {
+                store.end_call(true);
+            }
+        }
+        // 2,500 bytes: two entries, not the third that would pass the budget.
+        let page = store.scan(None, None, None, 100, 2_500).unwrap();
+        assert_eq!(page.len(), 2);
+        let mut seen = page.len();
+        let mut last = page.last().unwrap().0.clone();
+        loop {
+            let page = store.scan(None, None, Some(&last), 100, 2_500).unwrap();
+            if page.is_empty() {
+                break;
+            }
+            assert!(page.len() <= 2, "a page of {} entries", page.len());
+            seen += page.len();
+            last = page.last().unwrap().0.clone();
+        }
+        assert_eq!(seen, 10, "every entry once, page after page");
+        // One entry larger than the budget is still a page of one.
+        assert_eq!(store.scan(None, None, None, 100, 10).unwrap().len(), 1);
         drop(store);
         drop(db);
         let _ = std::fs::remove_dir_all(&dir);

@@ -41,6 +41,13 @@ impl Task {
     }
 
     pub(super) fn process_batch(&mut self, env: &mut KafkaEnv) -> Result<(), TaskError> {
+        let began = Instant::now();
+        let result = self.process_batch_timed(env);
+        self.thread_time += super::thread_charge(began.elapsed());
+        result
+    }
+
+    fn process_batch_timed(&mut self, env: &mut KafkaEnv) -> Result<(), TaskError> {
         if self.retry.is_some() {
             return self.retry_step(env);
         }
@@ -90,7 +97,8 @@ impl Task {
             None => self.instance.process(self.writer.as_bytes()),
         };
         self.counters.calls.inc();
-        self.counters.call_seconds.inc_by(started.elapsed().as_secs_f64());
+        let spent = started.elapsed();
+        self.counters.call_seconds.inc_by(spent.as_secs_f64());
         let fault = match result {
             Ok(output) => match self.produce(&output, self.stream_time, "a batch") {
                 Ok(()) => {
@@ -275,6 +283,13 @@ impl Task {
     }
 
     pub(super) fn maybe_punctuate(&mut self) -> Result<(), TaskError> {
+        let began = Instant::now();
+        let result = self.maybe_punctuate_timed();
+        self.thread_time += super::thread_charge(began.elapsed());
+        result
+    }
+
+    fn maybe_punctuate_timed(&mut self) -> Result<(), TaskError> {
         // Stream time starts with the first record this task sees; until then there is no
         // time to punctuate by (a restarted task on an idle partition would otherwise close
         // every open window at the start of time).
@@ -310,7 +325,8 @@ impl Task {
         let started = Instant::now();
         let result = f(&mut self.instance);
         self.counters.calls.inc();
-        self.counters.call_seconds.inc_by(started.elapsed().as_secs_f64());
+        let spent = started.elapsed();
+        self.counters.call_seconds.inc_by(spent.as_secs_f64());
         result.map_err(|fault| TaskError::Guest {
             task: self.id.clone(),
             at: at.to_string(),

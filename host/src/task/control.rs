@@ -19,6 +19,10 @@ pub struct Lease {
     origin: Instant,
     /// Milliseconds after `origin`; `i64::MAX` for a worker that owns its tasks alone.
     until_ms: AtomicI64,
+    /// No renewal goes past this (milliseconds after `origin`; `i64::MAX`: none): set while
+    /// a rebalance waits for this member, which the coordinator drops (and gives its tasks
+    /// away) once the rebalance timeout has passed without its join, heartbeats or not.
+    ceiling_ms: AtomicI64,
 }
 
 impl Lease {
@@ -27,6 +31,7 @@ impl Lease {
         Lease {
             origin: Instant::now(),
             until_ms: AtomicI64::new(i64::MAX),
+            ceiling_ms: AtomicI64::new(i64::MAX),
         }
     }
 
@@ -35,6 +40,7 @@ impl Lease {
         Lease {
             origin: Instant::now(),
             until_ms: AtomicI64::new(i64::MIN),
+            ceiling_ms: AtomicI64::new(i64::MAX),
         }
     }
 
@@ -47,7 +53,21 @@ impl Lease {
     /// until `sent + length` (never shortened by an older request).
     pub fn renew(&self, sent: Instant, length: Duration) {
         let until = (sent.saturating_duration_since(self.origin) + length).as_millis() as i64;
+        let until = until.min(self.ceiling_ms.load(Ordering::Acquire));
         self.until_ms.fetch_max(until, Ordering::AcqRel);
+    }
+
+    /// From now on no renewal reaches past `at` (an earlier ceiling stays), and the lease
+    /// ends there if it ran longer.
+    pub fn cap_at(&self, at: Instant) {
+        let ceiling = at.saturating_duration_since(self.origin).as_millis() as i64;
+        let ceiling = self.ceiling_ms.fetch_min(ceiling, Ordering::AcqRel).min(ceiling);
+        self.until_ms.fetch_min(ceiling, Ordering::AcqRel);
+    }
+
+    /// Renewals may reach as far as they go again (this member has rejoined).
+    pub fn lift_cap(&self) {
+        self.ceiling_ms.store(i64::MAX, Ordering::Release);
     }
 
     /// Ends the lease now (membership is lost).
@@ -76,13 +96,64 @@ pub enum Request {
     Abort,
 }
 
-/// A task's stop request, set by the worker and read by the task between steps.
+/// A task's stop request, set by the worker and read by the task between steps; and, while
+/// it starts, which step of its start it is at and since when (a watch gives each step a
+/// deadline).
 #[derive(Debug, Default)]
 pub struct TaskControl {
     request: AtomicU8,
+    start: std::sync::Mutex<Option<StartStep>>,
+    /// Why its start was given up (the watch found a step past its deadline).
+    abandoned: std::sync::Mutex<Option<String>>,
+}
+
+/// A step of a task's start, with its deadline (without progress).
+#[derive(Debug, Clone, Copy)]
+pub struct StartStep {
+    pub what: &'static str,
+    pub deadline: Duration,
+    /// When the step began, or last made progress.
+    pub since: Instant,
 }
 
 impl TaskControl {
+    /// The task's start is at step `what`, which may take `deadline` without progress.
+    pub fn enter(&self, what: &'static str, deadline: Duration) {
+        *self.start.lock().unwrap_or_else(|p| p.into_inner()) = Some(StartStep {
+            what,
+            deadline,
+            since: Instant::now(),
+        });
+    }
+
+    /// The step of the start made progress (a restore read a batch).
+    pub fn progress(&self) {
+        if let Some(step) = self.start.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            step.since = Instant::now();
+        }
+    }
+
+    /// The start is over (the task runs, or ended).
+    pub fn started(&self) {
+        *self.start.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// The step the start is at, if it is starting.
+    pub fn step(&self) -> Option<StartStep> {
+        *self.start.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Gives the start up for `why`: it is aborted, and ends as failed (to be started again).
+    pub fn abandon(&self, why: String) {
+        *self.abandoned.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+        self.abort();
+    }
+
+    /// Why the start was given up, if it was.
+    pub fn abandoned(&self) -> Option<String> {
+        self.abandoned.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     pub fn request(&self) -> Request {
         match self.request.load(Ordering::Acquire) {
             0 => Request::Run,
@@ -127,6 +198,28 @@ mod tests {
         std::thread::sleep(Duration::from_millis(60));
         assert!(!lease.valid(), "a lease that was not renewed expires");
         assert!(Lease::forever().valid());
+    }
+
+    #[test]
+    fn a_capped_lease_is_not_renewed_past_its_cap_until_the_cap_is_lifted() {
+        let lease = Lease::expired();
+        lease.renew(Instant::now(), Duration::from_secs(60));
+        // A rebalance waits for this member: it must rejoin within 50 ms, heartbeats or not.
+        lease.cap_at(Instant::now() + Duration::from_millis(50));
+        assert!(
+            lease.remaining() <= Duration::from_millis(50),
+            "the cap shortens the lease"
+        );
+        lease.renew(Instant::now(), Duration::from_secs(60));
+        assert!(
+            lease.remaining() <= Duration::from_millis(50),
+            "a heartbeat does not lift it"
+        );
+        std::thread::sleep(Duration::from_millis(80));
+        assert!(!lease.valid(), "past the cap the tasks stop");
+        lease.lift_cap();
+        lease.renew(Instant::now(), Duration::from_secs(60));
+        assert!(lease.remaining() > Duration::from_secs(50), "rejoined: renewed in full");
     }
 
     #[test]

@@ -103,6 +103,9 @@ pub enum TaskError {
     /// Asked to stop while it waited for Kafka: it stops without committing (not a failure).
     #[error("task {task} was stopped while it waited for Kafka")]
     GaveUp { task: String },
+    /// A step of its start went past its deadline: the start was given up (to be retried).
+    #[error("task {task} did not start: {detail}")]
+    Start { task: String, detail: String },
 }
 
 impl TaskError {
@@ -115,6 +118,7 @@ impl TaskError {
             TaskError::Transaction { .. } => "transaction",
             TaskError::GaveUp { .. } => "stopped",
             TaskError::Quota { .. } => "quota",
+            TaskError::Start { .. } => "start",
         }
     }
 }
@@ -170,6 +174,20 @@ pub enum Ended {
 /// (other tenants' too) keep the rest.
 pub const DEADLINE_PENALTY: u32 = 9;
 
+/// How long one call (a batch, a punctuation) may hold its stream thread at the price of
+/// its time; each millisecond beyond this is charged `1 + DEADLINE_PENALTY` times (see
+/// [`Task::thread_time`]).
+pub const CALL_SLICE: Duration = Duration::from_millis(10);
+
+/// The thread time a call that held the thread for `held` is charged: its time, and
+/// [`DEADLINE_PENALTY`] times more for what went beyond [`CALL_SLICE`]. A guest that returns
+/// just under its deadline on every call so gets about as much of a contended thread as one
+/// that runs into it (a tenth beside one busy task, less beside more), while batches of
+/// ordinary length pay their time.
+pub fn thread_charge(held: Duration) -> Duration {
+    held + held.saturating_sub(CALL_SLICE) * DEADLINE_PENALTY
+}
+
 pub struct Task {
     ctx: TaskContext,
     /// The topology group's metadata for offsets committed in a transaction (exactly-once).
@@ -209,6 +227,10 @@ pub struct Task {
     last_punctuate_stream: i64,
     summary: TaskSummary,
     counters: Counters,
+    /// Thread time its batches and punctuations have held (see [`Task::thread_time`]).
+    thread_time: Duration,
+    /// Whether its stream thread gives it a call now (see `threads::stream`'s fair share).
+    fair_turn: bool,
 }
 
 /// This task's metric handles, looked up once.
@@ -260,7 +282,27 @@ impl Task {
     /// Whether the task may process now (asked to run, the lease holds, and it is within
     /// its records-per-second limit).
     pub fn may_process(&self) -> bool {
+        self.waits_only_for_its_turn() && self.fair_turn
+    }
+
+    /// Whether nothing but its stream thread's fair share keeps it from processing: one held
+    /// back by its rate limit, a cooldown or a lapsed lease does not count as waiting for a
+    /// share, so it does not hold the thread's other tasks back either.
+    pub fn waits_only_for_its_turn(&self) -> bool {
         self.ctx.control.request() == Request::Run && self.ctx.lease.valid() && self.within_rate() && self.cooled()
+    }
+
+    /// Thread time its batches and punctuations have been charged so far: the guest calls
+    /// and the host's work on what they returned, each by [`thread_charge`] (what its stream
+    /// thread shares out fairly).
+    pub fn thread_time(&self) -> Duration {
+        self.thread_time
+    }
+
+    /// Whether this task's stream thread gives it a call now: one that has used more than
+    /// its share of the thread lets the others go first (records wait, partitions pause).
+    pub fn set_fair_turn(&mut self, turn: bool) {
+        self.fair_turn = turn;
     }
 
     fn within_rate(&self) -> bool {
@@ -313,7 +355,7 @@ impl Task {
             // the worker renews the lease or aborts the task.
             return Ok(None);
         }
-        if !self.batch.is_empty() && self.within_rate() && self.cooled() {
+        if !self.batch.is_empty() && self.within_rate() && self.cooled() && self.fair_turn {
             self.process_batch(env)?;
         }
         self.maybe_punctuate()?;
@@ -366,4 +408,29 @@ fn now_ms() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_near_its_deadline_costs_its_share_what_one_into_the_deadline_costs() {
+        let ms = Duration::from_millis;
+        // Ordinary batches pay their time.
+        assert_eq!(thread_charge(ms(3)), ms(3));
+        assert_eq!(thread_charge(CALL_SLICE), CALL_SLICE);
+        // 95 ms of a 100 ms deadline: 95 + 9 × 85.
+        assert_eq!(thread_charge(ms(95)), ms(860));
+        // A call that runs into a 100 ms deadline holds the thread 100 ms and then sits out
+        // nine times that: a tenth of the thread. One just under it, charged as above, gets
+        // about as much beside one neighbour task that always has work (that task uses what
+        // it was charged, less a round, before the next call), and less beside more.
+        let share = |neighbours: u32| {
+            let wait = (thread_charge(ms(95)) - ms(50)) * neighbours;
+            ms(95).as_secs_f64() / (ms(95) + wait).as_secs_f64()
+        };
+        assert!((share(1) - 0.1).abs() < 0.02, "{}", share(1));
+        assert!(share(2) < 0.06, "{}", share(2));
+    }
 }

@@ -2,7 +2,7 @@
 //! its restored state, its guest instance, and where each source starts.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rdkafka::consumer::Consumer;
 use sluice_wire::wire::Writer;
@@ -34,9 +34,17 @@ pub fn prepare(ctx: TaskContext, env: &mut KafkaEnv) -> Prepared {
     // The first thing a task does; tests check ownership intervals from here to "ended".
     tracing::info!(task = %id, "starting");
     ctx.metrics.tasks_running.inc();
-    let (metrics, progress) = (ctx.metrics.clone(), ctx.progress.clone());
+    let (metrics, progress, control) = (ctx.metrics.clone(), ctx.progress.clone(), ctx.control.clone());
     let task_id = crate::group::TaskId::new(&ctx.topology.name, ctx.partition as u32);
-    match Task::start(ctx, id.clone(), labels.clone(), env) {
+    let started = Task::start(ctx, id.clone(), labels.clone(), env);
+    control.started();
+    // Given up by the start watch: a failure to retry, however it ended.
+    if let Some(detail) = control.abandoned() {
+        let result = Err(TaskError::Start { task: id, detail });
+        report_end(&metrics, &labels, &result);
+        return Prepared::Ended(result);
+    }
+    match started {
         Ok(Some(task)) => {
             progress.processing(&task_id);
             Prepared::Ready(Box::new(task))
@@ -82,6 +90,27 @@ pub(super) fn report_end(metrics: &Metrics, labels: &TaskLabels, result: &Result
     }
 }
 
+/// The worker's progress listener, telling the start's watch too that a restore goes on.
+struct Watched<'a> {
+    inner: &'a dyn super::TaskProgress,
+    control: &'a super::control::TaskControl,
+}
+
+impl super::TaskProgress for Watched<'_> {
+    fn restoring(&self, task: &crate::group::TaskId, restored: u64, total: u64, rate: f64) {
+        self.control.progress();
+        self.inner.restoring(task, restored, total, rate);
+    }
+
+    fn processing(&self, task: &crate::group::TaskId) {
+        self.inner.processing(task);
+    }
+}
+
+/// How long a step of a start may go without progress before the start is given up (and
+/// the task started again): each step retries by itself, logging, well within it.
+pub const STEP_DEADLINE: Duration = Duration::from_secs(150);
+
 impl Task {
     /// Prepares a task: its producer (under exactly-once, fencing the previous owner first),
     /// its restored state, its guest instance and its consumer. None: asked to stop first.
@@ -103,6 +132,8 @@ impl Task {
         };
         // The new owner's producer goes first: it aborts what a previous owner left open, so
         // the changelogs read below hold only committed data.
+        ctx.control
+            .enter("fencing the previous owner (its transactional producer)", STEP_DEADLINE);
         let output = match ctx.settings.guarantee {
             Guarantee::AtLeastOnce => TaskOutput::shared(ctx.producer.clone()),
             Guarantee::ExactlyOnce => {
@@ -114,6 +145,7 @@ impl Task {
                 }
             }
         };
+        ctx.control.enter("opening and restoring its state", STEP_DEADLINE);
         let (state, stores) = if topology.changelogs.is_empty() {
             (None, Vec::new())
         } else {
@@ -125,7 +157,10 @@ impl Task {
                 ctx.partition,
                 topology.changelogs.clone(),
                 &ctx.metrics,
-                ctx.progress.as_ref(),
+                &Watched {
+                    inner: ctx.progress.as_ref(),
+                    control: &ctx.control,
+                },
                 &stopping,
             )
             .map_err(|detail| TaskError::State {
@@ -137,6 +172,8 @@ impl Task {
                 Opened::Stopped => return Ok(None),
             }
         };
+        ctx.control
+            .enter("instantiating the guest and calling init", STEP_DEADLINE);
         let at = "start-up (instantiate and init)".to_string();
         let fail = |fault| TaskError::Guest {
             task: id.clone(),
@@ -149,6 +186,7 @@ impl Task {
             .map_err(fail)?;
         instance.init(&info).map_err(fail)?;
         let sources = &topology.binding.source_topics;
+        ctx.control.enter("looking up its committed offsets", STEP_DEADLINE);
         let Some(committed) = source::committed(env, &topology.group, sources, ctx.partition, &id, &stopping) else {
             return Ok(None);
         };
@@ -165,6 +203,7 @@ impl Task {
             _ => committed,
         };
         // Offsets committed in a transaction name the topology's group.
+        ctx.control.enter("reading its group's metadata", STEP_DEADLINE);
         let group_metadata = if output.is_transactional() {
             let consumer = crate::topology::source_consumer(&ctx.kafka, &topology.group, 1 << 20).map_err(|e| {
                 TaskError::Transaction {
@@ -221,6 +260,8 @@ impl Task {
             last_punctuate_stream: i64::MIN,
             summary: TaskSummary::default(),
             counters,
+            thread_time: Duration::ZERO,
+            fair_turn: true,
             ctx,
         }))
     }

@@ -18,37 +18,32 @@
 //! consumer of its own, so restoring never blocks processing.
 
 mod slot;
+mod starters;
 pub mod state_updater;
 mod stream;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crate::kafka::KafkaSettings;
-use crate::task::{self, KafkaEnv, Prepared, TaskContext};
+use crate::task::{KafkaEnv, TaskContext};
 pub use slot::{Panicked, TaskSlot};
+use starters::Starters;
 pub use state_updater::StandbyUpdater;
 use stream::{stream_consumer, Command, StreamThread};
-
-/// Threads that start tasks (restores run there).
-const STARTERS: usize = 2;
 
 /// The stream threads and starter threads of a worker.
 pub struct StreamThreads {
     threads: Vec<(Sender<Command>, Arc<AtomicUsize>)>,
-    starts: Option<Sender<(TaskContext, Arc<TaskSlot>)>>,
-    starters: Vec<std::thread::JoinHandle<()>>,
+    starters: Option<Starters>,
     streams: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Drop for StreamThreads {
     /// Ends the threads once their tasks have ended (the worker stops every task first).
     fn drop(&mut self) {
-        self.starts = None;
-        for h in self.starters.drain(..) {
-            let _ = h.join();
-        }
+        drop(self.starters.take());
         self.threads.clear();
         for h in self.streams.drain(..) {
             let _ = h.join();
@@ -62,7 +57,7 @@ impl StreamThreads {
     pub fn start(count: usize, kafka: &KafkaSettings, prefetch_bytes: usize) -> anyhow::Result<StreamThreads> {
         let count = count.max(1);
         let mut threads = Vec::with_capacity(count);
-        let (mut streams, mut starters) = (Vec::new(), Vec::new());
+        let mut streams = Vec::new();
         for i in 0..count {
             let (tx, rx) = mpsc::channel();
             let load = Arc::new(AtomicUsize::new(0));
@@ -76,53 +71,19 @@ impl StreamThreads {
             );
             threads.push((tx, load));
         }
-        let (starts, jobs) = mpsc::channel::<(TaskContext, Arc<TaskSlot>)>();
-        let jobs = Arc::new(Mutex::new(jobs));
-        let senders: Vec<(Sender<Command>, Arc<AtomicUsize>)> = threads.clone();
-        for i in 0..STARTERS {
-            let jobs = jobs.clone();
-            let senders = senders.clone();
-            let mut env = KafkaEnv::new(kafka)?;
-            let starter = std::thread::Builder::new()
-                .name(format!("starter-{i}"))
-                .spawn(move || loop {
-                    let job = jobs.lock().unwrap().recv();
-                    let Ok((ctx, slot)) = job else { return };
-                    let started =
-                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task::prepare(ctx, &mut env)));
-                    match started {
-                        Ok(Prepared::Ready(task)) => {
-                            // The least loaded thread takes it.
-                            let (tx, load) = senders
-                                .iter()
-                                .min_by_key(|(_, load)| load.load(Ordering::Relaxed))
-                                .expect("at least one stream thread");
-                            load.fetch_add(1, Ordering::Relaxed);
-                            if let Err(mpsc::SendError(Command::Add(_, slot))) = tx.send(Command::Add(task, slot)) {
-                                slot.end(None);
-                            }
-                        }
-                        Ok(Prepared::Ended(result)) => slot.end(Some(result)),
-                        Err(_) => slot.end(None),
-                    }
-                })?;
-            starters.push(starter);
-        }
+        let starters = Starters::start(kafka, threads.clone())?;
         Ok(StreamThreads {
             threads,
-            starts: Some(starts),
-            starters,
+            starters: Some(starters),
             streams,
         })
     }
 
     /// Starts a task; its end is reported to `slot`.
     pub fn submit(&self, ctx: TaskContext, slot: Arc<TaskSlot>) {
-        let Some(starts) = &self.starts else {
-            return slot.end(None);
-        };
-        if let Err(mpsc::SendError((_, slot))) = starts.send((ctx, slot)) {
-            slot.end(None);
+        match &self.starters {
+            Some(starters) => starters.submit(ctx, slot),
+            None => slot.end(None),
         }
     }
 

@@ -17,12 +17,23 @@ pub struct Panicked;
 pub struct TaskSlot {
     outcome: Mutex<Option<Outcome>>,
     ended: Condvar,
+    /// Told once: a start the watch gave up may still return later, and is not told again.
+    told: std::sync::atomic::AtomicBool,
 }
 
 impl TaskSlot {
+    /// Tells how the task ended (the first time only).
     pub(super) fn end(&self, outcome: Outcome) {
+        if self.told.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            return;
+        }
         *self.outcome.lock().unwrap() = Some(outcome);
         self.ended.notify_all();
+    }
+
+    /// Whether its end was told already (its start was given up, say).
+    pub(super) fn was_told(&self) -> bool {
+        self.told.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Whether the task has ended (taking its outcome will not block).

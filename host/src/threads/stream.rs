@@ -105,7 +105,42 @@ struct Running {
     /// lease lapsed, or a stop is pending); the task's partitions are paused meanwhile.
     overflow: Vec<(u32, OwnedMessage)>,
     paused: bool,
+    /// Thread time charged to it here (its virtual time, see [`ThreadTasks::share`]), its
+    /// virtual time when its last charged work began (its start tag), and the task's own
+    /// count when last charged.
+    vtime: Duration,
+    start: Duration,
+    seen: Duration,
+    /// Whether it had work when shares were last handed out.
+    busy: bool,
+    /// How far its virtual time may go before it lets the others go first: the least among
+    /// the thread's other busy tasks at the last share (its own, when none is), plus
+    /// [`FAIR_QUANTUM`].
+    limit: Option<Duration>,
 }
+
+impl Running {
+    /// Charges the thread time the task's batches held since last charged (guest calls and
+    /// the host's work on their output alike), and takes its turn away if that puts it past
+    /// its share.
+    fn charge(&mut self) {
+        let now = self.task.thread_time();
+        let used = now.saturating_sub(self.seen);
+        self.seen = now;
+        if used.is_zero() {
+            return;
+        }
+        self.start = self.vtime;
+        self.vtime += used;
+        if self.limit.is_some_and(|l| self.vtime > l) {
+            self.task.set_fair_turn(false);
+        }
+    }
+}
+
+/// How far ahead of the least-served busy task a task may be and still get a call: a round,
+/// so tasks of like cost are not held back (their partitions paused) for small differences.
+const FAIR_QUANTUM: Duration = ROUND;
 
 pub(super) struct StreamThread {
     consumer: BaseConsumer<ConsumerEvents>,
@@ -121,6 +156,8 @@ struct ThreadTasks {
     routes: FxHashMap<String, FxHashMap<i32, (usize, u32)>>,
     /// Partitions ever assigned to the consumer (paused when no task reads them).
     assigned: HashSet<(String, i32)>,
+    /// The least start tag among the busy tasks: where a task that had no work joins in.
+    entry: Duration,
 }
 
 impl StreamThread {
@@ -133,6 +170,7 @@ impl StreamThread {
                 running: Vec::new(),
                 routes: FxHashMap::default(),
                 assigned: HashSet::new(),
+                entry: Duration::ZERO,
             },
         }
     }
@@ -156,7 +194,10 @@ impl StreamThread {
                 let Command::Add(task, slot) = command;
                 self.tasks.add(&self.consumer, task, slot);
             }
+            // Shares are handed out after polling, so a task whose records just came counts
+            // as busy, not idle, when the turns are taken.
             self.poll_round();
+            self.tasks.share();
             for i in 0..self.tasks.running.len() {
                 self.tasks.turn(&self.consumer, i);
             }
@@ -173,16 +214,26 @@ impl StreamThread {
             std::thread::sleep(Duration::from_millis(10));
             return;
         }
-        let has_work = tasks
+        // Work only a task that may process now: records held back by a task's rate limit,
+        // cooldown or fair share do not make the round spin (and end before the others'
+        // records came, which would make them look idle and give the turn back).
+        let mut has_work = tasks
             .running
             .iter()
             .flatten()
-            .any(|r| r.task.has_records() || !r.overflow.is_empty());
-        let mut wait = if has_work { Duration::ZERO } else { IDLE_WAIT };
+            .any(|r| (r.task.has_records() || !r.overflow.is_empty()) && r.task.may_process());
         let round = Instant::now();
         loop {
+            // Until a task that may process has records, wait for them (for up to
+            // IDLE_WAIT): records of a task that must wait for its share (or its rate)
+            // do not end the wait, so a task whose next records are a fetch away is not
+            // taken for idle when the turns are handed out.
+            let wait = if has_work {
+                Duration::ZERO
+            } else {
+                IDLE_WAIT.saturating_sub(round.elapsed())
+            };
             let Some(polled) = self.consumer.poll(wait) else { break };
-            wait = Duration::ZERO;
             match polled {
                 Ok(message) => {
                     let route = tasks
@@ -193,6 +244,7 @@ impl StreamThread {
                     // A partition of no task here (one that left): its records are not ours.
                     if let Some((index, source)) = route {
                         tasks.feed(&self.consumer, index, source, &message);
+                        has_work = has_work || tasks.running[index].as_ref().is_some_and(|r| r.task.may_process());
                     }
                 }
                 Err(e) => tracing::warn!(thread = ?std::thread::current().name(), "consumer: {e}"),
@@ -207,6 +259,67 @@ impl StreamThread {
 type StreamConsumer = BaseConsumer<ConsumerEvents>;
 
 impl ThreadTasks {
+    /// Hands out turns by thread time used: a task gets a call only while its virtual time
+    /// (the thread time its calls held here) is within [`FAIR_QUANTUM`] of the least-served
+    /// busy task's. A guest that takes most of its deadline on every call gets its share of
+    /// the thread when others have work, and all of it when they have none (start-time fair
+    /// queueing). A task coming back from idle joins at the least start tag among the busy
+    /// tasks, so it is neither owed the time it had no work nor put behind a long call that
+    /// began before it came back.
+    fn share(&mut self) {
+        let entry = self.entry;
+        // The two least virtual times among the busy tasks (the least with its index), so
+        // each task's limit is the least among the others'.
+        let mut least: Option<(usize, Duration)> = None;
+        let mut second: Option<Duration> = None;
+        let mut least_start: Option<Duration> = None;
+        for (i, r) in self.running.iter_mut().enumerate() {
+            let Some(r) = r else { continue };
+            let busy = (r.task.has_records() || !r.overflow.is_empty()) && r.task.waits_only_for_its_turn();
+            if busy && !r.busy {
+                r.vtime = r.vtime.max(entry);
+                r.start = r.vtime;
+            }
+            r.busy = busy;
+            if !busy {
+                continue;
+            }
+            least_start = Some(least_start.map_or(r.start, |s| s.min(r.start)));
+            match least {
+                Some((_, v)) if v <= r.vtime => second = Some(second.map_or(r.vtime, |s| s.min(r.vtime))),
+                _ => {
+                    second = least.map(|(_, v)| v);
+                    least = Some((i, r.vtime));
+                }
+            }
+        }
+        if let Some(s) = least_start {
+            self.entry = s;
+        } else if let Some(v) = self.running.iter().flatten().map(|r| r.vtime).max() {
+            // Nobody has work: whoever gets some next joins level with the most served.
+            self.entry = self.entry.max(v);
+        }
+        for (i, r) in self.running.iter_mut().enumerate() {
+            let Some(r) = r else { continue };
+            let others = match least {
+                Some((l, _)) if l == i => second,
+                other => other.map(|(_, v)| v),
+            };
+            // With no other task busy, a task may go a quantum past where it is before the
+            // next share looks again (a guest's long call is then one call, not a round's).
+            r.limit = Some(others.unwrap_or(r.vtime) + FAIR_QUANTUM);
+            r.task
+                .set_fair_turn(!r.busy || others.is_none_or(|v| r.vtime <= v + FAIR_QUANTUM));
+        }
+    }
+
+    /// Charges task `index` the thread time it used since last charged (see [`Running::charge`]).
+    fn charge(&mut self, index: usize) {
+        if let Some(r) = self.running[index].as_mut() {
+            r.charge();
+        }
+    }
+
     fn add(&mut self, consumer: &StreamConsumer, task: Box<Task>, slot: Arc<TaskSlot>) {
         let index = match self.running.iter().position(Option::is_none) {
             Some(i) => i,
@@ -238,11 +351,18 @@ impl ThreadTasks {
         if fresh.count() > 0 {
             result = result.and_then(|()| consumer.incremental_assign(&fresh));
         }
+        // A task joins at the thread's virtual time: no credit for the time before it came.
+        let seen = task.thread_time();
         self.running[index] = Some(Running {
             task,
             slot,
             overflow: Vec::new(),
             paused: false,
+            vtime: self.entry,
+            start: self.entry,
+            seen,
+            busy: false,
+            limit: None,
         });
         if let Err(e) = result {
             // The task cannot read: it ends, and the worker starts it again later.
@@ -258,7 +378,9 @@ impl ThreadTasks {
         };
         if running.task.is_full() || !running.overflow.is_empty() {
             if running.overflow.is_empty() && running.task.may_process() {
-                if let Some(end) = running.task.process_now(&mut self.env) {
+                let end = running.task.process_now(&mut self.env);
+                self.charge(index);
+                if let Some(end) = end {
                     self.end(consumer, index, Some(end));
                     return;
                 }
@@ -282,6 +404,7 @@ impl ThreadTasks {
         };
         let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mut end = running.task.step(&mut self.env);
+            running.charge();
             while end.is_none() && !running.overflow.is_empty() && running.task.may_process() {
                 let waiting = std::mem::take(&mut running.overflow);
                 let mut rest = waiting.into_iter();
@@ -295,6 +418,7 @@ impl ThreadTasks {
                 running.overflow.extend(rest);
                 if !running.overflow.is_empty() {
                     end = running.task.process_now(&mut self.env);
+                    running.charge();
                 }
             }
             end

@@ -52,6 +52,8 @@ pub fn deploy(
     changelog_settings: ChangelogSettings,
     state_limit: u64,
 ) -> anyhow::Result<DeployedTopology> {
+    check_state_limit(&manifest, state_limit)
+        .map_err(|e| anyhow::anyhow!("topology {} (manifest {}): {e}", manifest.name, manifest.path))?;
     let partitions = check_topics(kafka, &manifest, &binding, TOPIC_APPEAR_WAIT)?;
     let digest = topology_digest(&manifest, &binding, &loaded.description().stores)?;
     let changelogs = changelog::ensure_changelogs(
@@ -76,6 +78,18 @@ pub fn deploy(
         changelogs,
         digest,
     })
+}
+
+/// A manifest may only lower the worker's state limit (bytes on disk of a topology's tasks
+/// on one worker).
+pub fn check_state_limit(manifest: &Manifest, worker_limit: u64) -> Result<(), String> {
+    match manifest.limits.state {
+        Some(asked) if asked > worker_limit => Err(format!(
+            "limits.state ({asked} bytes) is more than the worker allows ({worker_limit} bytes, its --state-limit): a \
+             manifest may only lower the worker's limits"
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// What makes two deployments of a topology the same: the component's bytes and the topics

@@ -10,8 +10,9 @@ use anyhow::bail;
 
 use crate::kafka::KafkaSettings;
 use crate::manifest::{Binding, Manifest};
+use crate::registry::tenants::{Tenancy, ADMIN};
 use crate::registry::{Entry, Snapshot};
-use crate::runtime::{LoadedTopology, Runtime};
+use crate::runtime::{LoadError, LoadedTopology, Runtime};
 use crate::topology::{ChangelogSettings, DeployedTopology};
 
 /// A topology this worker will not run, and why (the message names the manifest).
@@ -46,22 +47,50 @@ pub fn load_topologies(runtime: &Runtime, manifests: &[PathBuf]) -> anyhow::Resu
     Ok((out, refused))
 }
 
-/// Loads a topology uploaded to the registry (its component is on disk at `component`).
-pub fn load_uploaded(runtime: &Runtime, entry: &Entry, component: &Path) -> anyhow::Result<Loaded> {
+/// Loads a topology uploaded to the registry (its component is on disk at `component`),
+/// checked again as its upload was: its tenant exists, it is named and bound inside the
+/// tenant's namespace, and it runs under the tenant's caps as they are now (and the ones
+/// stored with it, the lower winning).
+pub fn load_uploaded(runtime: &Runtime, tenancy: &Tenancy, entry: &Entry, component: &Path) -> anyhow::Result<Loaded> {
     let label = format!("uploaded topology {} (version {})", entry.name, entry.version);
     let mut manifest = Manifest::parse_uploaded(&entry.manifest, &label, component)?;
+    anyhow::ensure!(
+        manifest.name == entry.name,
+        "{label}: its manifest names the topology {:?}",
+        manifest.name
+    );
+    if entry.tenant != ADMIN {
+        let Some(tenant) = tenancy.tenant(&entry.tenant) else {
+            bail!(
+                "{label}: its tenant {:?} is not a tenant of this cluster (deleted, or never one)",
+                entry.tenant
+            );
+        };
+        tenant
+            .check_manifest(&manifest)
+            .map_err(|(_, why)| anyhow::anyhow!("{label}: {why}"))?;
+        tenant.caps.apply(&mut manifest.limits);
+    }
     entry.cap(&mut manifest.limits);
     manifest.offsets_epoch = entry.offsets_epoch;
     manifest.start_from = entry.reprocess_from;
     load_manifest(runtime, manifest)
 }
 
-/// Compiles a manifest's component under its limits and binds it.
+/// Compiles a manifest's component under its limits (its `describe` runs under them too)
+/// and binds it.
 fn load_manifest(runtime: &Runtime, manifest: Manifest) -> anyhow::Result<Loaded> {
-    let loaded = runtime.load(&manifest.component)?;
-    let loaded = loaded
-        .with_limits(&manifest.limits)
-        .map_err(|m| anyhow::anyhow!("manifest {}: {m}", manifest.path))?;
+    let shown = manifest.component.display().to_string();
+    let bytes = std::fs::read(&manifest.component).map_err(|source| LoadError::Read {
+        path: shown.clone(),
+        source,
+    })?;
+    let loaded = runtime
+        .load_bytes_under(&shown, &bytes, &manifest.limits)
+        .map_err(|e| match e {
+            LoadError::Limits { detail, .. } => anyhow::anyhow!("manifest {}: {detail}", manifest.path),
+            other => other.into(),
+        })?;
     let binding = manifest.bind(loaded.description())?;
     Ok((manifest, loaded, binding))
 }
@@ -140,11 +169,32 @@ pub async fn follow_registry(
     mut current: BTreeMap<String, u32>,
     static_names: HashSet<String>,
     runtime: Arc<Runtime>,
+    tenancy: Tenancy,
     settings: DeploySettings,
     changes: tokio::sync::mpsc::UnboundedSender<TopologyChange>,
 ) {
+    // The component digest of each uploaded topology running, to forget what a deleted one
+    // compiled to.
+    let mut digests: BTreeMap<String, String> = updates
+        .borrow()
+        .entries
+        .values()
+        .map(|(e, _)| (e.name.clone(), e.digest.clone()))
+        .collect();
     while updates.changed().await.is_ok() {
         let snapshot = updates.borrow_and_update().clone();
+        let in_use = |digest: &str| snapshot.entries.values().any(|(e, _)| e.digest == digest);
+        for (name, digest) in std::mem::take(&mut digests) {
+            if !in_use(&digest) {
+                runtime.forget_compiled(&digest);
+            }
+            if let Some((e, _)) = snapshot.entries.get(&name) {
+                digests.insert(name, e.digest.clone());
+            }
+        }
+        for (e, _) in snapshot.entries.values() {
+            digests.entry(e.name.clone()).or_insert_with(|| e.digest.clone());
+        }
         let remove: Vec<String> = current
             .keys()
             .filter(|n| !snapshot.entries.contains_key(*n))
@@ -161,10 +211,12 @@ pub async fn follow_registry(
         }
         let rt = runtime.clone();
         let versions: BTreeMap<String, u32> = wanted.iter().map(|(e, _)| (e.name.clone(), e.version)).collect();
+        // The tenants as they are now: the file's, and those created through the API.
+        let tenants = tenancy.with(&snapshot.tenants).unwrap_or_else(|_| tenancy.clone());
         let loading = tokio::task::spawn_blocking(move || {
             wanted
                 .iter()
-                .map(|(e, path)| load_uploaded(&rt, e, path).map_err(|err| format!("{err:#}")))
+                .map(|(e, path)| load_uploaded(&rt, &tenants, e, path).map_err(|err| format!("{err:#}")))
                 .collect::<Vec<_>>()
         })
         .await

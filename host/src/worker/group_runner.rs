@@ -49,6 +49,8 @@ pub struct ClusterConfig {
     pub drain: Option<std::sync::Arc<tokio::sync::watch::Sender<Stop>>>,
     /// How long a drain may take before the worker stops its remaining tasks and leaves.
     pub scale_down_timeout: Option<Duration>,
+    /// Signs this worker's group messages and checks the others' (`registry.secret`).
+    pub secret: Option<crate::secret::ClusterSecret>,
     /// Where this worker's admin endpoint is reached (`host:port`), told to the group so
     /// `sluice status` finds every worker's live status; empty: none (or not known yet,
     /// then the worker fills in the address it bound).
@@ -131,13 +133,16 @@ pub async fn run(
     let mut membership = Membership::new(MembershipConfig {
         kafka: cluster.kafka.clone(),
         group: cluster_group(&cluster.name),
+        assignor: cluster.assignor.clone(),
+        secret: cluster.secret.clone(),
         instance_id: cluster.instance_id.clone(),
         session_timeout: cluster.session_timeout,
-        rebalance_timeout: Duration::from_secs(60),
+        rebalance_timeout: REBALANCE_TIMEOUT,
     });
     let heartbeats = Heartbeats {
         cluster,
         lease: runner.lease().clone(),
+        last_stable: std::cell::Cell::new(None),
         lease_length: cluster
             .session_timeout
             .saturating_sub(lease_margin(cluster.session_timeout)),
@@ -227,6 +232,9 @@ pub async fn run(
                 }
             }
         };
+        // A JoinGroup in: the coordinator no longer drops this member for the rebalance
+        // timeout (see `Heartbeats::beat`).
+        heartbeats.lease.lift_cap();
         let joined = tokio::select! {
             joined = membership.join(&metadata, assign) => joined,
             _ = keep_alive => unreachable!("the probe loop never ends"),
@@ -237,6 +245,28 @@ pub async fn run(
             Err(MembershipError::Lost { reason, call, .. }) => {
                 lose_membership(&mut runner, &format!("{call}: {reason}")).await;
                 continue 'member;
+            }
+            Err(MembershipError::BadAssignment { detail, .. }) => {
+                // A leader without the cluster's secret (a process that joined the group) or
+                // of another version: its assignment is not applied. Nothing of this round is
+                // known, so nothing is kept: the tasks stop without committing, and the
+                // worker joins again (a leader of this cluster assigns next time).
+                tracing::error!(cluster = %cluster.name, "the leader's assignment is not applied: {detail}");
+                lose_membership(&mut runner, "an assignment that is not this cluster's").await;
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                    _ = &mut shutdown => break 'member,
+                }
+                continue 'member;
+            }
+            Err(MembershipError::OtherProtocol { group, ours, .. }) => {
+                let theirs = tokio::task::block_in_place(|| group_assignor(&offsets, &group));
+                anyhow::bail!(
+                    "cluster {} runs the {theirs} assignor, and this worker was started with the {ours:?} assignor: \
+                     the coordinator of group {group} refused it (an eager leader and a sticky follower would run a task \
+                     on two workers at once); start every worker of a cluster with the same task.assignor (--assignor)",
+                    cluster.name
+                );
             }
             Err(e) => return Err(e.into()),
         };
@@ -426,6 +456,30 @@ pub async fn run(
         tracing::warn!("leaving the group: {e}");
     }
     Ok(report)
+}
+
+/// How long the coordinator waits for every member to rejoin in a rebalance before it drops
+/// those that did not (and gives their tasks away).
+pub const REBALANCE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The assignor the members of `group` run now, as the coordinator describes the group
+/// (`"an unknown"` when it cannot say).
+fn group_assignor(consumer: &BaseConsumer, group: &str) -> String {
+    use rdkafka::consumer::Consumer;
+    let protocol = consumer
+        .fetch_group_list(Some(group), Duration::from_secs(10))
+        .ok()
+        .and_then(|list| {
+            list.groups()
+                .iter()
+                .find(|g| g.name() == group)
+                .map(|g| g.protocol().to_string())
+        })
+        .filter(|p| !p.is_empty());
+    match protocol {
+        Some(p) => format!("{:?}", p.strip_prefix("sluice-").unwrap_or(&p)),
+        None => "an unknown".to_string(),
+    }
 }
 
 /// Whether a drain has gone on longer than `--scale-down-timeout` (then the worker stops

@@ -28,6 +28,8 @@ pub struct WorkerHandle {
     pub(super) state: Arc<StateEnv>,
     pub(super) static_names: Arc<HashSet<String>>,
     pub(super) drain: Option<Arc<tokio::sync::watch::Sender<Stop>>>,
+    /// Bytes of state one topology's tasks may keep here (a manifest may only lower it).
+    pub(super) state_limit: u64,
 }
 
 /// Why an upload would not run on this worker.
@@ -127,10 +129,15 @@ impl WorkerHandle {
         component: &[u8],
         patience: Duration,
     ) -> Result<DeployCheck, DeployCheckError> {
+        // Compiled, and described, under the manifest's limits (a tenant's caps included).
         let loaded = self
             .runtime
-            .load_bytes(&manifest.component.display().to_string(), component)?;
-        let loaded = loaded.with_limits(&manifest.limits).map_err(DeployCheckError::Limits)?;
+            .load_bytes_under(&manifest.component.display().to_string(), component, &manifest.limits)
+            .map_err(|e| match e {
+                LoadError::Limits { detail, .. } => DeployCheckError::Limits(detail),
+                other => DeployCheckError::Load(other),
+            })?;
+        crate::topology::check_state_limit(manifest, self.state_limit).map_err(DeployCheckError::Limits)?;
         let binding = manifest.bind(loaded.description())?;
         let partitions = crate::topology::check_topics(&self.kafka, manifest, &binding, patience)
             .map_err(|e| DeployCheckError::Topics(format!("{e:#}")))?;

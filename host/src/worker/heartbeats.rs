@@ -22,6 +22,9 @@ pub(super) enum Kept {
 pub(super) struct Heartbeats<'a> {
     pub(super) cluster: &'a ClusterConfig,
     pub(super) lease: std::sync::Arc<Lease>,
+    /// When the last heartbeat that found the group stable was sent: a rebalance began
+    /// after it.
+    pub(super) last_stable: std::cell::Cell<Option<Instant>>,
     /// How long a heartbeat keeps the lease: the session timeout less a safety margin.
     pub(super) lease_length: Duration,
     /// A heartbeat not answered within this counts as unreachable.
@@ -33,10 +36,19 @@ impl Heartbeats<'_> {
         let sent = Instant::now();
         Ok(match membership.heartbeat(self.timeout).await? {
             Heartbeat::Alive => {
+                self.last_stable.set(Some(sent));
                 self.lease.renew(sent, self.lease_length);
                 Kept::Member { rejoin: false }
             }
             Heartbeat::RejoinNeeded => {
+                // The coordinator drops a member that has not rejoined within the rebalance
+                // timeout of the rebalance's start (at the latest, just after the last stable
+                // heartbeat), heartbeats or not: the lease must end before that.
+                let began = self.last_stable.get().unwrap_or(sent);
+                let cap = (began + super::group_runner::REBALANCE_TIMEOUT)
+                    .checked_sub(lease_margin(self.cluster.session_timeout))
+                    .unwrap_or(began);
+                self.lease.cap_at(cap);
                 self.lease.renew(sent, self.lease_length);
                 Kept::Member { rejoin: true }
             }

@@ -24,8 +24,10 @@ use anyhow::{bail, Context as _};
 
 use crate::kafka::KafkaSettings;
 use crate::metrics::Metrics;
+use crate::registry::tenants::Tenancy;
 use crate::registry::Watcher;
 use crate::runtime::{Runtime, RuntimeConfig};
+use crate::secret::ClusterSecret;
 use crate::task::control::Lease;
 use crate::task::delivery::{self, DeliveryRouter, WorkerProducer};
 use crate::task::state::StateEnv;
@@ -55,6 +57,11 @@ pub struct WorkerConfig {
     pub state_limit: u64,
     /// How changelog topics are created.
     pub changelogs: ChangelogSettings,
+    /// The configuration file's tenants: an uploaded topology runs only as its tenant may.
+    pub tenancy: Tenancy,
+    /// The cluster secret: registry records and group messages are believed only when
+    /// signed with it (`registry.secret`).
+    pub secret: Option<ClusterSecret>,
 }
 
 impl WorkerConfig {
@@ -70,6 +77,8 @@ impl WorkerConfig {
             state_write_buffers: 64 << 20,
             state_limit: 10 << 30,
             changelogs: ChangelogSettings::default(),
+            tenancy: Tenancy::default(),
+            secret: None,
         }
     }
 }
@@ -105,17 +114,25 @@ impl Worker {
         if config.manifests.is_empty() && config.cluster.is_none() {
             bail!("no topology to run: pass --topology FILE.toml (repeatable), or --cluster NAME to run what is uploaded to the cluster");
         }
+        // Credentials, certificates and addresses, checked once before any client retries.
+        crate::group::connection::check_brokers(&config.kafka, Duration::from_secs(60))
+            .await
+            .context("connecting to Kafka")?;
+        let board_metrics = BoardMetrics::new();
+        let metrics = Metrics::with(|registry| board_metrics.register(registry));
         // In a cluster, uploaded topologies come from its registry: read it all before starting.
         let registry = match &config.cluster {
             Some(cluster) => {
-                let (kafka, name, dir) = (
+                let (kafka, name, dir, secret, rejected) = (
                     config.kafka.clone(),
                     cluster.name.clone(),
                     config.state_dir.join("registry"),
+                    config.secret.clone(),
+                    metrics.registry_rejected.clone(),
                 );
                 let watcher = tokio::task::spawn_blocking(move || {
                     crate::registry::ensure_topic(&kafka, &name)?;
-                    Watcher::start(&kafka, &name, &dir)
+                    Watcher::start(&kafka, &name, &dir, secret, rejected)
                 })
                 .await?
                 .context("reading the cluster's registry of uploaded topologies")?;
@@ -127,17 +144,19 @@ impl Worker {
         // Loading runs guest code (`describe`), which may use WASI: never on an async thread,
         // where wasmtime-wasi's blocking calls would panic.
         let (runtime_config, manifests) = (config.runtime.clone(), config.manifests.clone());
+        let tenancy = config.tenancy.clone();
         let (runtime, (loaded, refused), uploaded_versions) =
             tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
                 let runtime = Runtime::new(&runtime_config)?;
                 let (mut loaded, mut refused) = load_topologies(&runtime, &manifests)?;
                 let mut versions = BTreeMap::new();
+                let tenancy = tenancy.with(&uploaded.tenants).unwrap_or(tenancy);
                 for (entry, path) in uploaded.entries.values() {
                     if loaded.iter().any(|(m, _, _)| m.name == entry.name) {
                         tracing::warn!(topology = %entry.name, "uploaded, and also given with --topology: running the manifest's");
                         continue;
                     }
-                    match load_uploaded(&runtime, entry, path) {
+                    match load_uploaded(&runtime, &tenancy, entry, path) {
                         Ok(l) => {
                             versions.insert(entry.name.clone(), entry.version);
                             loaded.push(l);
@@ -157,8 +176,6 @@ impl Worker {
             config.state_dir.clone(),
             crate::state::rocks::SharedMemory::new(config.state_block_cache, config.state_write_buffers),
         ));
-        let board_metrics = BoardMetrics::new();
-        let metrics = Metrics::with(|registry| board_metrics.register(registry));
         Ok(Worker {
             config,
             registry,
@@ -185,14 +202,16 @@ impl Worker {
             state: self.state.clone(),
             static_names: Arc::new(self.static_names.clone()),
             drain: self.config.cluster.as_ref().and_then(|c| c.drain.clone()),
+            state_limit: self.config.state_limit,
         }
     }
 
     /// Where this worker's admin endpoint listens (bound at `bound`): told to the group,
     /// unless an address to advertise was configured.
-    pub fn admin_bound(&mut self, bound: SocketAddr) {
+    pub fn admin_bound(&mut self, bound: SocketAddr, tls: bool) {
         if let Some(cluster) = self.config.cluster.as_mut().filter(|c| c.admin.is_empty()) {
-            cluster.admin = advertised(bound);
+            let address = advertised(bound);
+            cluster.admin = if tls { format!("https://{address}") } else { address };
         }
     }
 
@@ -287,6 +306,7 @@ impl Worker {
                         uploaded_versions,
                         static_names,
                         runtime.clone(),
+                        config.tenancy.clone(),
                         settings,
                         tx,
                     ));

@@ -74,6 +74,71 @@ async fn a_worker_started_with_a_broker_that_just_started_reads_what_is_waiting(
     Ok(())
 }
 
+/// Hundreds of tasks start at once against a broker started a second ago (its offsets topic
+/// not created yet, its coordinators loading): every one starts and processes — none sits
+/// in its start without a word — and every task logs that it started.
+#[tokio::test(flavor = "multi_thread")]
+async fn hundreds_of_tasks_start_against_a_broker_started_a_second_ago() -> anyhow::Result<()> {
+    let cluster = tokio::task::spawn_blocking(|| PrivateCluster::start(1)).await??;
+    let kafka = &cluster.kafka;
+    let dir = TempDir::new("many-starts");
+    let partitions = 256;
+    let (input, output) = (unique_name("many-in"), unique_name("many-out"));
+    kafka.create_topic(&input, partitions).await?;
+    kafka.create_topic(&output, partitions).await?;
+    let name = unique_name("many");
+    let m = dir.write(
+        "many.toml",
+        &manifest(
+            &name,
+            &guest("uppercase"),
+            &[("input", &input)],
+            &[("output", &output)],
+            "",
+        ),
+    );
+    let state = dir.path().join("state");
+    let mut worker = WorkerProcess::start(
+        kafka.bootstrap(),
+        dir.path(),
+        &[
+            "--topology",
+            m.to_str().unwrap(),
+            "--state-dir",
+            state.to_str().unwrap(),
+        ],
+    )?;
+    for p in 0..partitions {
+        kafka.produce_to(&input, p, &[("k", &format!("p{p}"))]).await?;
+    }
+    let got = match kafka
+        .consume(&output, partitions as usize, Duration::from_secs(240))
+        .await
+    {
+        Ok(got) => got,
+        Err(e) => panic!("{e:#}; the worker's log:\n{}", worker.log()),
+    };
+    let mut values: Vec<String> = got
+        .iter()
+        .map(|r| String::from_utf8(r.value.clone().unwrap()).unwrap())
+        .collect();
+    values.sort();
+    let mut expected: Vec<String> = (0..partitions).map(|p| format!("P{p}")).collect();
+    expected.sort();
+    assert_eq!(values, expected, "every one of {partitions} tasks processed its record");
+    let log = worker.log();
+    for p in 0..partitions {
+        let task = format!("task={name}/{p}");
+        assert!(
+            log.lines()
+                .any(|l| l.contains(": started ") && l.trim_end().ends_with(&task)),
+            "task {name}/{p} never logged that it started"
+        );
+    }
+    assert!(worker.terminate(Duration::from_secs(120))?.success(), "{log}");
+    Ok(())
+}
+
 fn lines(range: std::ops::Range<usize>) -> Vec<(Vec<u8>, Vec<u8>)> {
     range
         .map(|i| {

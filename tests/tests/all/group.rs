@@ -14,6 +14,8 @@ fn config(group: &str) -> MembershipConfig {
     MembershipConfig {
         kafka: sluice::kafka::KafkaSettings::new(kafka().bootstrap()),
         group: group.to_string(),
+        assignor: "sticky".into(),
+        secret: None,
         instance_id: None,
         session_timeout: Duration::from_secs(10),
         rebalance_timeout: Duration::from_secs(20),

@@ -16,6 +16,8 @@ mod registry;
 mod runtime;
 mod sandbox;
 mod sdk;
+mod secured;
+mod security;
 mod state;
 mod tenancy;
 mod worker;

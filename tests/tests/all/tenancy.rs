@@ -27,7 +27,8 @@ async fn tenants_see_and_touch_only_their_own_topologies_and_topics() -> anyhow:
     let config = dir.write(
         "sluice.toml",
         &format!(
-            "[admin]\ntokens = [\"{}\"]\n\n[tenants.alpha]\ntokens = [\"{}\"]\nnamespace = \"{a}\"\nmax-tasks = 2\n\n\
+            "registry.secret = \"the tenants test's cluster secret\"\n\
+             [admin]\ntokens = [\"{}\"]\n\n[tenants.alpha]\ntokens = [\"{}\"]\nnamespace = \"{a}\"\nmax-tasks = 2\n\n\
              [tenants.bravo]\ntokens = [\"{}\"]\nnamespace = \"{b}\"\n",
             hash("root-token"),
             hash("alpha-token"),
@@ -298,7 +299,8 @@ async fn the_configuration_file_sets_the_worker_and_its_tenants_limits() -> anyh
         "sluice.toml",
         &format!(
             "cluster.name = \"{cluster}\"\nsession.timeout.ms = 6000\nheartbeat.interval.ms = 200\n\
-             commit.interval.ms = 200\nstate.dir = \"state\"\n\n\
+             commit.interval.ms = 200\nstate.dir = \"state\"\n\
+             registry.secret = \"the configuration test's cluster secret\"\n\n\
              [admin]\nlistener = \"127.0.0.1:{port}\"\ntokens = [\"{}\"]\n\n\
              [tenants.gamma]\ntokens = [\"{}\"]\nnamespace = \"{ns}\"\n\
              max-records-per-second = 50\nmax-deploys-per-minute = 2\nmax-state = \"1MiB\"\n",

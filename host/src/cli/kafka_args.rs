@@ -1,0 +1,96 @@
+//! The Kafka client properties every command that talks to Kafka takes (`kafka.*` in the
+//! configuration file, `SLUICE_KAFKA_*` in the environment, `--kafka-*` flags): TLS and
+//! SASL, passed on to every client of the worker, or of the command.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use sluice::kafka::KafkaSettings;
+
+#[derive(Debug, Clone, Default, Args)]
+pub struct KafkaArgs {
+    /// How connections to Kafka are secured: PLAINTEXT (the default), SSL, SASL_PLAINTEXT
+    /// or SASL_SSL.
+    #[arg(long, value_name = "PROTOCOL", env = "SLUICE_KAFKA_SECURITY_PROTOCOL")]
+    pub kafka_security_protocol: Option<String>,
+    /// The SASL mechanism: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512.
+    #[arg(long, value_name = "MECHANISM", env = "SLUICE_KAFKA_SASL_MECHANISM")]
+    pub kafka_sasl_mechanism: Option<String>,
+    /// The SASL user name.
+    #[arg(long, value_name = "USER", env = "SLUICE_KAFKA_SASL_USERNAME")]
+    pub kafka_sasl_username: Option<String>,
+    /// The SASL password.
+    #[arg(
+        long,
+        value_name = "PASSWORD",
+        env = "SLUICE_KAFKA_SASL_PASSWORD",
+        hide_env_values = true
+    )]
+    pub kafka_sasl_password: Option<String>,
+    /// A file whose first line is the SASL password, instead of --kafka-sasl-password.
+    #[arg(long, value_name = "FILE", env = "SLUICE_KAFKA_SASL_PASSWORD_FILE")]
+    pub kafka_sasl_password_file: Option<PathBuf>,
+    /// The CA (PEM) the brokers' certificates are checked against.
+    #[arg(long, value_name = "FILE.pem", env = "SLUICE_KAFKA_SSL_CA_LOCATION")]
+    pub kafka_ssl_ca_location: Option<PathBuf>,
+    /// A client certificate chain (PEM), for brokers that ask for one; with --kafka-ssl-key-location.
+    #[arg(long, value_name = "FILE.pem", env = "SLUICE_KAFKA_SSL_CERTIFICATE_LOCATION")]
+    pub kafka_ssl_certificate_location: Option<PathBuf>,
+    /// The private key (PEM) of --kafka-ssl-certificate-location.
+    #[arg(long, value_name = "FILE.pem", env = "SLUICE_KAFKA_SSL_KEY_LOCATION")]
+    pub kafka_ssl_key_location: Option<PathBuf>,
+    /// The password of an encrypted client key (librdkafka's clients only; the group
+    /// connections take an unencrypted key).
+    #[arg(
+        long,
+        value_name = "PASSWORD",
+        env = "SLUICE_KAFKA_SSL_KEY_PASSWORD",
+        hide_env_values = true
+    )]
+    pub kafka_ssl_key_password: Option<String>,
+    /// `https` (the default: a broker's certificate must name its host) or `none`.
+    #[arg(
+        long,
+        value_name = "ALGORITHM",
+        env = "SLUICE_KAFKA_SSL_ENDPOINT_IDENTIFICATION_ALGORITHM"
+    )]
+    pub kafka_ssl_endpoint_identification_algorithm: Option<String>,
+}
+
+impl KafkaArgs {
+    /// The settings for the cluster at `bootstrap`, checked (an error names the property).
+    pub fn settings(&self, bootstrap: &str) -> anyhow::Result<KafkaSettings> {
+        let password = match (&self.kafka_sasl_password, &self.kafka_sasl_password_file) {
+            (Some(_), Some(_)) => anyhow::bail!("give kafka.sasl.password or kafka.sasl.password.file, not both"),
+            (Some(p), None) => Some(p.clone()),
+            (None, Some(file)) => Some(
+                std::fs::read_to_string(file)
+                    .map_err(|e| anyhow::anyhow!("kafka.sasl.password.file {}: {e}", file.display()))?
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .trim()
+                    .to_string(),
+            ),
+            (None, None) => None,
+        };
+        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
+        let properties = [
+            ("security.protocol", self.kafka_security_protocol.clone()),
+            ("sasl.mechanism", self.kafka_sasl_mechanism.clone()),
+            ("sasl.username", self.kafka_sasl_username.clone()),
+            ("sasl.password", password),
+            ("ssl.ca.location", path(&self.kafka_ssl_ca_location)),
+            ("ssl.certificate.location", path(&self.kafka_ssl_certificate_location)),
+            ("ssl.key.location", path(&self.kafka_ssl_key_location)),
+            ("ssl.key.password", self.kafka_ssl_key_password.clone()),
+            (
+                "ssl.endpoint.identification.algorithm",
+                self.kafka_ssl_endpoint_identification_algorithm.clone(),
+            ),
+        ];
+        KafkaSettings::new(bootstrap)
+            .with(properties.into_iter().filter_map(|(k, v)| v.map(|v| (k, v))))
+            .map_err(anyhow::Error::msg)
+    }
+}
