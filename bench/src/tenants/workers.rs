@@ -72,13 +72,14 @@ pub(super) fn produce_values(
     Ok(())
 }
 
-/// Sends `loop` records at `rate` per second, round robin over the partitions, until told to
+/// Sends records of `value` (`loop`, `busy:MS`) at `rate` per second, round robin over the partitions, until told to
 /// stop; returns how many.
 pub(super) fn feed(
     bootstrap: &str,
     topic: &str,
     partitions: i32,
     rate: u64,
+    value: &[u8],
     feeding: &AtomicBool,
 ) -> anyhow::Result<u64> {
     let producer: ThreadedProducer<DefaultProducerContext> = config(bootstrap).set("linger.ms", "5").create()?;
@@ -89,7 +90,7 @@ pub(super) fn feed(
         while sent < due {
             let partition = (sent % partitions as u64) as i32;
             producer
-                .send(BaseRecord::to(topic).partition(partition).key("a").payload("loop"))
+                .send(BaseRecord::to(topic).partition(partition).key("a").payload(value))
                 .map_err(|(e, _)| e)?;
             sent += 1;
         }

@@ -17,6 +17,11 @@
 //! | `stdout-flood`     | prints 100,000 lines, then passes the record                  |
 //! | `undeclared-store` | opens a store it did not declare (ignoring the error)         |
 //! | `undeclared-sink`  | emits to a sink it did not declare (ignoring the error)       |
+//! | `spin:MS`          | spins MS milliseconds of host time (just under a deadline)    |
+//! | `busy:MS`          | spins until MS milliseconds after the call began (every call  |
+//! |                    | of a batch of these takes MS, however many records it holds)  |
+//! | `big-value:N`      | puts 900 KiB of zeros under key N (a changelog record fits)   |
+//! | `scan-all`         | scans the whole store with `next-page(10000)`                 |
 //!
 //! `init` traps when the topology's deployed name contains `init-trap`.
 
@@ -62,6 +67,7 @@ impl Guest for Hostile {
     }
 
     fn process(batch: Vec<u8>) -> Result<Vec<u8>, GuestError> {
+        let began = host::now_ms();
         let mut out = Writer::new();
         let inputs = wire::inputs(&batch).map_err(|e| GuestError {
             record_index: None,
@@ -154,7 +160,47 @@ impl Guest for Hostile {
                         },
                     );
                 }
-                _ => {}
+                b"scan-all" => {
+                    let store = Store::open("state").map_err(|_| GuestError {
+                        record_index: None,
+                        message: "cannot open the store".into(),
+                    })?;
+                    if let Ok(scan) = store.range(None, None) {
+                        while let Ok(page) = scan.next_page(10_000) {
+                            if page.is_empty() {
+                                break;
+                            }
+                            black_box(page.len());
+                        }
+                    }
+                }
+                other => {
+                    if let Some(ms) = other
+                        .strip_prefix(b"spin:")
+                        .and_then(|n| std::str::from_utf8(n).ok()?.parse::<i64>().ok())
+                    {
+                        let until = host::now_ms() + ms;
+                        while host::now_ms() < until {
+                            black_box(0u64);
+                        }
+                    } else if let Some(ms) = other
+                        .strip_prefix(b"busy:")
+                        .and_then(|n| std::str::from_utf8(n).ok()?.parse::<i64>().ok())
+                    {
+                        while host::now_ms() < began + ms {
+                            black_box(0u64);
+                        }
+                    } else if let Some(n) = other.strip_prefix(b"big-value:") {
+                        let store = Store::open("state").map_err(|_| GuestError {
+                            record_index: None,
+                            message: "cannot open the store".into(),
+                        })?;
+                        store.put(n, &vec![0u8; 900 << 10]).map_err(|_| GuestError {
+                            record_index: None,
+                            message: "put failed".into(),
+                        })?;
+                    }
+                }
             }
             out.push_emitted(0, input.key, input.value, wire::INHERIT_TIMESTAMP, std::iter::empty());
         }
