@@ -112,11 +112,13 @@ fn task_errors(port: u16) -> anyhow::Result<BTreeMap<(String, String), u64>> {
     Ok(out)
 }
 
-/// The neighbour's throughput on a worker of its own.
+/// The neighbour's throughput on a worker of its own, configured as the one beside the
+/// attacks (with `--metrics`, whose admin server costs the worker by itself).
 async fn neighbour_alone(kafka: &Kafka, dir: &TempDir, common: &[&str]) -> anyhow::Result<f64> {
     let (name, input, path) = neighbour(kafka, dir).await?;
     let mut args: Vec<String> = common.iter().map(|s| s.to_string()).collect();
     args.extend(["--topology".into(), path.to_str().unwrap().into()]);
+    args.extend(["--metrics".into(), format!("127.0.0.1:{}", free_port())]);
     let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut alone = WorkerProcess::start(kafka.bootstrap(), dir.path(), &arg_refs)?;
     let rate = throughput(kafka, &format!("sluice-{name}"), &input, &alone).await?;
