@@ -46,10 +46,22 @@ impl PrivateCluster {
 
     /// Stops one node cleanly (SIGTERM), keeps it down for `down_secs`, starts it again
     /// with its data and waits until it is back.
+    /// Stops node `node`, keeps it down `down_secs`, starts it again and waits until it is
+    /// back: up to 240 s, as a node of three JVMs beside three workers on two cores took
+    /// more than dev/kafka's default 90 s to rejoin in two of four full test runs (its log
+    /// silent after loading its partitions; dev/kafka then prints its thread dump).
     pub fn restart(&self, node: u32, down_secs: f64) -> Result<()> {
         dev_kafka(
             &self.dir,
-            &["restart", "--node", &node.to_string(), "--down", &down_secs.to_string()],
+            &[
+                "restart",
+                "--node",
+                &node.to_string(),
+                "--down",
+                &down_secs.to_string(),
+                "--timeout",
+                "240",
+            ],
         )
         .map(drop)
     }
