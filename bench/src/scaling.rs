@@ -1,16 +1,19 @@
 //! Scaling: a stateful topology under steady input while the cluster grows from one worker
-//! to two and three and shrinks back to one, under three policies — `eager` (stop the
-//! world), `sticky` without learners (a task moves at once and restores on its new worker)
-//! and `learners` (it moves once a learner there caught up). Pauses are measured from
-//! outside: for each input partition, the gaps between consecutive outputs as the bench's
-//! own consumer sees them.
+//! to two and three and shrinks back to two and one (each worker stopped with a plain
+//! SIGTERM, as Kubernetes stops a pod), under these policies — `eager` (stop the world),
+//! `sticky` without learners (a task moves at once and restores on its new worker),
+//! `learners` (it moves once a learner there caught up; a stopped worker drains through
+//! them) and `no-drain` (learners for scaling up, but a stopped worker hands its tasks over
+//! at once). Pauses are measured from outside: for each input partition, the gaps between
+//! consecutive outputs as the bench's own consumer sees them. `--trace` prints, for the
+//! longest pause of each run, what every worker logged of the handover in one timeline.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context as _};
 use clap::Args;
@@ -43,6 +46,13 @@ pub struct ScalingArgs {
     /// How long each step holds after the cluster settled.
     #[arg(long, default_value_t = 3)]
     hold_secs: u64,
+    /// Runs of each policy (the figures are their median, and the worst run).
+    #[arg(long, default_value_t = 1)]
+    runs: usize,
+    /// Print the timeline of the longest pause of each run: the outputs around it and what
+    /// every worker logged of the handover (their `handover` log target at debug).
+    #[arg(long)]
+    trace: bool,
     /// Keep the workers' logs and state (their directory is printed).
     #[arg(long)]
     keep: bool,
@@ -114,13 +124,15 @@ fn until_balanced(workers: &mut [Worker], tasks: usize, timeout: Duration) -> an
 /// What the output consumer saw: arrival times per input partition, outputs per word.
 #[derive(Default)]
 struct Seen {
-    arrivals: HashMap<i32, Vec<Instant>>,
+    arrivals: HashMap<i32, Vec<SystemTime>>,
     outputs: HashMap<String, u32>,
 }
 
 /// One policy's figures.
 struct Figures {
     policy: String,
+    /// The moved tasks' largest pause in each run (one run's figures have one).
+    runs: Vec<f64>,
     moved_max: f64,
     moved_p99: f64,
     unmoved_max: f64,
@@ -130,6 +142,21 @@ struct Figures {
     duplicated: usize,
 }
 
+impl Figures {
+    /// The run with the median largest pause of the moved tasks, with every run's pause.
+    fn median(mut runs: Vec<Figures>) -> Figures {
+        let pauses: Vec<f64> = runs.iter().map(|f| f.moved_max).collect();
+        runs.sort_by(|a, b| a.moved_max.total_cmp(&b.moved_max));
+        let lost = runs.iter().map(|f| f.lost).sum();
+        let duplicated = runs.iter().map(|f| f.duplicated).sum();
+        let mut median = runs.swap_remove(runs.len() / 2);
+        median.runs = pauses;
+        median.lost = lost;
+        median.duplicated = duplicated;
+        median
+    }
+}
+
 pub async fn run(args: ScalingArgs) -> anyhow::Result<()> {
     println!(
         "scaling benchmark: word count, {} keys of state over {} partitions, {} records/s, 1 -> 2 -> 3 -> 1 workers, Kafka at {}",
@@ -137,9 +164,14 @@ pub async fn run(args: ScalingArgs) -> anyhow::Result<()> {
     );
     let mut all = Vec::new();
     for policy in &args.policies {
-        let figures = one_policy(&args, policy)
-            .await
-            .with_context(|| format!("policy {policy}"))?;
+        let mut runs = Vec::new();
+        for run in 0..args.runs.max(1) {
+            let figures = one_policy(&args, policy)
+                .await
+                .with_context(|| format!("policy {policy}, run {}", run + 1))?;
+            runs.push(figures);
+        }
+        let figures = Figures::median(runs);
         println!(
             "  {policy:<9} moved tasks: largest pause {:.2} s, p99 {:.2} s; unmoved: largest {:.2} s; \
              to balanced after a start: {}; {} rebalances; {} lost, {} duplicated",
@@ -156,6 +188,19 @@ pub async fn run(args: ScalingArgs) -> anyhow::Result<()> {
             figures.lost,
             figures.duplicated
         );
+        if figures.runs.len() > 1 {
+            println!(
+                "  {policy:<9} moved tasks' largest pause per run: {} (median {:.2} s, worst {:.2} s)",
+                figures
+                    .runs
+                    .iter()
+                    .map(|s| format!("{s:.2} s"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                figures.moved_max,
+                figures.runs.iter().copied().fold(0.0, f64::max)
+            );
+        }
         all.push(figures);
     }
     println!();
@@ -195,7 +240,8 @@ async fn one_policy(args: &ScalingArgs, policy: &str) -> anyhow::Result<Figures>
         "eager" => &["--assignor", "eager", "--max-learner-tasks", "0"],
         "sticky" => &["--max-learner-tasks", "0"],
         "learners" => &["--drain-on-stop"],
-        other => bail!("unknown policy {other:?} (eager, sticky, learners)"),
+        "no-drain" => &[],
+        other => bail!("unknown policy {other:?} (eager, sticky, learners, no-drain)"),
     };
     let id = uuid::Uuid::new_v4().simple().to_string();
     let (input, output, name) = (
@@ -249,6 +295,7 @@ async fn one_policy(args: &ScalingArgs, policy: &str) -> anyhow::Result<Figures>
         ),
     )?;
     let cluster = format!("scale-{id}");
+    let trace = args.trace;
     let start = |n: usize| -> anyhow::Result<Worker> {
         let log = dir.join(format!("worker-{n}.log"));
         let child = Command::new(crate::sluice_binary()?)
@@ -259,6 +306,16 @@ async fn one_policy(args: &ScalingArgs, policy: &str) -> anyhow::Result<Figures>
             .arg(dir.join(format!("state-{n}")))
             .args(["--threads", "1", "--capacity", "1", "--session-timeout", "10s"])
             .args(policy_args)
+            .env(
+                "SLUICE_LOG",
+                std::env::var("SCALING_WORKER_LOG").unwrap_or_else(|_| {
+                    if trace {
+                        "info,handover=debug".into()
+                    } else {
+                        "info".into()
+                    }
+                }),
+            )
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)
             .spawn()?;
@@ -286,7 +343,7 @@ async fn one_policy(args: &ScalingArgs, policy: &str) -> anyhow::Result<Figures>
                 let Some(Ok(m)) = consumer.poll(Duration::from_millis(20)) else {
                     continue;
                 };
-                let now = Instant::now();
+                let now = SystemTime::now();
                 let Some(word) = m.key().and_then(|k| std::str::from_utf8(k).ok()) else {
                     continue;
                 };
@@ -341,28 +398,29 @@ async fn one_policy(args: &ScalingArgs, policy: &str) -> anyhow::Result<Figures>
         std::thread::sleep(Duration::from_millis(50));
     }
     std::thread::sleep(Duration::from_secs(2));
-    let window_start = Instant::now();
+    let window_start = SystemTime::now();
+    let since = |at: SystemTime| at.duration_since(window_start).unwrap_or_default().as_secs_f64();
     let hold = Duration::from_secs(args.hold_secs);
 
     // 1 -> 2 -> 3.
     let mut to_balanced = Vec::new();
     let mut steps = Vec::new();
     for n in 1..3 {
-        steps.push((format!("start worker {n}"), window_start.elapsed().as_secs_f64()));
+        steps.push((format!("start worker {n}"), since(SystemTime::now())));
         workers.push(start(n)?);
         let at = until_balanced(&mut workers, p as usize, Duration::from_secs(300))?;
         to_balanced.push(at.duration_since(workers[n].started).as_secs_f64());
         std::thread::sleep(hold);
     }
-    // 3 -> 1: the two newer workers are told to stop (with learners, they drain).
-    steps.push(("stop workers 1 and 2".to_string(), window_start.elapsed().as_secs_f64()));
-    for w in &workers[1..] {
+    // 3 -> 2 -> 1: the newest worker is stopped with SIGTERM, then the next one (under
+    // `learners` they drain; under the others they hand their tasks over at once).
+    let mut stopped = Vec::new();
+    for n in (1..3).rev() {
+        steps.push((format!("stop worker {n}"), since(SystemTime::now())));
+        let mut w = workers.remove(n);
         Command::new("kill")
             .args(["-TERM", &w.child.id().to_string()])
             .status()?;
-    }
-    let leaving: Vec<Worker> = workers.drain(1..).collect();
-    for mut w in leaving {
         let deadline = Instant::now() + Duration::from_secs(300);
         while w.child.try_wait()?.is_none() {
             if Instant::now() > deadline {
@@ -370,13 +428,14 @@ async fn one_policy(args: &ScalingArgs, policy: &str) -> anyhow::Result<Figures>
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        workers.push(w);
+        stopped.push(w);
+        until_balanced(&mut workers, p as usize, Duration::from_secs(300))?;
+        std::thread::sleep(hold);
     }
-    let mut last = vec![workers.remove(0)];
-    until_balanced(&mut last, p as usize, Duration::from_secs(300))?;
-    std::thread::sleep(hold);
+    let mut last = workers;
+    let workers = stopped;
     sending.store(false, Ordering::Relaxed);
-    let window_end = Instant::now();
+    let window_end = SystemTime::now();
     let sent = writer
         .join()
         .map_err(|_| anyhow::anyhow!("the input writer panicked"))??;
@@ -395,6 +454,8 @@ async fn one_policy(args: &ScalingArgs, policy: &str) -> anyhow::Result<Figures>
     // Which tasks moved: started on more than one worker (or more than once).
     let mut logs: Vec<String> = workers.iter().map(Worker::log).collect();
     logs.push(last[0].log());
+    // Worker numbers in start order: the stopped ones were 2 then 1; the last one is 0.
+    let log_names = ["worker 2", "worker 1", "worker 0"];
     let mut starts: BTreeMap<i32, usize> = BTreeMap::new();
     for log in &logs {
         for line in log
@@ -418,18 +479,26 @@ async fn one_policy(args: &ScalingArgs, policy: &str) -> anyhow::Result<Figures>
     let mut moved_gaps = Vec::new();
     let mut details = Vec::new();
     let (mut moved_max, mut unmoved_max) = (0f64, 0f64);
+    // The longest pause: (seconds, partition, last output before it, first after it).
+    let mut longest = (0f64, 0i32, window_start, window_start);
     for partition in 0..p {
         let times = seen.arrivals.get(&partition).map(Vec::as_slice).unwrap_or(&[]);
-        let inside: Vec<Instant> = times
+        let inside: Vec<SystemTime> = times
             .iter()
             .copied()
             .filter(|t| *t >= window_start && *t <= window_end)
             .collect();
-        let gaps: Vec<f64> = inside.windows(2).map(|w| (w[1] - w[0]).as_secs_f64()).collect();
+        let gaps: Vec<f64> = inside
+            .windows(2)
+            .map(|w| w[1].duration_since(w[0]).unwrap_or_default().as_secs_f64())
+            .collect();
         let largest = gaps.iter().copied().fold(0.0, f64::max);
         if let Some(i) = gaps.iter().position(|&g| g == largest) {
-            let at = (inside[i] - window_start).as_secs_f64();
+            let at = since(inside[i]);
             details.push(format!("p{partition} {largest:.2} s at +{at:.1} s"));
+            if largest > longest.0 {
+                longest = (largest, partition, inside[i], inside[i + 1]);
+            }
         }
         if starts.get(&partition).copied().unwrap_or(0) > 1 {
             moved_max = moved_max.max(largest);
@@ -447,6 +516,9 @@ async fn one_policy(args: &ScalingArgs, policy: &str) -> anyhow::Result<Figures>
             .join(", "),
         details.join(", ")
     );
+    if args.trace && longest.0 > 0.0 {
+        print_timeline(&name, longest, &logs, &log_names);
+    }
     moved_gaps.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let moved_p99 = moved_gaps
         .get((moved_gaps.len() as f64 * 0.99) as usize)
@@ -468,6 +540,7 @@ async fn one_policy(args: &ScalingArgs, policy: &str) -> anyhow::Result<Figures>
     }
     Ok(Figures {
         policy: policy.to_string(),
+        runs: vec![moved_max],
         moved_max,
         moved_p99,
         unmoved_max,
@@ -476,4 +549,64 @@ async fn one_policy(args: &ScalingArgs, policy: &str) -> anyhow::Result<Figures>
         lost,
         duplicated,
     })
+}
+
+/// Prints one pause as a timeline: the output consumer's last record of the partition
+/// before it and first after it, and between them every line the workers logged of the
+/// handover (the task's own lines and the group's), in milliseconds from the last output.
+fn print_timeline(topology: &str, pause: (f64, i32, SystemTime, SystemTime), logs: &[String], names: &[&str]) {
+    let (seconds, partition, last, first) = pause;
+    let task = format!("task={topology}/{partition}");
+    let mut lines: Vec<(f64, String)> = Vec::new();
+    let from = last - Duration::from_millis(400);
+    for (log, name) in logs.iter().zip(names) {
+        for line in log.lines() {
+            let Some((stamp, rest)) = line.split_once(' ') else {
+                continue;
+            };
+            let Ok(at) = humantime::parse_rfc3339(stamp) else {
+                continue;
+            };
+            if at < from || at > first + Duration::from_millis(20) {
+                continue;
+            }
+            let group = [
+                " JoinGroup ",
+                " SyncGroup ",
+                " assignment ",
+                "revoked tasks",
+                "backing off",
+                "rebalances",
+                "caught up",
+                "join prepared",
+                "leaving the group",
+                "drain",
+            ]
+            .iter()
+            .any(|w| rest.contains(w));
+            if !(rest.contains(&task) || group) {
+                continue;
+            }
+            let ms = match at.duration_since(last) {
+                Ok(d) => d.as_secs_f64() * 1e3,
+                Err(e) => -e.duration().as_secs_f64() * 1e3,
+            };
+            let rest = rest.trim_start();
+            let rest = rest.split_once(": ").map_or(rest, |(_, r)| r);
+            lines.push((ms, format!("{name}: {}", rest.replace(&task, "").trim())));
+        }
+    }
+    lines.push((
+        0.0,
+        "output consumer: last record of the partition before the pause".to_string(),
+    ));
+    lines.push((
+        seconds * 1e3,
+        "output consumer: first record of the partition after the pause".to_string(),
+    ));
+    lines.sort_by(|a, b| a.0.total_cmp(&b.0));
+    println!("  timeline of the longest pause: {topology}/{partition}, {seconds:.2} s");
+    for (ms, what) in lines {
+        println!("    {ms:>+8.1} ms  {what}");
+    }
 }

@@ -341,13 +341,26 @@ pub fn dump_counts(
 }
 
 /// Worker `n` of `cluster`, running `topology` (a manifest; none: what is uploaded), with
-/// state under `dir/state-{n}`, fast heartbeats and commits, and `extra` arguments.
+/// state under `dir/state-{n}`, fast heartbeats and commits, and `extra` arguments. SIGTERM
+/// stops it at once (`--no-drain-on-stop`), as the tests of handing tasks over expect;
+/// [`draining_cluster_worker`] keeps the default, a drain.
 pub fn cluster_worker(
     dir: &TempDir,
     topology: Option<&Path>,
     cluster: &str,
     n: usize,
     extra: &[&str],
+) -> Result<WorkerProcess> {
+    cluster_worker_with(dir, topology, cluster, n, extra, false)
+}
+
+fn cluster_worker_with(
+    dir: &TempDir,
+    topology: Option<&Path>,
+    cluster: &str,
+    n: usize,
+    extra: &[&str],
+    default_stop: bool,
 ) -> Result<WorkerProcess> {
     let state = dir.path().join(format!("state-{n}"));
     let mut args = vec![];
@@ -366,6 +379,21 @@ pub fn cluster_worker(
         "--commit-interval",
         "200ms",
     ]);
+    if !default_stop && !extra.contains(&"--drain-on-stop") {
+        args.push("--no-drain-on-stop");
+    }
     args.extend_from_slice(extra);
     WorkerProcess::start(crate::kafka().bootstrap(), dir.path(), &args)
+}
+
+/// A cluster worker as [`cluster_worker`], but with no stop flag: what SIGTERM does by
+/// default (it drains).
+pub fn draining_cluster_worker(
+    dir: &TempDir,
+    topology: Option<&Path>,
+    cluster: &str,
+    n: usize,
+    extra: &[&str],
+) -> Result<WorkerProcess> {
+    cluster_worker_with(dir, topology, cluster, n, extra, true)
 }

@@ -97,7 +97,7 @@ pub const SETTINGS: &[Setting] = &[
     s("heartbeat.interval.ms", "heartbeat_interval", Kind::Millis),
     s("task.assignor", "assignor", Kind::Value),
     s("release.failed.tasks", "release_failed_tasks", Kind::Flag),
-    s("drain.on.stop", "drain_on_stop", Kind::Flag),
+    s("drain.on.stop", "no_drain_on_stop", Kind::NotFlag),
     s("scale.down.timeout.ms", "scale_down_timeout", Kind::Millis),
     s("state.dir", "state_dir", Kind::Path),
     s("state.block.cache.bytes", "state_cache", Kind::Bytes),

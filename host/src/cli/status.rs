@@ -58,6 +58,15 @@ struct Status {
     tasks: Vec<Task>,
     /// Topologies the workers disagree on (different components, bindings or partitions).
     problems: Vec<String>,
+    /// The last handovers each reachable worker saw, newest first.
+    handovers: Vec<Handover>,
+}
+
+#[derive(Debug, Serialize)]
+struct Handover {
+    worker: String,
+    #[serde(flatten)]
+    handover: sluice::worker::board::HandoverStatus,
 }
 
 #[derive(Debug, Serialize)]
@@ -224,6 +233,7 @@ async fn gather(
         workers: vec![],
         tasks: vec![],
         problems: vec![],
+        handovers: vec![],
     };
     let mut metas = BTreeMap::new();
     let decoded: Vec<(String, String, MemberMetadata, Assignment)> = info
@@ -305,6 +315,12 @@ async fn gather(
                 });
             }
         }
+        for h in live.iter().flat_map(|l| &l.handovers) {
+            status.handovers.push(Handover {
+                worker: owner.clone(),
+                handover: h.clone(),
+            });
+        }
         status.workers.push(Worker {
             member: owner,
             worker_id: uuid::Uuid::from_bytes(meta.worker_id).to_string(),
@@ -327,6 +343,9 @@ async fn gather(
         .problems
         .extend(sluice::group::placement::plan(&metas, &[]).problems);
     status.tasks.sort_by(|a, b| (&a.task, a.role).cmp(&(&b.task, b.role)));
+    status
+        .handovers
+        .sort_by(|a, b| a.handover.ago_seconds.total_cmp(&b.handover.ago_seconds));
     Ok(status)
 }
 
@@ -420,6 +439,29 @@ fn print_text(s: &Status) {
             "{:<40} {:<8} {:<10} {:<50} {:>9} {:>11}  {progress}",
             t.task, t.role, phase, t.owner, lag, unavailable
         );
+    }
+    if !s.handovers.is_empty() {
+        println!();
+        println!(
+            "{:<40} {:<4} {:<50} {:>8} {:>10} {:>8} {:>9} {:>8} {:>8}",
+            "HANDOVER", "", "WORKER", "REVOKE", "REBALANCE", "START", "FIRST OUT", "TOTAL", "AGO"
+        );
+        let secs = |s: Option<f64>| s.map_or("-".to_string(), |s| format!("{s:.3}s"));
+        for h in &s.handovers {
+            let m = &h.handover;
+            println!(
+                "{:<40} {:<4} {:<50} {:>8} {:>10} {:>8} {:>9} {:>8} {:>8}",
+                m.task,
+                m.direction,
+                h.worker,
+                secs(m.revoke_seconds),
+                secs(m.rebalance_seconds),
+                secs(m.start_seconds),
+                secs(m.first_output_seconds),
+                secs(m.total_seconds),
+                format!("{:.0}s", m.ago_seconds)
+            );
+        }
     }
     let failed: Vec<&Task> = s.tasks.iter().filter(|t| t.error.is_some()).collect();
     if !failed.is_empty() {

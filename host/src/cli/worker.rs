@@ -171,15 +171,21 @@ pub struct WorkerSettings {
     /// caught up, `all` once all of them have.
     #[arg(long, value_enum, default_value = "each")]
     learner_rejoin: LearnerRejoin,
-    /// In a cluster, SIGTERM (or SIGINT) drains instead of stopping at once: the worker asks
-    /// the others to take its tasks (stateful ones once their learners caught up), and exits
-    /// 0 when it owns nothing. A second signal stops it at once. SIGUSR1 always drains.
+    /// In a cluster, SIGTERM (or SIGINT) stops the worker at once, handing its tasks over
+    /// without learners (their new owners restore before processing). By default it drains
+    /// instead: the worker asks the others to take its tasks (stateful ones once their
+    /// learners caught up) and exits 0 when it owns nothing, or after --scale-down-timeout;
+    /// a second signal stops it at once. SIGUSR1 always drains.
     #[arg(long)]
+    no_drain_on_stop: bool,
+    /// What drains by default now (kept so that scripts that ask for it still start).
+    #[arg(long, hide = true, conflicts_with = "no_drain_on_stop")]
     drain_on_stop: bool,
     /// A draining worker that still owns tasks after this long stops them and leaves
-    /// anyway (default: no limit).
-    #[arg(long, value_parser = humantime::parse_duration)]
-    scale_down_timeout: Option<Duration>,
+    /// anyway (`0s`: no limit). Keep it below the time a supervisor waits between SIGTERM
+    /// and SIGKILL (Kubernetes: `terminationGracePeriodSeconds`, 30 s by default).
+    #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+    scale_down_timeout: Duration,
     /// The group metadata version to speak (tests of rolling upgrades).
     #[arg(long, hide = true, default_value_t = sluice::group::metadata::CURRENT_VERSION)]
     metadata_version: u16,
@@ -246,7 +252,7 @@ pub async fn run(args: WorkerArgs, layered: super::config::Layered) -> anyhow::R
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(Stop::Run);
     let stop_tx = std::sync::Arc::new(stop_tx);
     let in_cluster = settings.cluster.is_some();
-    let drain_on_stop = settings.drain_on_stop;
+    let drain_on_stop = !settings.no_drain_on_stop;
     let (config, admin) = settings.into_config(&layered, Some(stop_tx.clone()))?;
     if let Some(file) = &layered.file {
         tracing::info!(
@@ -364,7 +370,7 @@ impl WorkerSettings {
             },
             learner_rejoin: args.learner_rejoin,
             drain,
-            scale_down_timeout: args.scale_down_timeout,
+            scale_down_timeout: Some(args.scale_down_timeout).filter(|t| !t.is_zero()),
             admin: advertise.unwrap_or_default(),
             secret: secret.clone(),
         });

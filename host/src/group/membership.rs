@@ -246,6 +246,7 @@ impl Membership {
                     .with_name(protocol.clone())
                     .with_metadata(encoded.clone())]);
             let join_sent = Instant::now();
+            tracing::debug!(target: "handover", generation = self.generation, "JoinGroup sent");
             let response = match self.coordinator().await?.send(&request, JOIN_GROUP_VERSION).await {
                 Ok(r) => r,
                 Err(e) => {
@@ -297,6 +298,11 @@ impl Membership {
             self.member_id = response.member_id.to_string();
             self.generation = response.generation_id;
             let leader = response.leader == response.member_id;
+            tracing::debug!(
+                target: "handover", generation = self.generation, leader,
+                ms = join_sent.elapsed().as_millis() as u64, "JoinGroup answered"
+            );
+            let sync_sent = Instant::now();
             let assignments = if leader {
                 let mut members = BTreeMap::new();
                 let mut unreadable = Vec::new();
@@ -377,6 +383,10 @@ impl Membership {
                 code::FENCED_INSTANCE_ID => return Err(self.fenced()),
                 other => return Err(self.refused("SyncGroup", other)),
             }
+            tracing::debug!(
+                target: "handover", generation = self.generation,
+                ms = sync_sent.elapsed().as_millis() as u64, "SyncGroup answered"
+            );
             let assignment = Assignment::decode_signed(
                 &response.assignment,
                 self.config.secret.as_ref(),

@@ -277,6 +277,11 @@ impl Task {
         }
         self.instance.end_call(true);
         let n = records.len() as u64;
+        if self.summary.records_out == 0 && n > 0 {
+            tracing::debug!(target: "handover", task = %self.id, records = n, "first records produced");
+            let task = crate::group::TaskId::new(&self.ctx.topology.name, self.ctx.partition as u32);
+            self.ctx.progress.first_output(&task);
+        }
         self.summary.records_out += n;
         self.counters.records_out.inc_by(n);
         Ok(())

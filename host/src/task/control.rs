@@ -105,6 +105,9 @@ pub struct TaskControl {
     start: std::sync::Mutex<Option<StartStep>>,
     /// Why its start was given up (the watch found a step past its deadline).
     abandoned: std::sync::Mutex<Option<String>>,
+    /// Raised with every request, for the stream thread running the task: it stops
+    /// waiting for records and gives its tasks their turns at once.
+    waker: std::sync::OnceLock<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// A step of a task's start, with its deadline (without progress).
@@ -165,10 +168,26 @@ impl TaskControl {
     /// Asks for a clean stop (an abort already asked for stays an abort).
     pub fn stop(&self) {
         let _ = self.request.compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire);
+        self.wake();
     }
 
     pub fn abort(&self) {
         self.request.store(2, Ordering::Release);
+        self.wake();
+    }
+
+    /// `flag` is raised with every request from now on (and at once if one was made).
+    pub fn wake_with(&self, flag: std::sync::Arc<std::sync::atomic::AtomicBool>) {
+        let flag = self.waker.get_or_init(|| flag);
+        if self.stopping() {
+            flag.store(true, Ordering::Release);
+        }
+    }
+
+    fn wake(&self) {
+        if let Some(flag) = self.waker.get() {
+            flag.store(true, Ordering::Release);
+        }
     }
 
     /// Whether the task should stop doing what it does (restoring, waiting).

@@ -146,6 +146,8 @@ pub trait TaskProgress: Send + Sync {
     fn restoring(&self, task: &TaskId, restored: u64, total: u64, rate: f64);
     /// The task has started processing.
     fn processing(&self, task: &TaskId);
+    /// The task produced its first records (since it started here).
+    fn first_output(&self, _task: &TaskId) {}
 }
 
 /// What a task did before it stopped.
@@ -255,6 +257,12 @@ impl Task {
 
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// `flag` is raised when the task is asked to stop or abort (its stream thread then
+    /// stops waiting for records and gives it its turn).
+    pub fn wake_with(&self, flag: std::sync::Arc<std::sync::atomic::AtomicBool>) {
+        self.ctx.control.wake_with(flag);
     }
 
     /// Whether the batch has room for no more records.
@@ -372,15 +380,23 @@ impl Task {
     /// Asked to stop: records fed but not processed are left for the next owner; commit,
     /// then let the guest close and commit what closing emitted or wrote.
     fn finish(&mut self, env: &mut KafkaEnv) -> Result<TaskSummary, TaskError> {
+        let began = Instant::now();
         self.clear_batch();
         if self.commit(env)? != Commit::Done {
             return Ok(self.abort("it could not make its final commit (lease expired or fenced)"));
         }
+        let first_commit = began.elapsed();
         let output = self.call("close", |i| i.close())?;
         self.produce(&output, now_ms(), "close")?;
+        let closed = began.elapsed();
         if self.commit(env)? != Commit::Done {
             return Ok(self.abort("it could not make its final commit (lease expired or fenced)"));
         }
+        tracing::debug!(
+            target: "handover", task = %self.id, commit_ms = first_commit.as_millis() as u64,
+            close_ms = (closed - first_commit).as_millis() as u64,
+            last_commit_ms = (began.elapsed() - closed).as_millis() as u64, "final commits"
+        );
         tracing::info!(task = %self.id, records_in = self.summary.records_in, records_out = self.summary.records_out, "stopped");
         Ok(self.summary)
     }

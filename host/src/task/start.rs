@@ -134,6 +134,7 @@ impl Task {
         // the changelogs read below hold only committed data.
         ctx.control
             .enter("fencing the previous owner (its transactional producer)", STEP_DEADLINE);
+        let began = Instant::now();
         let output = match ctx.settings.guarantee {
             Guarantee::AtLeastOnce => TaskOutput::shared(ctx.producer.clone()),
             Guarantee::ExactlyOnce => {
@@ -172,6 +173,7 @@ impl Task {
                 Opened::Stopped => return Ok(None),
             }
         };
+        let opened_at = began.elapsed();
         ctx.control
             .enter("instantiating the guest and calling init", STEP_DEADLINE);
         let at = "start-up (instantiate and init)".to_string();
@@ -185,6 +187,7 @@ impl Task {
             .instantiate(&id, topology.loaded.description().sinks.clone(), stores)
             .map_err(fail)?;
         instance.init(&info).map_err(fail)?;
+        let instantiated_at = began.elapsed();
         let sources = &topology.binding.source_topics;
         ctx.control.enter("looking up its committed offsets", STEP_DEADLINE);
         let Some(committed) = source::committed(env, &topology.group, sources, ctx.partition, &id, &stopping) else {
@@ -224,6 +227,11 @@ impl Task {
             calls: ctx.metrics.guest_calls.get_or_create(&labels).clone(),
             call_seconds: ctx.metrics.guest_call_seconds.get_or_create(&labels).clone(),
         };
+        tracing::debug!(
+            target: "handover", task = %id, open_ms = opened_at.as_millis() as u64,
+            instantiate_ms = (instantiated_at - opened_at).as_millis() as u64,
+            offsets_ms = (began.elapsed() - instantiated_at).as_millis() as u64, "start steps"
+        );
         tracing::info!(committed = ?committed, guarantee = ?ctx.settings.guarantee, task = %id, "started");
         let rate = topology.records_per_second.map(|r| rate::Rate::new(r, Instant::now()));
         Ok(Some(Task {

@@ -91,8 +91,14 @@ pub fn open_store(
     changelog: &Changelog,
     partition: i32,
 ) -> Result<OpenedStore, String> {
+    let began = std::time::Instant::now();
     let mut reader = ChangelogReader::new(kafka, &changelog.topic, partition)?;
+    let read_bounds = began.elapsed();
     let (db, from) = prepare_store(env, task, dir, changelog, partition, reader.bounds())?;
+    tracing::debug!(
+        target: "handover", task, store = %changelog.store, bounds_ms = read_bounds.as_millis() as u64,
+        open_ms = (began.elapsed() - read_bounds).as_millis() as u64, "store opened"
+    );
     reader.seek(from)?;
     Ok(OpenedStore { db, reader })
 }
@@ -243,6 +249,11 @@ impl TaskState {
                 seconds = %format!("{:.2}", progress.elapsed.as_secs_f64()),
                 "restored {} records", progress.restored
             );
+            // Destroying a Kafka client takes about 100 ms (librdkafka joins its threads):
+            // not on the start's path, where the task's new owner waits for it.
+            let _ = std::thread::Builder::new()
+                .name("drop-reader".into())
+                .spawn(move || drop(reader));
             env.open
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -253,7 +264,9 @@ impl TaskState {
             });
         }
         let state = TaskState { dir, changelogs };
+        let hint = std::time::Instant::now();
         state.write_offsets_hint(&mut stores)?;
+        tracing::debug!(target: "handover", task, ms = hint.elapsed().as_millis() as u64, "offsets hint written");
         Ok(Opened::Ready(state, stores))
     }
 

@@ -16,8 +16,10 @@ use crate::kafka::KafkaSettings;
 use crate::task::control::TaskControl;
 use crate::task::{self, KafkaEnv, Prepared, TaskContext, TaskError};
 
-/// Threads that start tasks (restores run there).
-const STARTERS: usize = 2;
+/// Threads that start tasks (restores run there). Four, so that the tasks a rebalance
+/// moves here start side by side: most of a handover's start is waiting for Kafka (the
+/// changelog's end, committed offsets) and for RocksDB to open, not using a core.
+const STARTERS: usize = 4;
 /// How long a given-up start may take to come back before its thread is left behind.
 const GIVE_UP_GRACE: Duration = Duration::from_secs(10);
 /// How often the watch looks.

@@ -338,7 +338,9 @@ impl Updater {
 
     /// Reads what the changelogs hold (up to a round) and applies it to the stores.
     fn round(&mut self) {
-        let mut wait = Duration::from_millis(100);
+        // Short: commands (a learner promoted, whose task waits to open its stores) are
+        // taken between rounds.
+        let mut wait = Duration::from_millis(20);
         let mut read = 0;
         // Records come in runs of one partition: they collect in `run` and go to their
         // store when the partition changes, so routing costs a lookup per run, not per

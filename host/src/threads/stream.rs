@@ -7,7 +7,7 @@
 //! 2.12 can abort on a removal while another is still stopping, confluentinc/librdkafka#5573).
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -105,6 +105,8 @@ struct Running {
     /// lease lapsed, or a stop is pending); the task's partitions are paused meanwhile.
     overflow: Vec<(u32, OwnedMessage)>,
     paused: bool,
+    /// Whether a record was fed to it yet (for the handover trace).
+    fed: bool,
     /// Thread time charged to it here (its virtual time, see [`ThreadTasks::share`]), its
     /// virtual time when its last charged work began (its start tag), and the task's own
     /// count when last charged.
@@ -156,8 +158,12 @@ struct ThreadTasks {
     routes: FxHashMap<String, FxHashMap<i32, (usize, u32)>>,
     /// Partitions ever assigned to the consumer (paused when no task reads them).
     assigned: HashSet<(String, i32)>,
+    /// Topics whose metadata the consumer has read.
+    known_topics: HashSet<String>,
     /// The least start tag among the busy tasks: where a task that had no work joins in.
     entry: Duration,
+    /// Raised when one of its tasks is asked to stop: the round ends at once.
+    attention: Arc<AtomicBool>,
 }
 
 impl StreamThread {
@@ -170,7 +176,9 @@ impl StreamThread {
                 running: Vec::new(),
                 routes: FxHashMap::default(),
                 assigned: HashSet::new(),
+                known_topics: HashSet::new(),
                 entry: Duration::ZERO,
+                attention: Arc::new(AtomicBool::new(false)),
             },
         }
     }
@@ -224,6 +232,11 @@ impl StreamThread {
             .any(|r| (r.task.has_records() || !r.overflow.is_empty()) && r.task.may_process());
         let round = Instant::now();
         loop {
+            // A task asked to stop gets its turn now, not at the end of the round: its new
+            // owner waits for its final commit.
+            if tasks.attention.swap(false, Ordering::AcqRel) {
+                break;
+            }
             // Until a task that may process has records, wait for them (for up to
             // IDLE_WAIT): records of a task that must wait for its share (or its rate)
             // do not end the wait, so a task whose next records are a fetch away is not
@@ -349,8 +362,22 @@ impl ThreadTasks {
             }
         }
         if fresh.count() > 0 {
+            // A topic the consumer has no metadata for is fetched only after librdkafka's
+            // next metadata refresh, about a second after the assignment: every handover
+            // of a task whose source is new to this thread paid it. One metadata request
+            // for the topic (a round trip, once per topic) makes the first fetch go at once.
+            for topic in fresh.elements().iter().map(|e| e.topic().to_string()) {
+                if self.known_topics.insert(topic.clone()) {
+                    if let Err(e) = consumer.fetch_metadata(Some(&topic), Duration::from_secs(5)) {
+                        tracing::warn!(%topic, "reading the topic's metadata before fetching it: {e}");
+                        self.known_topics.remove(&topic);
+                    }
+                }
+            }
             result = result.and_then(|()| consumer.incremental_assign(&fresh));
         }
+        tracing::debug!(target: "handover", task = %task.id(), assigned = fresh.count(), "on its stream thread");
+        task.wake_with(self.attention.clone());
         // A task joins at the thread's virtual time: no credit for the time before it came.
         let seen = task.thread_time();
         self.running[index] = Some(Running {
@@ -358,6 +385,7 @@ impl ThreadTasks {
             slot,
             overflow: Vec::new(),
             paused: false,
+            fed: false,
             vtime: self.entry,
             start: self.entry,
             seen,
@@ -387,6 +415,7 @@ impl ThreadTasks {
             } else {
                 running.overflow.push((source, message.detach()));
                 if !running.paused {
+                    tracing::debug!(target: "handover", task = %running.task.id(), may_process = running.task.may_process(), "paused");
                     running.paused = true;
                     let _ = consumer.pause(&self.partitions_of(index));
                 }
@@ -394,6 +423,10 @@ impl ThreadTasks {
             }
         }
         let running = self.running[index].as_mut().expect("checked above");
+        if !running.fed {
+            running.fed = true;
+            tracing::debug!(target: "handover", task = %running.task.id(), offset = message.offset(), "first record fetched");
+        }
         running.task.push(source, message);
     }
 
@@ -427,6 +460,7 @@ impl ThreadTasks {
             Ok(None) => {
                 let running = self.running[index].as_mut().expect("still here");
                 if running.paused && running.overflow.is_empty() {
+                    tracing::debug!(target: "handover", task = %running.task.id(), "resumed");
                     running.paused = false;
                     let partitions = self.partitions_of(index);
                     let _ = consumer.resume(&partitions);

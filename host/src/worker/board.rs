@@ -100,7 +100,49 @@ pub struct WorkerStatus {
     pub last_rebalance_seconds: Option<f64>,
     pub rebalance_seconds_total: f64,
     pub tasks: Vec<TaskStatus>,
+    /// The last handovers of tasks to and from this worker, newest first.
+    #[serde(default)]
+    pub handovers: Vec<HandoverStatus>,
 }
+
+/// One task's move, as the worker it left or the worker it came to saw it. Phases a side
+/// did not see are none: the old owner knows its revoke, the new owner the rest.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct HandoverStatus {
+    pub task: String,
+    /// `in`: the task came here; `out`: it left.
+    pub direction: String,
+    /// Seconds since the handover finished here.
+    pub ago_seconds: f64,
+    /// Old owner: from the assignment that revoked the task to its final commit.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub revoke_seconds: Option<f64>,
+    /// New owner: from the assignment of the revoking round to the one that gave it here
+    /// (the old owner's revoke, and the group's round trips).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub rebalance_seconds: Option<f64>,
+    /// New owner: from that assignment to processing (stores opened and the tail of the
+    /// changelog replayed, guest instantiated, offsets looked up).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub start_seconds: Option<f64>,
+    /// New owner: from processing to the first record produced.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub first_output_seconds: Option<f64>,
+    /// New owner: the three above.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub total_seconds: Option<f64>,
+}
+
+/// A task moving here: when its revoking round began, when it was assigned here, and when
+/// it began processing.
+struct Move {
+    round: Instant,
+    assigned: Instant,
+    started: Option<Instant>,
+}
+
+/// How many handovers the status keeps.
+const RECENT_HANDOVERS: usize = 16;
 
 struct Entry {
     role: Role,
@@ -163,6 +205,9 @@ struct Inner {
     rebalances: u64,
     last_rebalance: Option<Duration>,
     rebalance_total: Duration,
+    moving: BTreeMap<TaskId, Move>,
+    /// Finished handovers (when, what), newest last.
+    handovers: std::collections::VecDeque<(Instant, HandoverStatus)>,
 }
 
 /// The metric families the board keeps current.
@@ -174,6 +219,20 @@ pub struct BoardMetrics {
     pub rebalances: Counter,
     pub rebalance_seconds: Histogram,
     pub generation: Gauge,
+    pub handover_seconds: Family<PhaseLabels, Histogram, fn() -> Histogram>,
+}
+
+/// A phase of a handover (`revoke`, `rebalance`, `start`, `first_output`, `total`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct PhaseLabels {
+    pub phase: String,
+}
+
+/// 5 ms to ~80 s.
+fn handover_histogram() -> Histogram {
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.005, 2.0, 15,
+    ))
 }
 
 impl BoardMetrics {
@@ -188,6 +247,7 @@ impl BoardMetrics {
                 0.01, 2.0, 14,
             )),
             generation: Gauge::default(),
+            handover_seconds: Family::new_with_constructor(handover_histogram),
         }
     }
 
@@ -217,6 +277,13 @@ impl BoardMetrics {
             "rebalance_seconds",
             "How long this worker's rebalances took",
             self.rebalance_seconds.clone(),
+        );
+        registry.register(
+            "handover_seconds",
+            "Phases of the handovers of tasks to and from this worker: revoke (old owner: revoked to final commit), \
+             rebalance (new owner: the revoking round to the assignment here), start (to processing), first_output \
+             (to the first record produced), total (the last three)",
+            self.handover_seconds.clone(),
         );
         registry.register(
             "generation",
@@ -386,10 +453,86 @@ impl Board {
         }
     }
 
+    /// Tasks revoked from this worker finished their final commits, `took` after the
+    /// assignment that revoked them.
+    pub fn revoked(&self, tasks: &[TaskId], took: Duration) {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        for task in tasks {
+            self.observe("revoke", took);
+            inner.push_handover(
+                now,
+                HandoverStatus {
+                    task: task.to_string(),
+                    direction: "out".into(),
+                    revoke_seconds: Some(took.as_secs_f64()),
+                    ..Default::default()
+                },
+            );
+        }
+    }
+
+    /// Tasks assigned here now after a round that revoked them elsewhere (that round's
+    /// assignment came at `round`): their handover is timed until their first output.
+    pub fn moving_here(&self, tasks: &[TaskId], round: Instant) {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        for task in tasks {
+            inner.moving.insert(
+                task.clone(),
+                Move {
+                    round,
+                    assigned: now,
+                    started: None,
+                },
+            );
+        }
+    }
+
+    /// A task produced its first records here: a handover in progress is over.
+    pub fn first_output(&self, task: &TaskId) {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        let Some(m) = inner.moving.remove(task) else { return };
+        let Some(started) = m.started else { return };
+        let phases = [
+            ("rebalance", m.assigned - m.round),
+            ("start", started - m.assigned),
+            ("first_output", now - started),
+            ("total", now - m.round),
+        ];
+        for (phase, took) in phases {
+            self.observe(phase, took);
+        }
+        let s = |d: Duration| Some(d.as_secs_f64());
+        inner.push_handover(
+            now,
+            HandoverStatus {
+                task: task.to_string(),
+                direction: "in".into(),
+                rebalance_seconds: s(phases[0].1),
+                start_seconds: s(phases[1].1),
+                first_output_seconds: s(phases[2].1),
+                total_seconds: s(phases[3].1),
+                ..Default::default()
+            },
+        );
+    }
+
+    fn observe(&self, phase: &str, took: Duration) {
+        self.metrics
+            .handover_seconds
+            .get_or_create(&PhaseLabels { phase: phase.into() })
+            .observe(took.as_secs_f64());
+    }
+
     /// An active task has started processing.
     pub fn processing(&self, task: &TaskId) {
         let now = Instant::now();
         let mut inner = self.lock();
+        if let Some(m) = inner.moving.get_mut(task) {
+            m.started = Some(now);
+        }
         if let Some(e) = inner.tasks.get_mut(task) {
             e.phase = Phase::Running;
             e.lag = Some(0);
@@ -479,7 +622,25 @@ impl Board {
             last_rebalance_seconds: inner.last_rebalance.map(|d| d.as_secs_f64()),
             rebalance_seconds_total: inner.rebalance_total.as_secs_f64(),
             tasks,
+            handovers: inner
+                .handovers
+                .iter()
+                .rev()
+                .map(|(at, h)| HandoverStatus {
+                    ago_seconds: now.duration_since(*at).as_secs_f64(),
+                    ..h.clone()
+                })
+                .collect(),
         }
+    }
+}
+
+impl Inner {
+    fn push_handover(&mut self, at: Instant, handover: HandoverStatus) {
+        if self.handovers.len() == RECENT_HANDOVERS {
+            self.handovers.pop_front();
+        }
+        self.handovers.push_back((at, handover));
     }
 }
 
@@ -490,6 +651,10 @@ impl TaskProgress for Board {
 
     fn processing(&self, task: &TaskId) {
         Board::processing(self, task);
+    }
+
+    fn first_output(&self, task: &TaskId) {
+        Board::first_output(self, task);
     }
 }
 

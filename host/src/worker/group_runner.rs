@@ -129,6 +129,9 @@ pub async fn run(
     let mut rejoins = (i32::MIN, 0u32);
     // Since when this worker drains (marked leaving in its metadata), if it does.
     let mut leaving_since: Option<Instant> = None;
+    // When the first assignment of a run of rejoins came (a round that revokes tasks
+    // elsewhere): tasks assigned here at the end of it are handovers, timed from then.
+    let mut round_began: Option<Instant> = None;
     let drain_requested = || cluster.drain.as_ref().is_some_and(|d| *d.borrow() == Stop::Drain);
     let mut membership = Membership::new(MembershipConfig {
         kafka: cluster.kafka.clone(),
@@ -150,6 +153,7 @@ pub async fn run(
     };
     tokio::pin!(shutdown);
     'member: loop {
+        let preparing = Instant::now();
         runner.board().rebalance_started();
         // What this worker runs (uploads and deletions change it between joins).
         let topologies = runner.topology_infos();
@@ -235,6 +239,7 @@ pub async fn run(
         // A JoinGroup in: the coordinator no longer drops this member for the rebalance
         // timeout (see `Heartbeats::beat`).
         heartbeats.lease.lift_cap();
+        tracing::debug!(target: "handover", ms = preparing.elapsed().as_millis() as u64, "join prepared");
         let joined = tokio::select! {
             joined = membership.join(&metadata, assign) => joined,
             _ = keep_alive => unreachable!("the probe loop never ends"),
@@ -297,6 +302,19 @@ pub async fn run(
             learners = %a.learner.iter().map(TaskId::to_string).collect::<Vec<_>>().join(","),
             "assignment"
         );
+        let assigned_at = Instant::now();
+        let arriving: Vec<TaskId> = {
+            let owned = runner.owned();
+            a.active.iter().filter(|t| !owned.contains(t)).cloned().collect()
+        };
+        if let Some(round) = round_began.filter(|_| !arriving.is_empty()) {
+            runner.board().moving_here(&arriving, round);
+        }
+        round_began = if a.rejoin {
+            Some(round_began.unwrap_or(assigned_at))
+        } else {
+            None
+        };
         asked.retain(|t, _| a.learner.contains(t));
         // Learners made active now: how far behind they were (as of the join), then stopped
         // as learners below and started as active tasks, which replay only the rest.
@@ -322,10 +340,19 @@ pub async fn run(
             .into_iter()
             .filter(|t| !a.standby.contains(t) && !a.learner.contains(t))
             .collect();
+        let revoke_began = Instant::now();
         let stopping = runner.begin_stop(&stop, false);
         if let Kept::Lost(why) = heartbeats.wait_for(&mut membership, &mut runner, stopping).await? {
             lose_membership(&mut runner, &why).await;
             continue 'member;
+        }
+        if !stop.is_empty() {
+            runner.board().revoked(&stop, revoke_began.elapsed());
+            tracing::debug!(
+                target: "handover", generation = joined.generation,
+                tasks = %stop.iter().map(TaskId::to_string).collect::<Vec<_>>().join(","),
+                ms = revoke_began.elapsed().as_millis() as u64, "revoked tasks stopped"
+            );
         }
         tokio::task::block_in_place(|| runner.stop_standbys(&stop_standby));
         for (t, lag) in &promoted {
@@ -353,6 +380,7 @@ pub async fn run(
             if rejoins.0 == joined.generation {
                 rejoins.1 += 1;
                 let wait = Duration::from_millis(20 << rejoins.1.min(5));
+                tracing::debug!(target: "handover", generation = joined.generation, ms = wait.as_millis() as u64, "asked to rejoin in the same generation: backing off");
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
                     _ = &mut shutdown => break 'member,
@@ -427,6 +455,7 @@ pub async fn run(
                 let positions = runner.standby_positions();
                 runner.board().positions(&positions, &ends);
                 if learning && learners_caught_up(cluster, &runner, &ends, &positions, &mut asked) {
+                    tracing::debug!(target: "handover", "a learner caught up: rejoining");
                     continue 'member;
                 }
             }
@@ -436,7 +465,10 @@ pub async fn run(
             next_beat = Instant::now() + cluster.heartbeat_interval;
             match heartbeats.beat(&mut membership).await? {
                 Kept::Member { rejoin: false } => {}
-                Kept::Member { rejoin: true } => continue 'member,
+                Kept::Member { rejoin: true } => {
+                    tracing::debug!(target: "handover", "a heartbeat says the group rebalances");
+                    continue 'member;
+                }
                 Kept::Lost(why) => {
                     lose_membership(&mut runner, &why).await;
                     continue 'member;
@@ -451,10 +483,15 @@ pub async fn run(
     if let Kept::Lost(why) = heartbeats.wait_for(&mut membership, &mut runner, stopping).await? {
         tracing::warn!(cluster = %cluster.name, "{why} while stopping: the tasks stopped without committing");
     }
-    let report = tokio::task::block_in_place(|| runner.stop_all());
-    if let Err(e) = membership.leave().await {
+    // Every task has ended (committed or not): the group may give them away now. Leaving
+    // before the rest shuts down (standbys, threads, clients: the better part of a second)
+    // lets the others rebalance meanwhile, instead of waiting for this member.
+    let left = membership.leave().await;
+    tracing::debug!(target: "handover", "left the group");
+    if let Err(e) = left {
         tracing::warn!("leaving the group: {e}");
     }
+    let report = tokio::task::block_in_place(|| runner.stop_all());
     Ok(report)
 }
 

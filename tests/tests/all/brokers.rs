@@ -182,6 +182,7 @@ async fn workers_survive_a_rolling_restart_of_three_brokers_under_load_and_lose_
                 m.to_str().unwrap(),
                 "--cluster",
                 &group,
+                "--no-drain-on-stop",
                 "--state-dir",
                 state.to_str().unwrap(),
                 "--commit-interval",

@@ -4,7 +4,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use sluice_tests::worker::{cluster_worker, dump_counts, guest, manifest, sluice_binary, TempDir, WorkerProcess};
+use sluice_tests::worker::{
+    cluster_worker, draining_cluster_worker, dump_counts, guest, manifest, sluice_binary, TempDir, WorkerProcess,
+};
 use sluice_tests::{free_port, http_get, kafka, unique_name};
 
 use crate::cluster::until_settled;
@@ -514,5 +516,238 @@ async fn the_leader_killed_in_a_migration_and_the_migration_completes() -> anyho
     for w in &mut alive {
         assert!(w.terminate(Duration::from_secs(60))?.success(), "{}", w.log());
     }
+    Ok(())
+}
+
+/// Records restored as active by task `task` on the worker whose admin endpoint is `admin`
+/// (all its stores), from its metrics.
+fn restored_as_active(admin: u16, task: &str) -> anyhow::Result<u64> {
+    let metrics = http_get(admin, "/metrics")?;
+    let needle = format!("task=\"{task}\"");
+    Ok(metrics
+        .lines()
+        .filter(|l| l.starts_with("sluice_restored_records_total{") && l.contains(&needle))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64)
+}
+
+/// The end offset of a changelog partition.
+fn changelog_end(topic: &str, partition: i32) -> anyhow::Result<i64> {
+    use rdkafka::consumer::Consumer as _;
+    let consumer: rdkafka::consumer::BaseConsumer = kafka().config().create()?;
+    Ok(consumer.fetch_watermarks(topic, partition, Duration::from_secs(10))?.1)
+}
+
+/// A plain SIGTERM (what Kubernetes sends on a scale-down) drains a cluster worker by
+/// default: its stateful task moves only once a learner on the other worker caught up, so
+/// the task replays only what its learner had not read — not the thousands of changelog
+/// records its old copy there is behind — and the state equals the truth.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_drains_a_cluster_worker_through_learners_by_default() -> anyhow::Result<()> {
+    let kafka = kafka();
+    let (input, output) = (unique_name("term-in"), unique_name("term-out"));
+    kafka.create_topic(&input, 2).await?;
+    kafka.create_topic(&output, 2).await?;
+    let dir = TempDir::new("sigterm-drain");
+    let name = unique_name("wc");
+    let m = dir.write(
+        "wc.toml",
+        &manifest(
+            &name,
+            &guest("word-count"),
+            &[("lines", &input)],
+            &[("counts", &output)],
+            "",
+        ),
+    );
+    let cluster = unique_name("c");
+    let admin = [free_port(), free_port()];
+    let acceptable_lag = 100;
+    let lag = acceptable_lag.to_string();
+    let start = |n: usize| {
+        let metrics = format!("127.0.0.1:{}", admin[n]);
+        // No stop flag: the default.
+        draining_cluster_worker(
+            &dir,
+            Some(&m),
+            &cluster,
+            n,
+            &["--acceptable-recovery-lag", &lag, "--metrics", &metrics],
+        )
+    };
+    let group = format!("sluice-{name}");
+    let mut sent = lines(0..4_000);
+    let mut positions = kafka.produce(&input, &sent).await?;
+    let mut workers = vec![start(0)?];
+    until_settled(&mut workers, 2).await?;
+    kafka
+        .wait_committed(&group, &input, 2, 4_000, Duration::from_secs(120))
+        .await?;
+    workers.push(start(1)?);
+    let settled = until_settled(&mut workers, 1).await?;
+    let moved = settled[1].iter().next().unwrap().clone();
+    let p: i32 = moved.rsplit('/').next().unwrap().parse()?;
+    let changelog = format!("{name}-counts-changelog");
+    // The first worker's copy of the moved task's state falls behind while the task runs on
+    // the second worker.
+    let end_at_move = changelog_end(&changelog, p)?;
+    let more = lines(4_000..12_000);
+    positions.extend(kafka.produce(&input, &more).await?);
+    sent.extend(more);
+    kafka
+        .wait_committed(&group, &input, 2, 12_000, Duration::from_secs(120))
+        .await?;
+    let behind = changelog_end(&changelog, p)? - end_at_move;
+    assert!(
+        behind > 10 * acceptable_lag,
+        "{moved}'s changelog grew by only {behind} records while it ran on the second worker"
+    );
+    let before = restored_as_active(admin[0], &moved)?;
+
+    // SIGTERM: the second worker drains (exit 0, owning nothing), through a learner.
+    let status = workers[1].terminate(Duration::from_secs(60))?;
+    let log = workers[1].log();
+    assert!(status.success(), "the worker exited with {status}:\n{log}");
+    let mut survivor: Vec<WorkerProcess> = workers.drain(..1).collect();
+    until_settled(&mut survivor, 2).await?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let status: serde_json::Value = serde_json::from_str(&http_get(admin[0], "/status")?)?;
+        let running = status["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["task"] == moved.as_str() && t["role"] == "active" && t["phase"] == "running");
+        if running {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{moved} not running: {status}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let replayed = restored_as_active(admin[0], &moved)? - before;
+    eprintln!("{moved}: its old copy was {behind} changelog records behind; it replayed {replayed} as active");
+    assert!(
+        replayed <= acceptable_lag as u64,
+        "{moved} replayed {replayed} records as active after the drain (its learner should have read all but \
+         {acceptable_lag} of the {behind} it was behind)"
+    );
+    let last = lines(12_000..13_000);
+    positions.extend(kafka.produce(&input, &last).await?);
+    sent.extend(last);
+    kafka
+        .wait_committed(&group, &input, 2, 13_000, Duration::from_secs(120))
+        .await?;
+    // The drain's handover is in the status (it ends with the task's first output): its
+    // phases on the new owner, and in the metrics.
+    let status: serde_json::Value = serde_json::from_str(&http_get(admin[0], "/status")?)?;
+    let handover = status["handovers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["task"] == moved.as_str() && h["direction"] == "in")
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("no handover of {moved} in {status}"))?;
+    for phase in [
+        "rebalance_seconds",
+        "start_seconds",
+        "first_output_seconds",
+        "total_seconds",
+    ] {
+        assert!(
+            handover[phase].as_f64().is_some_and(|s| s >= 0.0),
+            "{phase}: {handover}"
+        );
+    }
+    let metrics = http_get(admin[0], "/metrics")?;
+    assert!(
+        metrics.contains("sluice_handover_seconds_count{phase=\"total\"}"),
+        "{metrics}"
+    );
+
+    assert!(survivor[0].terminate(Duration::from_secs(60))?.success());
+    let mut truth: HashMap<i32, BTreeMap<String, u64>> = HashMap::new();
+    for ((_, line), (partition, _)) in sent.iter().zip(&positions) {
+        for word in std::str::from_utf8(line)?.split(' ') {
+            *truth
+                .entry(*partition)
+                .or_default()
+                .entry(word.to_string())
+                .or_insert(0) += 1;
+        }
+    }
+    let state = dir.path().join("state-0");
+    for p in 0..2 {
+        assert_eq!(dump_counts(&state, &name, p, "counts")?, truth[&p], "{name}/{p}");
+    }
+    Ok(())
+}
+
+/// A second SIGTERM stops a draining worker at once: it does not wait for the learners
+/// (which have much to restore), and the other worker takes the tasks over and goes on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_sigterm_stops_a_draining_worker_at_once() -> anyhow::Result<()> {
+    let kafka = kafka();
+    let (input, output) = (unique_name("term2-in"), unique_name("term2-out"));
+    kafka.create_topic(&input, 2).await?;
+    kafka.create_topic(&output, 2).await?;
+    let name = unique_name("wc");
+    // 200,000 keys per task: a learner needs seconds to read them.
+    fill_changelog(&name, 2, 400_000).await?;
+    let dir = TempDir::new("second-sigterm");
+    let m = dir.write(
+        "wc.toml",
+        &manifest(
+            &name,
+            &guest("word-count"),
+            &[("lines", &input)],
+            &[("counts", &output)],
+            "",
+        ),
+    );
+    let cluster = unique_name("c");
+    let admin = free_port();
+    let metrics = format!("127.0.0.1:{admin}");
+    // Nothing but the second signal may cut the drain short.
+    let mut first = draining_cluster_worker(&dir, Some(&m), &cluster, 0, &["--scale-down-timeout", "10m"])?;
+    for p in 0..2 {
+        first.wait_for_line(&[" started ", &format!("task={name}/{p}")], Duration::from_secs(120))?;
+    }
+    kafka.produce(&input, &lines(0..1_000)).await?;
+    let group = format!("sluice-{name}");
+    kafka
+        .wait_committed(&group, &input, 2, 1_000, Duration::from_secs(120))
+        .await?;
+    let mut second = draining_cluster_worker(&dir, Some(&m), &cluster, 1, &["--metrics", &metrics])?;
+    second.wait_for_line(&[" assignment ", "learner=1"], Duration::from_secs(60))?;
+    let pid = first.pid().unwrap().to_string();
+    let term = || std::process::Command::new("kill").args(["-TERM", &pid]).status();
+    assert!(term()?.success());
+    first.wait_for_line(&["draining: asking the group"], Duration::from_secs(10))?;
+    let asked = std::time::Instant::now();
+    assert!(term()?.success());
+    let status = first.wait(Duration::from_secs(30))?;
+    let took = asked.elapsed();
+    let log = first.log();
+    assert!(status.success(), "exited with {status}:\n{log}");
+    assert!(
+        !log.contains("drained: every task runs elsewhere"),
+        "it drained instead:\n{log}"
+    );
+    eprintln!("a draining worker stopped {took:?} after the second SIGTERM");
+    // The second worker took both tasks before its learners were done: together they
+    // replayed much of their state as active tasks.
+    let mut rest = vec![second];
+    until_settled(&mut rest, 2).await?;
+    kafka.produce(&input, &lines(1_000..2_000)).await?;
+    kafka
+        .wait_committed(&group, &input, 2, 2_000, Duration::from_secs(120))
+        .await?;
+    let replayed = restored_as_active(admin, &format!("{name}/0"))? + restored_as_active(admin, &format!("{name}/1"))?;
+    eprintln!("the tasks replayed {replayed} records as active on the second worker");
+    assert!(
+        replayed > 10_000,
+        "the tasks replayed only {replayed} records as active: the drain was not cut short"
+    );
+    assert!(rest[0].terminate(Duration::from_secs(60))?.success());
     Ok(())
 }

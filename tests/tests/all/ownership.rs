@@ -86,6 +86,7 @@ impl WordCount {
             self.manifest.to_str().unwrap(),
             "--cluster",
             &self.cluster,
+            "--no-drain-on-stop",
             "--state-dir",
             state.to_str().unwrap(),
             "--session-timeout",

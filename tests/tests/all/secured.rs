@@ -194,6 +194,7 @@ async fn exactly_once_with_a_learner_move_runs_on_exactly_the_workers_acls() -> 
                 m.to_str().unwrap(),
                 "--cluster",
                 &cluster,
+                "--no-drain-on-stop",
                 "--state-dir",
                 state.to_str().unwrap(),
                 "--heartbeat-interval",
