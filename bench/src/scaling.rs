@@ -159,7 +159,7 @@ impl Figures {
 
 pub async fn run(args: ScalingArgs) -> anyhow::Result<()> {
     println!(
-        "scaling benchmark: word count, {} keys of state over {} partitions, {} records/s, 1 -> 2 -> 3 -> 1 workers, Kafka at {}",
+        "scaling benchmark: word count, {} keys of state over {} partitions, {} records/s, 1 -> 2 -> 3 -> 2 -> 1 workers (SIGTERM stops), Kafka at {}",
         args.keys, args.partitions, args.rate, args.bootstrap
     );
     let mut all = Vec::new();
@@ -239,8 +239,9 @@ async fn one_policy(args: &ScalingArgs, policy: &str) -> anyhow::Result<Figures>
     let policy_args: &[&str] = match policy {
         "eager" => &["--assignor", "eager", "--max-learner-tasks", "0"],
         "sticky" => &["--max-learner-tasks", "0"],
-        "learners" => &["--drain-on-stop"],
-        "no-drain" => &[],
+        // The defaults: learners, and SIGTERM drains.
+        "learners" => &[],
+        "no-drain" => &["--no-drain-on-stop"],
         other => bail!("unknown policy {other:?} (eager, sticky, learners, no-drain)"),
     };
     let id = uuid::Uuid::new_v4().simple().to_string();
