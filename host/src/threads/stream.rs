@@ -125,20 +125,24 @@ impl Running {
     /// Charges the thread time the task's batches held since last charged (guest calls and
     /// the host's work on their output alike), and takes its turn away if that puts it past
     /// its share.
-    fn charge(&mut self) {
+    fn charge(&mut self) -> Duration {
         let now = self.task.thread_time();
         let used = now.saturating_sub(self.seen);
         self.seen = now;
         if used.is_zero() {
-            return;
+            return used;
         }
         self.start = self.vtime;
         self.vtime += used;
         if self.limit.is_some_and(|l| self.vtime > l) {
             self.task.set_fair_turn(false);
         }
+        used
     }
 }
+
+/// Over how long a stream thread measures whether it is saturated.
+const SATURATION_WINDOW: Duration = Duration::from_millis(500);
 
 /// How far ahead of the least-served busy task a task may be and still get a call: a round,
 /// so tasks of like cost are not held back (their partitions paused) for small differences.
@@ -164,6 +168,11 @@ struct ThreadTasks {
     entry: Duration,
     /// Raised when one of its tasks is asked to stop: the round ends at once.
     attention: Arc<AtomicBool>,
+    /// Thread time charged since `window` began, and whether the last window was saturated
+    /// (charged at least half of it): shares are enforced only then.
+    charged: Duration,
+    window: Instant,
+    saturated: bool,
 }
 
 impl StreamThread {
@@ -179,6 +188,9 @@ impl StreamThread {
                 known_topics: HashSet::new(),
                 entry: Duration::ZERO,
                 attention: Arc::new(AtomicBool::new(false)),
+                charged: Duration::ZERO,
+                window: Instant::now(),
+                saturated: false,
             },
         }
     }
@@ -280,6 +292,13 @@ impl ThreadTasks {
     /// tasks, so it is neither owed the time it had no work nor put behind a long call that
     /// began before it came back.
     fn share(&mut self) {
+        let now = Instant::now();
+        let elapsed = now.duration_since(self.window);
+        if elapsed >= SATURATION_WINDOW {
+            self.saturated = self.charged * 2 >= elapsed;
+            self.charged = Duration::ZERO;
+            self.window = now;
+        }
         let entry = self.entry;
         // The two least virtual times among the busy tasks (the least with its index), so
         // each task's limit is the least among the others'.
@@ -312,6 +331,24 @@ impl ThreadTasks {
             // Nobody has work: whoever gets some next joins level with the most served.
             self.entry = self.entry.max(v);
         }
+        if !self.saturated {
+            // Work-conserving: while the thread has time to spare, nobody waits for a share.
+            // A task that used more than its light neighbours (a burst, a backlog after a
+            // handover, a call slowed by another process) would otherwise wait until they
+            // had used as much, which at their pace can take seconds; its lead is forgiven
+            // down to a quantum, so the shares start even when the thread fills up.
+            let least = least.map(|(_, v)| v);
+            for r in self.running.iter_mut().flatten() {
+                if r.busy {
+                    if let Some(v) = least {
+                        r.vtime = r.vtime.min(v + FAIR_QUANTUM);
+                    }
+                }
+                r.limit = None;
+                r.task.set_fair_turn(true);
+            }
+            return;
+        }
         for (i, r) in self.running.iter_mut().enumerate() {
             let Some(r) = r else { continue };
             let others = match least {
@@ -329,7 +366,7 @@ impl ThreadTasks {
     /// Charges task `index` the thread time it used since last charged (see [`Running::charge`]).
     fn charge(&mut self, index: usize) {
         if let Some(r) = self.running[index].as_mut() {
-            r.charge();
+            self.charged += r.charge();
         }
     }
 
@@ -435,9 +472,10 @@ impl ThreadTasks {
         let Some(running) = self.running[index].as_mut() else {
             return;
         };
+        let mut used = Duration::ZERO;
         let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mut end = running.task.step(&mut self.env);
-            running.charge();
+            used += running.charge();
             while end.is_none() && !running.overflow.is_empty() && running.task.may_process() {
                 let waiting = std::mem::take(&mut running.overflow);
                 let mut rest = waiting.into_iter();
@@ -451,11 +489,12 @@ impl ThreadTasks {
                 running.overflow.extend(rest);
                 if !running.overflow.is_empty() {
                     end = running.task.process_now(&mut self.env);
-                    running.charge();
+                    used += running.charge();
                 }
             }
             end
         }));
+        self.charged += used;
         match stepped {
             Ok(None) => {
                 let running = self.running[index].as_mut().expect("still here");

@@ -730,4 +730,59 @@ mod tests {
         b.assigned(5, false, &[], &[], &[]);
         assert!(b.snapshot().tasks.is_empty());
     }
+
+    #[test]
+    fn a_handover_is_timed_in_phases_until_the_first_output_and_the_old_owner_times_its_revoke() {
+        let b = board();
+        let t = TaskId::new("t", 2);
+        let round = Instant::now();
+        std::thread::sleep(Duration::from_millis(20));
+        b.moving_here(std::slice::from_ref(&t), round);
+        std::thread::sleep(Duration::from_millis(20));
+        b.processing(&t);
+        // Not over until the task produces.
+        assert!(b.snapshot().handovers.is_empty());
+        std::thread::sleep(Duration::from_millis(10));
+        b.first_output(&t);
+        // A later first output (after a restart of the task here) is not another handover.
+        b.processing(&t);
+        b.first_output(&t);
+        let s = b.snapshot();
+        assert_eq!(s.handovers.len(), 1, "{:?}", s.handovers);
+        let h = &s.handovers[0];
+        assert_eq!((h.task.as_str(), h.direction.as_str()), ("t/2", "in"));
+        let (rebalance, start, first) = (
+            h.rebalance_seconds.unwrap(),
+            h.start_seconds.unwrap(),
+            h.first_output_seconds.unwrap(),
+        );
+        assert!(rebalance >= 0.02 && start >= 0.02 && first >= 0.01, "{h:?}");
+        assert!(
+            (h.total_seconds.unwrap() - (rebalance + start + first)).abs() < 0.005,
+            "{h:?}"
+        );
+        assert_eq!(h.revoke_seconds, None);
+
+        b.revoked(std::slice::from_ref(&t), Duration::from_millis(40));
+        let s = b.snapshot();
+        assert_eq!(s.handovers.len(), 2);
+        assert_eq!(s.handovers[0].direction, "out", "newest first");
+        assert_eq!(s.handovers[0].revoke_seconds, Some(0.04));
+        // Only the last few are kept.
+        for _ in 0..2 * RECENT_HANDOVERS {
+            b.revoked(std::slice::from_ref(&t), Duration::from_millis(1));
+        }
+        assert_eq!(b.snapshot().handovers.len(), RECENT_HANDOVERS);
+
+        let mut registry = Registry::default();
+        b.metrics.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for phase in ["revoke", "rebalance", "start", "first_output", "total"] {
+            assert!(
+                text.contains(&format!("handover_seconds_count{{phase=\"{phase}\"}}")),
+                "{phase} in:\n{text}"
+            );
+        }
+    }
 }
