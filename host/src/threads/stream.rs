@@ -246,7 +246,8 @@ impl StreamThread {
         loop {
             // A task asked to stop gets its turn now, not at the end of the round: its new
             // owner waits for its final commit.
-            if tasks.attention.swap(false, Ordering::AcqRel) {
+            // A load first: this runs per record, and a stop is rare.
+            if tasks.attention.load(Ordering::Relaxed) && tasks.attention.swap(false, Ordering::AcqRel) {
                 break;
             }
             // Until a task that may process has records, wait for them (for up to
