@@ -577,6 +577,73 @@ impl Kafka {
 }
 
 impl Kafka {
+    /// Produces one record per key with Kafka's own Java producer and its default
+    /// partitioner (`tests/java/ProduceKeys.java`, on the jars `dev/kafka classpath` names)
+    /// and returns the partition each key went to. Plaintext clusters only.
+    pub fn produce_with_java(&self, topic: &str, keys: &[Vec<u8>]) -> Result<HashMap<Vec<u8>, i32>> {
+        use std::io::Write;
+        if self.is_secured() {
+            bail!("produce_with_java speaks plaintext only");
+        }
+        let script = repo_root().join("dev").join("kafka");
+        let out = Command::new(&script).arg("classpath").output()?;
+        if !out.status.success() {
+            bail!(
+                "`dev/kafka classpath` failed:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let classpath = String::from_utf8(out.stdout)?.trim().to_string();
+        let source = repo_root().join("tests").join("java").join("ProduceKeys.java");
+        let mut child = Command::new("java")
+            .arg("-cp")
+            .arg(&classpath)
+            .arg(&source)
+            .arg(&self.bootstrap)
+            .arg(topic)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .context("starting java (ProduceKeys.java)")?;
+        let hex = |key: &[u8]| key.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        let mut input = String::new();
+        for key in keys {
+            input.push_str(&hex(key));
+            input.push('\n');
+        }
+        let mut stdin = child.stdin.take().context("java's stdin")?;
+        let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+        let out = child.wait_with_output()?;
+        writer
+            .join()
+            .map_err(|_| anyhow::anyhow!("writing the keys panicked"))??;
+        if !out.status.success() {
+            bail!(
+                "ProduceKeys.java failed ({}):\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let by_hex: HashMap<String, &Vec<u8>> = keys.iter().map(|k| (hex(k), k)).collect();
+        let mut partitions = HashMap::new();
+        for line in String::from_utf8(out.stdout)?.lines() {
+            let (key, partition) = line
+                .split_once(' ')
+                .with_context(|| format!("ProduceKeys printed {line:?}"))?;
+            let key = by_hex
+                .get(key)
+                .with_context(|| format!("ProduceKeys printed a key not sent: {line:?}"))?;
+            partitions.insert((*key).clone(), partition.parse()?);
+        }
+        if partitions.len() != by_hex.len() {
+            bail!("ProduceKeys reported {} of {} keys", partitions.len(), by_hex.len());
+        }
+        Ok(partitions)
+    }
+}
+
+impl Kafka {
     /// Limits (or, with none, frees) how fast the broker serves fetches to clients with this
     /// `client.id`: a real broker quota, for tests that need a slow restoration.
     pub async fn set_consumer_byte_rate(&self, client_id: &str, rate: Option<f64>) -> Result<()> {

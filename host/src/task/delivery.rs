@@ -117,6 +117,13 @@ impl ProducerContext for DeliveryRouter {
 
 pub type WorkerProducer = ThreadedProducer<DeliveryRouter>;
 
+/// The partitioner of every producer that writes a task's keyed outputs: murmur2 of the
+/// key bytes, positive, modulo the partition count, as Java's default partitioner (and so
+/// Kafka Streams) picks; records without a key spread at random. librdkafka's own default
+/// (`consistent_random`, CRC32) would put a key elsewhere than a Java producer does, and a
+/// stream written by Sluice would not be co-partitioned with a table written from Java.
+pub const PARTITIONER: (&str, &str) = ("partitioner", "murmur2_random");
+
 /// One record to produce.
 pub struct Outgoing<'a> {
     pub topic: &'a str,

@@ -17,7 +17,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::Producer;
 use rdkafka::TopicPartitionList;
 
-use super::delivery::{self, DeliveryRouter, DeliveryTracker, Outgoing, WorkerProducer};
+use super::delivery::{self, DeliveryRouter, DeliveryTracker, Outgoing, WorkerProducer, PARTITIONER};
 use crate::kafka::KafkaSettings;
 
 /// What a task promises about its outputs, state and offsets.
@@ -82,6 +82,7 @@ impl TaskOutput {
         let producer: WorkerProducer = kafka
             .worker_client()
             .set("transactional.id", transactional_id)
+            .set(PARTITIONER.0, PARTITIONER.1)
             .set("transaction.timeout.ms", TRANSACTION_TIMEOUT.as_millis().to_string())
             .set("linger.ms", "5")
             .set("compression.type", "lz4")

@@ -252,6 +252,10 @@ impl Worker {
                 .kafka
                 .worker_client()
                 .set("enable.idempotence", "true")
+                .set(
+                    crate::task::delivery::PARTITIONER.0,
+                    crate::task::delivery::PARTITIONER.1,
+                )
                 .set("linger.ms", "5")
                 .set("compression.type", "lz4")
                 // Each task has at most `delivery::MAX_IN_FLIGHT` records queued; the queue

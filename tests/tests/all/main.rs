@@ -10,6 +10,7 @@ mod kafka_roundtrip;
 mod kills;
 mod learners;
 mod ownership;
+mod partitioning;
 mod policies;
 mod queries;
 mod registry;
