@@ -279,7 +279,8 @@ fn member_admins(kafka: &KafkaSettings, group: &str, secret: Option<&ClusterSecr
         for m in g.members() {
             let meta = m
                 .metadata()
-                .and_then(|b| crate::group::metadata::MemberMetadata::decode_signed(b, secret).ok());
+                .and_then(|b| crate::group::framing::unframe_metadata(b).ok())
+                .and_then(|b| crate::group::metadata::MemberMetadata::decode_signed(&b, secret).ok());
             if let Some(admin) = meta.map(|m| m.admin).filter(|a| !a.is_empty()) {
                 out.push(admin);
             }

@@ -240,8 +240,13 @@ async fn gather(
         .members
         .iter()
         .map(|(id, host, meta, assignment)| {
-            let meta = meta.as_deref().map(MemberMetadata::decode).transpose().ok().flatten();
-            let assignment = assignment.as_deref().map(Assignment::decode).transpose().ok().flatten();
+            use sluice::group::framing::{unframe_assignment, unframe_metadata};
+            let meta = meta
+                .as_deref()
+                .and_then(|b| MemberMetadata::decode(&unframe_metadata(b).ok()?).ok());
+            let assignment = assignment
+                .as_deref()
+                .and_then(|b| Assignment::decode(&unframe_assignment(b).ok()?).ok());
             (
                 id.clone(),
                 host.clone(),

@@ -15,10 +15,8 @@ use kafka_protocol::messages::GroupId;
 use kafka_protocol::protocol::StrBytes;
 
 use super::connection::{Connection, ConnectionError};
+use super::framing::{unframe_assignment, unframe_metadata, Framing};
 use super::metadata::{Assignment, AssignmentError, MemberMetadata, CURRENT_VERSION};
-
-/// The protocol type of Sluice groups; the coordinator refuses members of other types.
-pub const PROTOCOL_TYPE: &str = "sluice";
 
 /// The protocol (assignment strategy) a member advertises: its assignor's, so the
 /// coordinator refuses a member whose assignor differs from the group's (an eager leader
@@ -113,6 +111,9 @@ pub struct Membership {
     coordinator: Option<Connection>,
     member_id: String,
     generation: i32,
+    /// Kafka's consumer protocol, or the older framing while the group still has members
+    /// that joined with it (see `framing.rs`).
+    framing: Framing,
 }
 
 impl Membership {
@@ -122,7 +123,24 @@ impl Membership {
             coordinator: None,
             member_id: String::new(),
             generation: -1,
+            framing: Framing::Consumer,
         }
+    }
+
+    /// A member that frames its metadata as `framing` says from its first join: with
+    /// [`Framing::Legacy`], as workers of earlier versions did (the tests of rolling
+    /// upgrades use it).
+    pub fn with_framing(config: MembershipConfig, framing: Framing) -> Membership {
+        Membership {
+            framing,
+            ..Membership::new(config)
+        }
+    }
+
+    /// How this member frames its metadata: [`Framing::Legacy`] once it joined a group
+    /// whose members use the earlier protocol type.
+    pub fn framing(&self) -> Framing {
+        self.framing
     }
 
     pub fn member_id(&self) -> &str {
@@ -230,18 +248,18 @@ impl Membership {
         metadata: &MemberMetadata,
         assign: impl Fn(&BTreeMap<String, MemberMetadata>) -> BTreeMap<String, Assignment>,
     ) -> Result<Joined, MembershipError> {
-        let encoded =
-            Bytes::from(metadata.encode_signed(metadata.version.min(CURRENT_VERSION), self.config.secret.as_ref()));
+        let signed = metadata.encode_signed(metadata.version.min(CURRENT_VERSION), self.config.secret.as_ref());
         let protocol = StrBytes::from_string(protocol_name(&self.config.assignor));
         let mut backoff = Duration::from_millis(50);
         loop {
+            let encoded = Bytes::from(self.framing.metadata(signed.clone()));
             let request = JoinGroupRequest::default()
                 .with_group_id(self.group_id())
                 .with_session_timeout_ms(self.config.session_timeout.as_millis() as i32)
                 .with_rebalance_timeout_ms(self.config.rebalance_timeout.as_millis() as i32)
                 .with_member_id(StrBytes::from_string(self.member_id.clone()))
                 .with_group_instance_id(self.instance())
-                .with_protocol_type(StrBytes::from_static_str(PROTOCOL_TYPE))
+                .with_protocol_type(StrBytes::from_static_str(self.framing.protocol_type()))
                 .with_protocols(vec![JoinGroupRequestProtocol::default()
                     .with_name(protocol.clone())
                     .with_metadata(encoded.clone())]);
@@ -286,6 +304,20 @@ impl Membership {
                     continue;
                 }
                 code::FENCED_INSTANCE_ID => return Err(self.fenced()),
+                code::INCONSISTENT_GROUP_PROTOCOL if self.framing == Framing::Consumer => {
+                    // Either the group's members are workers of a version that joined with
+                    // the older protocol type (a rolling upgrade: join as they do), or they
+                    // run another assignor (then the older type is refused too).
+                    tracing::warn!(
+                        group = %self.config.group,
+                        "the group's members use another protocol type or assignor; joining with the \
+                         protocol type of earlier Sluice versions ({:?}) instead of {:?}",
+                        Framing::Legacy.protocol_type(),
+                        Framing::Consumer.protocol_type()
+                    );
+                    self.framing = Framing::Legacy;
+                    continue;
+                }
                 code::INCONSISTENT_GROUP_PROTOCOL => {
                     return Err(MembershipError::OtherProtocol {
                         group: self.config.group.clone(),
@@ -307,7 +339,9 @@ impl Membership {
                 let mut members = BTreeMap::new();
                 let mut unreadable = Vec::new();
                 for m in &response.members {
-                    match MemberMetadata::decode_signed(&m.metadata, self.config.secret.as_ref()) {
+                    let decoded = unframe_metadata(&m.metadata)
+                        .and_then(|bytes| MemberMetadata::decode_signed(&bytes, self.config.secret.as_ref()));
+                    match decoded {
                         Ok(meta) => {
                             members.insert(m.member_id.to_string(), meta);
                         }
@@ -341,7 +375,9 @@ impl Membership {
                     .into_iter()
                     .map(|(id, mut a)| {
                         a.generation = generation;
-                        let bytes = a.encode_signed(version, self.config.secret.as_ref(), &id);
+                        let bytes = self
+                            .framing
+                            .assignment(a.encode_signed(version, self.config.secret.as_ref(), &id));
                         SyncGroupRequestAssignment::default()
                             .with_member_id(StrBytes::from_string(id))
                             .with_assignment(Bytes::from(bytes))
@@ -355,7 +391,7 @@ impl Membership {
                 .with_generation_id(self.generation)
                 .with_member_id(StrBytes::from_string(self.member_id.clone()))
                 .with_group_instance_id(self.instance())
-                .with_protocol_type(Some(StrBytes::from_static_str(PROTOCOL_TYPE)))
+                .with_protocol_type(Some(StrBytes::from_static_str(self.framing.protocol_type())))
                 .with_protocol_name(Some(protocol.clone()))
                 .with_assignments(assignments);
             let response = match self.coordinator().await?.send(&sync, SYNC_GROUP_VERSION).await {
@@ -387,16 +423,14 @@ impl Membership {
                 target: "handover", generation = self.generation,
                 ms = sync_sent.elapsed().as_millis() as u64, "SyncGroup answered"
             );
-            let assignment = Assignment::decode_signed(
-                &response.assignment,
-                self.config.secret.as_ref(),
-                &self.member_id,
-                self.generation,
-            )
-            .map_err(|e| MembershipError::BadAssignment {
-                group: self.config.group.clone(),
-                detail: e.to_string(),
-            })?;
+            let assignment = unframe_assignment(&response.assignment)
+                .and_then(|bytes| {
+                    Assignment::decode_signed(&bytes, self.config.secret.as_ref(), &self.member_id, self.generation)
+                })
+                .map_err(|e| MembershipError::BadAssignment {
+                    group: self.config.group.clone(),
+                    detail: e.to_string(),
+                })?;
             return Ok(Joined {
                 generation: self.generation,
                 member_id: self.member_id.clone(),

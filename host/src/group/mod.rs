@@ -6,6 +6,7 @@ pub mod assignor;
 mod assignor_tests;
 mod codec;
 pub mod connection;
+pub mod framing;
 pub mod membership;
 pub mod metadata;
 pub mod offsets;

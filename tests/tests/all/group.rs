@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use sluice::group::assignor::{Assignor, AssignorInput, LearnerPolicy, Sticky};
+use sluice::group::framing::Framing;
 use sluice::group::membership::{Heartbeat, Membership, MembershipConfig};
 use sluice::group::metadata::{Assignment, MemberMetadata};
 use sluice::group::TaskId;
@@ -118,5 +119,55 @@ async fn a_new_and_an_old_worker_share_a_group_and_only_moved_tasks_are_revoked(
     let fourth = a.join(&metadata(2, &kept), assign).await?;
     assert_eq!(fourth.assignment.active, tasks);
     a.leave().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_of_the_earlier_protocol_type_and_a_new_one_share_a_group() -> anyhow::Result<()> {
+    // A rolling upgrade: A joined as workers before Kafka's consumer framing did (protocol
+    // type `sluice`); B, of this version, joins the same group. The coordinator refuses a
+    // second protocol type in one group, so B joins as A does and they share the tasks.
+    let group = unique_name("sluice-upgrade");
+    let tasks: Vec<TaskId> = (0..4).map(|p| TaskId::new("orders", p)).collect();
+    let (stateful, ends) = (HashSet::new(), HashMap::new());
+    let assign = |members: &BTreeMap<String, MemberMetadata>| -> BTreeMap<String, Assignment> {
+        Sticky.assign(&AssignorInput {
+            members,
+            tasks: &tasks,
+            stateful: &stateful,
+            end_offsets: &ends,
+            standby_replicas: 0,
+            learners: LearnerPolicy::NONE,
+        })
+    };
+    let mut a = Membership::with_framing(config(&group), Framing::Legacy);
+    let first = a.join(&metadata(3, &[]), assign).await?;
+    assert_eq!(first.assignment.active.len(), 4);
+
+    let mut b = Membership::new(config(&group));
+    assert_eq!(b.framing(), Framing::Consumer);
+    let (a_meta, b_meta) = (metadata(3, &first.assignment.active), metadata(3, &[]));
+    let (second_a, second_b) = tokio::join!(
+        async {
+            until_rejoin_needed(&mut a).await?;
+            anyhow::Ok(a.join(&a_meta, assign).await?)
+        },
+        b.join(&b_meta, assign)
+    );
+    let (second_a, second_b) = (second_a?, second_b?);
+    assert_eq!(b.framing(), Framing::Legacy, "B joined as the group's members do");
+    assert_eq!(second_a.generation, second_b.generation);
+    assert_eq!(
+        (second_a.assignment.active.len(), second_a.assignment.revoked.len()),
+        (2, 2)
+    );
+    b.leave().await?;
+    a.leave().await?;
+
+    // Once the group is empty, a new member frames in Kafka's consumer protocol again.
+    let mut c = Membership::new(config(&group));
+    let alone = c.join(&metadata(3, &[]), assign).await?;
+    assert_eq!((c.framing(), alone.assignment.active.len()), (Framing::Consumer, 4));
+    c.leave().await?;
     Ok(())
 }

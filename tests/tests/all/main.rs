@@ -7,6 +7,7 @@ mod density;
 mod group;
 mod hostile;
 mod kafka_roundtrip;
+mod kafka_tools;
 mod kills;
 mod learners;
 mod ownership;
