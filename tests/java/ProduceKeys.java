@@ -1,6 +1,7 @@
-// Produces one record per key read from stdin (hex, one per line; an empty line is the
-// empty key) with Kafka's own Java producer and its default partitioner, and prints
-// `<hex key> <partition>` for each as the broker acknowledged it. The tests compare the
+// Produces one record per line of stdin (`<hex key>` or `<hex key> <hex value>`; an empty
+// key is the empty key; without a value the value is the key) with Kafka's own Java
+// producer and its default partitioner, and prints `<hex key> <partition>` for each, in
+// order, as the broker acknowledged it. The tests compare the
 // partitions Sluice's outputs land in with these.
 //
 //     java -cp "$(dev/kafka classpath)" tests/java/ProduceKeys.java BOOTSTRAP TOPIC [name=value...]
@@ -41,16 +42,20 @@ public class ProduceKeys {
         }
         HexFormat hex = HexFormat.of();
         List<String> keys = new ArrayList<>();
+        List<String> values = new ArrayList<>();
         BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.US_ASCII));
         for (String line = in.readLine(); line != null; line = in.readLine()) {
-            keys.add(line.trim());
+            String[] fields = line.trim().split(" ", -1);
+            keys.add(fields[0]);
+            values.add(fields.length > 1 ? fields[1] : fields[0]);
         }
         List<Future<RecordMetadata>> sent = new ArrayList<>();
         try (KafkaProducer<byte[], byte[]> producer =
                  new KafkaProducer<>(props, new ByteArraySerializer(), new ByteArraySerializer())) {
-            for (String key : keys) {
-                byte[] bytes = hex.parseHex(key);
-                sent.add(producer.send(new ProducerRecord<>(args[1], bytes, bytes)));
+            for (int i = 0; i < keys.size(); i++) {
+                byte[] key = hex.parseHex(keys.get(i));
+                byte[] value = hex.parseHex(values.get(i));
+                sent.add(producer.send(new ProducerRecord<>(args[1], key, value)));
             }
             producer.flush();
             StringBuilder out = new StringBuilder();

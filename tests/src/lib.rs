@@ -581,6 +581,14 @@ impl Kafka {
     /// partitioner (`tests/java/ProduceKeys.java`, on the jars `dev/kafka classpath` names)
     /// and returns the partition each key went to. Plaintext clusters only.
     pub fn produce_with_java(&self, topic: &str, keys: &[Vec<u8>]) -> Result<HashMap<Vec<u8>, i32>> {
+        let records: Vec<(Vec<u8>, Vec<u8>)> = keys.iter().map(|k| (k.clone(), k.clone())).collect();
+        let partitions = self.produce_records_with_java(topic, &records)?;
+        Ok(keys.iter().cloned().zip(partitions).collect())
+    }
+
+    /// As [`produce_with_java`](Self::produce_with_java), with values: the partition of
+    /// each record, in order.
+    pub fn produce_records_with_java(&self, topic: &str, records: &[(Vec<u8>, Vec<u8>)]) -> Result<Vec<i32>> {
         use std::io::Write;
         if self.is_secured() {
             bail!("produce_with_java speaks plaintext only");
@@ -608,8 +616,10 @@ impl Kafka {
             .context("starting java (ProduceKeys.java)")?;
         let hex = |key: &[u8]| key.iter().map(|b| format!("{b:02x}")).collect::<String>();
         let mut input = String::new();
-        for key in keys {
+        for (key, value) in records {
             input.push_str(&hex(key));
+            input.push(' ');
+            input.push_str(&hex(value));
             input.push('\n');
         }
         let mut stdin = child.stdin.take().context("java's stdin")?;
@@ -617,7 +627,7 @@ impl Kafka {
         let out = child.wait_with_output()?;
         writer
             .join()
-            .map_err(|_| anyhow::anyhow!("writing the keys panicked"))??;
+            .map_err(|_| anyhow::anyhow!("writing the records panicked"))??;
         if !out.status.success() {
             bail!(
                 "ProduceKeys.java failed ({}):\n{}",
@@ -625,19 +635,17 @@ impl Kafka {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        let by_hex: HashMap<String, &Vec<u8>> = keys.iter().map(|k| (hex(k), k)).collect();
-        let mut partitions = HashMap::new();
-        for line in String::from_utf8(out.stdout)?.lines() {
-            let (key, partition) = line
-                .split_once(' ')
-                .with_context(|| format!("ProduceKeys printed {line:?}"))?;
-            let key = by_hex
-                .get(key)
-                .with_context(|| format!("ProduceKeys printed a key not sent: {line:?}"))?;
-            partitions.insert((*key).clone(), partition.parse()?);
+        let stdout = String::from_utf8(out.stdout)?;
+        let lines: Vec<&str> = stdout.lines().collect();
+        if lines.len() != records.len() {
+            bail!("ProduceKeys reported {} of {} records", lines.len(), records.len());
         }
-        if partitions.len() != by_hex.len() {
-            bail!("ProduceKeys reported {} of {} keys", partitions.len(), by_hex.len());
+        let mut partitions = Vec::with_capacity(records.len());
+        for (line, (key, _)) in lines.iter().zip(records) {
+            match line.split_once(' ') {
+                Some((k, p)) if k == hex(key) => partitions.push(p.parse()?),
+                _ => bail!("ProduceKeys printed {line:?} for key {}", hex(key)),
+            }
         }
         Ok(partitions)
     }

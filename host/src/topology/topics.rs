@@ -44,7 +44,7 @@ pub fn check_topics(
 ) -> anyhow::Result<i32> {
     // Used here for metadata only; records are read by the stream threads.
     let consumer = source_consumer(kafka, &manifest.group(), 1 << 20).context("creating the consumer")?;
-    let mut partitions = None;
+    let mut sources: Vec<(&str, i32)> = Vec::new();
     let dead_letter: Vec<String> = binding.dead_letter_topic.iter().cloned().collect();
     for (kind, topics) in [
         ("source", &binding.source_topics),
@@ -60,19 +60,22 @@ pub fn check_topics(
                 )
             })?;
             if kind == "source" {
-                match partitions {
-                    None => partitions = Some((topic.clone(), count)),
-                    Some((ref first, n)) if n != count => bail!(
-                        "topology {}: source topics {first:?} ({n} partitions) and {topic:?} ({count} partitions) \
-                         must have the same number of partitions (a task reads the same partition of each)",
-                        manifest.name
-                    ),
-                    Some(_) => {}
-                }
+                sources.push((topic, count));
             }
         }
     }
-    let (_, partitions) = partitions.expect("a topology has at least one source");
+    let partitions = sources.first().expect("a topology has at least one source").1;
+    if sources.iter().any(|(_, n)| *n != partitions) {
+        let counts: Vec<String> = sources.iter().map(|(t, n)| format!("{t:?} has {n}")).collect();
+        bail!(
+            "topology {} (manifest {}): its sources are not co-partitioned: {}; a task reads the same partition \
+             of each source, so they need the same number of partitions (and keys written with the same \
+             partitioner)",
+            manifest.name,
+            manifest.path,
+            counts.join(", ")
+        );
+    }
     Ok(partitions)
 }
 
