@@ -33,6 +33,21 @@ fn metadata(version: u16, active: &[TaskId]) -> MemberMetadata {
     }
 }
 
+/// The sticky assignor over `tasks` (stateless: no standbys, no learners), as a leader
+/// passes it to `join`.
+fn sticky(tasks: &[TaskId]) -> impl Fn(&BTreeMap<String, MemberMetadata>) -> BTreeMap<String, Assignment> + Copy + '_ {
+    move |members| {
+        Sticky.assign(&AssignorInput {
+            members,
+            tasks,
+            stateful: &HashSet::new(),
+            end_offsets: &HashMap::new(),
+            standby_replicas: 0,
+            learners: LearnerPolicy::NONE,
+        })
+    }
+}
+
 async fn until_rejoin_needed(member: &mut Membership) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
@@ -51,17 +66,7 @@ async fn until_rejoin_needed(member: &mut Membership) -> anyhow::Result<()> {
 async fn a_new_and_an_old_worker_share_a_group_and_only_moved_tasks_are_revoked() -> anyhow::Result<()> {
     let group = unique_name("sluice-group");
     let tasks: Vec<TaskId> = (0..12).map(|p| TaskId::new("orders", p)).collect();
-    let (stateful, ends) = (HashSet::new(), HashMap::new());
-    let assign = |members: &BTreeMap<String, MemberMetadata>| -> BTreeMap<String, Assignment> {
-        Sticky.assign(&AssignorInput {
-            members,
-            tasks: &tasks,
-            stateful: &stateful,
-            end_offsets: &ends,
-            standby_replicas: 0,
-            learners: LearnerPolicy::NONE,
-        })
-    };
+    let assign = sticky(&tasks);
 
     // A (metadata version 2) alone: it leads and owns everything.
     let mut a = Membership::new(config(&group));
@@ -129,17 +134,7 @@ async fn a_worker_of_the_earlier_protocol_type_and_a_new_one_share_a_group() -> 
     // second protocol type in one group, so B joins as A does and they share the tasks.
     let group = unique_name("sluice-upgrade");
     let tasks: Vec<TaskId> = (0..4).map(|p| TaskId::new("orders", p)).collect();
-    let (stateful, ends) = (HashSet::new(), HashMap::new());
-    let assign = |members: &BTreeMap<String, MemberMetadata>| -> BTreeMap<String, Assignment> {
-        Sticky.assign(&AssignorInput {
-            members,
-            tasks: &tasks,
-            stateful: &stateful,
-            end_offsets: &ends,
-            standby_replicas: 0,
-            learners: LearnerPolicy::NONE,
-        })
-    };
+    let assign = sticky(&tasks);
     let mut a = Membership::with_framing(config(&group), Framing::Legacy);
     let first = a.join(&metadata(3, &[]), assign).await?;
     assert_eq!(first.assignment.active.len(), 4);
