@@ -121,6 +121,7 @@ fn guest(component: PathBuf, records: usize, size: usize, batch: usize, runs: us
     let input = batches(records, size, batch);
     let task = TaskInfo {
         topology: "bench".into(),
+        subtopology: "bench".into(),
         task_id: "bench/0".into(),
         partition: 0,
         source_topics: vec!["in".into()],
@@ -243,6 +244,7 @@ fn boundary(component: PathBuf, records: usize, size: usize, batch: usize, runs:
     let input = batches(records, size, batch);
     let task = TaskInfo {
         topology: "bench".into(),
+        subtopology: "bench".into(),
         task_id: "bench/0".into(),
         partition: 0,
         source_topics: vec!["in".into()],

@@ -7,9 +7,9 @@ use crate::codec::Encode;
 use crate::wire::{self, Header, Writer, INHERIT_TIMESTAMP};
 use crate::{Description, Error, Processor, Record, TaskInfo};
 
-use __private::bindings::exports::sluice::topology::processor as wit;
-use __private::bindings::sluice::topology::host;
-use __private::bindings::sluice::topology::types as wit_types;
+use __private::bindings::exports::sluice::topology0_2_0::processor as wit;
+use __private::bindings::sluice::topology0_1_0::host;
+use __private::bindings::sluice::topology0_1_0::types as wit_types;
 
 /// Severity of a log line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -220,12 +220,16 @@ pub mod __private {
             pub_export_macro: true,
             export_macro_name: "__export_topology",
             default_bindings_module: "sluice_guest::__private::bindings",
+            // The host's interfaces are those of 0.1.0 (`wit/deps/`), imported by 0.2.0.
+            generate_all,
         });
     }
 
-    pub use self::bindings::exports::sluice::topology::processor::Guest;
-    pub use self::bindings::sluice::topology::types::{
-        Description as WitDescription, GuestError, TaskInfo as WitTaskInfo,
+    pub use self::bindings::exports::sluice::topology0_2_0::processor::Guest;
+    pub use self::bindings::sluice::topology0_1_0::types::GuestError;
+    pub use self::bindings::sluice::topology0_2_0::types::{
+        Description as WitDescription, InternalTopic as WitInternalTopic, Subtopology as WitSubtopology,
+        TaskInfo as WitTaskInfo,
     };
     pub use super::{close, describe, init, process, punctuate, Slot};
 }
@@ -238,6 +242,24 @@ pub fn describe<T: Processor>() -> wit::Description {
         sources: d.sources,
         sinks: d.sinks,
         stores: d.stores,
+        internal_topics: d
+            .internal_topics
+            .into_iter()
+            .map(|t| __private::WitInternalTopic {
+                name: t.name,
+                partitions: t.partitions,
+            })
+            .collect(),
+        subtopologies: d
+            .subtopologies
+            .into_iter()
+            .map(|s| __private::WitSubtopology {
+                name: s.name,
+                sources: s.sources,
+                sinks: s.sinks,
+                stores: s.stores,
+            })
+            .collect(),
     }
 }
 
@@ -246,6 +268,7 @@ pub fn init<T: Processor>(slot: &Slot<T>, task: wit::TaskInfo) -> Result<(), wit
     let description = T::describe();
     let info = TaskInfo {
         topology: task.topology,
+        subtopology: task.subtopology,
         task_id: task.task_id,
         partition: task.partition,
         source_topics: task.source_topics,

@@ -5,7 +5,7 @@
 
 use std::marker::PhantomData;
 
-use crate::__private::bindings::sluice::topology::state as wit;
+use crate::__private::bindings::sluice::topology0_1_0::state as wit;
 use crate::codec::{Decode, Encode, Prefix};
 use crate::Error;
 

@@ -1,6 +1,6 @@
 //! Hostile test topology: describe() never returns: the host's deadline on loading must stop it.
 
-use sluice_guest::__private::bindings::exports::sluice::topology::processor::{
+use sluice_guest::__private::bindings::exports::sluice::topology0_2_0::processor::{
     Description, Guest, GuestError, TaskInfo,
 };
 

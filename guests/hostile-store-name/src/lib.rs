@@ -1,6 +1,6 @@
 //! Hostile test topology: declares a store named `..`: the host must refuse the name before it becomes a path.
 
-use sluice_guest::__private::bindings::exports::sluice::topology::processor::{
+use sluice_guest::__private::bindings::exports::sluice::topology0_2_0::processor::{
     Description, Guest, GuestError, TaskInfo,
 };
 
@@ -13,6 +13,8 @@ impl Guest for Hostile {
             sources: vec!["input".into()],
             sinks: vec!["output".into()],
             stores: vec!["..".into()],
+            internal_topics: Vec::new(),
+            subtopologies: Vec::new(),
         }
     }
 

@@ -28,11 +28,11 @@
 use std::hint::black_box;
 use std::sync::Mutex;
 
-use sluice_guest::__private::bindings::exports::sluice::topology::processor::{
+use sluice_guest::__private::bindings::exports::sluice::topology0_2_0::processor::{
     Description, Guest, GuestError, TaskInfo,
 };
-use sluice_guest::__private::bindings::sluice::topology::state::Store;
-use sluice_guest::__private::bindings::sluice::topology::{host, types};
+use sluice_guest::__private::bindings::sluice::topology0_1_0::state::Store;
+use sluice_guest::__private::bindings::sluice::topology0_1_0::{host, types};
 use sluice_guest::wire::{self, Writer};
 
 /// Memory kept by `grow`.
@@ -56,6 +56,8 @@ impl Guest for Hostile {
             sources: vec!["input".into()],
             sinks: vec!["output".into()],
             stores: vec!["state".into()],
+            internal_topics: Vec::new(),
+            subtopologies: Vec::new(),
         }
     }
 

@@ -409,6 +409,9 @@ fn check(
                 DeployCheckError::Load(LoadError::BadDescription { .. }) => {
                     (StatusCode::UNPROCESSABLE_ENTITY, "bad-description")
                 }
+                DeployCheckError::Load(LoadError::Unsupported { .. }) => {
+                    (StatusCode::UNPROCESSABLE_ENTITY, "unsupported")
+                }
                 DeployCheckError::Load(LoadError::Limits { .. }) => (StatusCode::UNPROCESSABLE_ENTITY, "bad-limits"),
                 DeployCheckError::Load(LoadError::TooLarge { .. }) => {
                     (StatusCode::UNPROCESSABLE_ENTITY, "too-many-instances")

@@ -10,7 +10,7 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
-use super::bindings::sluice::topology::{host, types};
+use super::bindings::sluice::topology0_1_0::{host, types};
 use super::fault::GuestFault;
 use super::state_host::NamedStore;
 use sluice_wire::wire::{Header, Writer, INHERIT_TIMESTAMP};
@@ -191,6 +191,7 @@ impl ResourceLimiter for TaskData {
 }
 
 impl types::Host for TaskData {}
+impl super::bindings::sluice::topology0_2_0::types::Host for TaskData {}
 
 impl host::Host for TaskData {
     fn emit(&mut self, sink: String, out: types::Output) -> wasmtime::Result<Result<(), types::EmitError>> {

@@ -4,20 +4,50 @@ use std::time::Duration;
 
 use wasmtime::{Store, Trap};
 
-use super::bindings::exports::sluice::topology::processor as wit;
-use super::bindings::Topology;
+use super::bindings::exports::sluice::topology0_2_0::processor as wit;
+use super::bindings::sluice::topology0_1_0::types::GuestError;
+use super::bindings_v1::exports::sluice::topology0_1_0::processor as wit_v1;
 use super::fault::GuestFault;
 use super::host::TaskData;
 use super::state_host::NamedStore;
+use super::{bindings, bindings_v1};
 use super::{LoadedTopology, EPOCH_TICK};
 use sluice_wire::wire::{self, Emitted};
-use sluice_wire::{Description, TaskInfo};
+use sluice_wire::{Description, InternalTopic, Subtopology, TaskInfo};
+
+/// A component's exports, by the version of the contract it was built for.
+pub(super) enum Exports {
+    V2(bindings::Topology),
+    V1(bindings_v1::Topology),
+}
+
+/// The `processor` export of either version.
+enum Processor<'a> {
+    V2(&'a wit::Guest),
+    V1(&'a wit_v1::Guest),
+}
+
+/// Ready to instantiate, by the version of the contract the component was built for.
+#[derive(Clone)]
+pub(super) enum Pre {
+    V2(bindings::TopologyPre<TaskData>),
+    V1(bindings_v1::TopologyPre<TaskData>),
+}
+
+impl Pre {
+    fn instantiate(&self, store: &mut Store<TaskData>) -> wasmtime::Result<Exports> {
+        Ok(match self {
+            Pre::V2(pre) => Exports::V2(pre.instantiate(store)?),
+            Pre::V1(pre) => Exports::V1(pre.instantiate(store)?),
+        })
+    }
+}
 
 /// An instance of a topology for one task. After a fault it refuses further calls: a
 /// trapped instance may be in any state, so the task must start over with a new one.
 pub struct TaskInstance {
     store: Store<TaskData>,
-    topology: Topology,
+    topology: Exports,
     timeout: Duration,
     deadline_ticks: u64,
     faulted: bool,
@@ -117,24 +147,73 @@ impl TaskInstance {
     }
 
     pub fn describe(&mut self) -> Result<Description, GuestFault> {
-        let d = self.call(|p, s| p.call_describe(s))?;
-        Ok(Description {
-            name: d.name,
-            sources: d.sources,
-            sinks: d.sinks,
-            stores: d.stores,
+        self.call(|p, s| {
+            Ok(match p {
+                Processor::V2(p) => {
+                    let d = p.call_describe(s)?;
+                    Description {
+                        name: d.name,
+                        sources: d.sources,
+                        sinks: d.sinks,
+                        stores: d.stores,
+                        internal_topics: d
+                            .internal_topics
+                            .into_iter()
+                            .map(|t| InternalTopic {
+                                name: t.name,
+                                partitions: t.partitions,
+                            })
+                            .collect(),
+                        subtopologies: d
+                            .subtopologies
+                            .into_iter()
+                            .map(|t| Subtopology {
+                                name: t.name,
+                                sources: t.sources,
+                                sinks: t.sinks,
+                                stores: t.stores,
+                            })
+                            .collect(),
+                    }
+                }
+                Processor::V1(p) => {
+                    let d = p.call_describe(s)?;
+                    Description {
+                        name: d.name,
+                        sources: d.sources,
+                        sinks: d.sinks,
+                        stores: d.stores,
+                        ..Default::default()
+                    }
+                }
+            })
         })
     }
 
     pub fn init(&mut self, task: &TaskInfo) -> Result<(), GuestFault> {
-        let info = wit::TaskInfo {
-            topology: task.topology.clone(),
-            task_id: task.task_id.clone(),
-            partition: task.partition,
-            source_topics: task.source_topics.clone(),
-            sink_topics: task.sink_topics.clone(),
-        };
-        let result = self.call(|p, s| p.call_init(s, &info))?;
+        let result = self.call(|p, s| match p {
+            Processor::V2(p) => p.call_init(
+                s,
+                &wit::TaskInfo {
+                    topology: task.topology.clone(),
+                    subtopology: task.subtopology.clone(),
+                    task_id: task.task_id.clone(),
+                    partition: task.partition,
+                    source_topics: task.source_topics.clone(),
+                    sink_topics: task.sink_topics.clone(),
+                },
+            ),
+            Processor::V1(p) => p.call_init(
+                s,
+                &wit_v1::TaskInfo {
+                    topology: task.topology.clone(),
+                    task_id: task.task_id.clone(),
+                    partition: task.partition,
+                    source_topics: task.source_topics.clone(),
+                    sink_topics: task.sink_topics.clone(),
+                },
+            ),
+        })?;
         if let (Ok(_), Some(what)) = (&result, self.store.data_mut().undeclared.take()) {
             self.faulted = true;
             self.end_call(false);
@@ -147,17 +226,26 @@ impl TaskInstance {
 
     /// Processes one encoded batch (see `sluice_wire::wire`).
     pub fn process(&mut self, batch: &[u8]) -> Result<CallOutput, GuestFault> {
-        let result = self.call(|p, s| p.call_process(s, batch))?;
+        let result = self.call(|p, s| match p {
+            Processor::V2(p) => p.call_process(s, batch),
+            Processor::V1(p) => p.call_process(s, batch),
+        })?;
         self.output(result)
     }
 
     pub fn punctuate(&mut self, stream_time_ms: i64, wall_clock_ms: i64) -> Result<CallOutput, GuestFault> {
-        let result = self.call(|p, s| p.call_punctuate(s, stream_time_ms, wall_clock_ms))?;
+        let result = self.call(|p, s| match p {
+            Processor::V2(p) => p.call_punctuate(s, stream_time_ms, wall_clock_ms),
+            Processor::V1(p) => p.call_punctuate(s, stream_time_ms, wall_clock_ms),
+        })?;
         self.output(result)
     }
 
     pub fn close(&mut self) -> Result<CallOutput, GuestFault> {
-        let result = self.call(|p, s| p.call_close(s))?;
+        let result = self.call(|p, s| match p {
+            Processor::V2(p) => p.call_close(s),
+            Processor::V1(p) => p.call_close(s),
+        })?;
         self.output(result)
     }
 
@@ -185,7 +273,7 @@ impl TaskInstance {
         self.faulted
     }
 
-    fn output(&mut self, result: Result<Vec<u8>, wit::GuestError>) -> Result<CallOutput, GuestFault> {
+    fn output(&mut self, result: Result<Vec<u8>, GuestError>) -> Result<CallOutput, GuestFault> {
         let host_emitted = self.store.data_mut().emitted.take_if_any();
         // A guest that ignored the error of an undeclared sink or store still fails; one that
         // reported it says best where (its error names the record).
@@ -200,7 +288,7 @@ impl TaskInstance {
         }
     }
 
-    fn guest_error(&mut self, e: wit::GuestError) -> GuestFault {
+    fn guest_error(&mut self, e: GuestError) -> GuestFault {
         self.faulted = true;
         self.end_call(false);
         GuestFault::Error {
@@ -211,7 +299,7 @@ impl TaskInstance {
 
     fn call<R>(
         &mut self,
-        f: impl FnOnce(&wit::Guest, &mut Store<TaskData>) -> wasmtime::Result<R>,
+        f: impl FnOnce(Processor<'_>, &mut Store<TaskData>) -> wasmtime::Result<R>,
     ) -> Result<R, GuestFault> {
         if self.faulted {
             return Err(GuestFault::Instantiate {
@@ -221,7 +309,10 @@ impl TaskInstance {
         self.store.set_epoch_deadline(self.deadline_ticks);
         let data = self.store.data_mut();
         (data.fault, data.undeclared, data.memory_denied) = (None, None, None);
-        let processor = self.topology.sluice_topology_processor();
+        let processor = match &self.topology {
+            Exports::V2(t) => Processor::V2(t.sluice_topology0_2_0_processor()),
+            Exports::V1(t) => Processor::V1(t.sluice_topology0_1_0_processor()),
+        };
         match f(processor, &mut self.store) {
             Ok(r) => Ok(r),
             Err(e) => {

@@ -17,6 +17,7 @@
 //! explain traps).
 
 mod cache;
+mod description;
 mod fault;
 mod host;
 mod instance;
@@ -35,7 +36,9 @@ pub use host::TaskData;
 pub use instance::{CallOutput, TaskInstance};
 pub use state_host::NamedStore;
 
-/// Generated from `wit/`; kept private behind the types of this module.
+/// Generated from `wit/`; kept private behind the types of this module. The world is
+/// `sluice:topology@0.2.0`; the host's interfaces it imports are those of 0.1.0
+/// (`wit/deps/topology-0.1.0/`), so one linker serves components of both versions.
 mod bindings {
     wasmtime::component::bindgen!({
         world: "topology",
@@ -50,7 +53,22 @@ mod bindings {
     });
 }
 
-pub use bindings::sluice::topology::types::Level as GuestLevel;
+/// The exports of a `sluice:topology@0.1.0` component (one sub-topology); its imports are
+/// the ones [`bindings`] links.
+mod bindings_v1 {
+    wasmtime::component::bindgen!({
+        world: "sluice:topology/topology@0.1.0",
+        path: "../wit",
+        imports: { default: trappable },
+        with: {
+            "sluice:topology/types@0.1.0": super::bindings::sluice::topology0_1_0::types,
+            "sluice:topology/host@0.1.0": super::bindings::sluice::topology0_1_0::host,
+            "sluice:topology/state@0.1.0": super::bindings::sluice::topology0_1_0::state,
+        },
+    });
+}
+
+pub use bindings::sluice::topology0_1_0::types::Level as GuestLevel;
 
 /// How long one epoch tick lasts; call deadlines are rounded up to whole ticks.
 const EPOCH_TICK: Duration = Duration::from_millis(5);
@@ -98,7 +116,7 @@ pub enum LoadError {
     WrongWorld { path: String, detail: String },
     #[error(
         "component {path} was built for sluice:topology@{found}; this worker runs sluice:topology@{WIT_VERSION} \
-         topologies: rebuild it with a sluice-guest for {WIT_VERSION}"
+         (and @{WIT_VERSION_V1}) topologies: rebuild it with a sluice-guest for {WIT_VERSION}"
     )]
     WrongVersion { path: String, found: String },
     #[error(
@@ -111,6 +129,9 @@ pub enum LoadError {
     Describe { path: String, fault: GuestFault },
     #[error("component {path} describes itself inconsistently: {detail}")]
     BadDescription { path: String, detail: String },
+    /// A description this worker cannot run yet.
+    #[error("component {path}: {detail}")]
+    Unsupported { path: String, detail: String },
     /// The component makes more core instances, memories or tables than one task may.
     #[error("component {path} is larger than a topology may be: {detail}")]
     TooLarge { path: String, detail: String },
@@ -215,7 +236,7 @@ impl Runtime {
             return Err(LoadError::NotAComponent { path, detail });
         }
         let (component, from_cache) = self.compile(&path, bytes)?;
-        check_world(&self.engine, &component, &path)?;
+        let version = check_world(&self.engine, &component, &path)?;
         let pre = self
             .linker
             .instantiate_pre(&component)
@@ -223,10 +244,14 @@ impl Runtime {
                 path: path.clone(),
                 detail: format!("{e:#}"),
             })?;
-        let pre = bindings::TopologyPre::new(pre).map_err(|e| LoadError::WrongWorld {
+        let wrong_world = |e: wasmtime::Error| LoadError::WrongWorld {
             path: path.clone(),
             detail: format!("{e:#}"),
-        })?;
+        };
+        let pre = match version {
+            ContractVersion::V2 => instance::Pre::V2(bindings::TopologyPre::new(pre).map_err(wrong_world)?),
+            ContractVersion::V1 => instance::Pre::V1(bindings_v1::TopologyPre::new(pre).map_err(wrong_world)?),
+        };
         let topology = LoadedTopology {
             pre,
             description: Default::default(),
@@ -255,7 +280,11 @@ impl Runtime {
                 fault,
             },
         })?;
-        check_description(&description).map_err(|detail| LoadError::BadDescription { path, detail })?;
+        description::check(&description).map_err(|detail| LoadError::BadDescription {
+            path: path.clone(),
+            detail,
+        })?;
+        description::supported(&description).map_err(|detail| LoadError::Unsupported { path, detail })?;
         Ok(LoadedTopology {
             description,
             ..topology
@@ -313,41 +342,56 @@ impl Runtime {
 }
 
 /// The version of the WIT world this host speaks (`package sluice:topology@…` in wit/).
-pub const WIT_VERSION: &str = "0.1.0";
+pub const WIT_VERSION: &str = "0.2.0";
+/// The earlier version whose components this host still runs (as one sub-topology).
+pub const WIT_VERSION_V1: &str = "0.1.0";
 
 /// What a topology's `processor` export must hold.
 const PROCESSOR_FUNCTIONS: [&str; 5] = ["describe", "init", "process", "punctuate", "close"];
 
-/// Whether a `sluice:topology` interface of version `found` is one this host links
-/// (wasmtime's rule: the same major version, or for 0.x the same minor).
-fn version_fits(found: &str) -> bool {
+/// The contract version a component was built for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ContractVersion {
+    V1,
+    V2,
+}
+
+/// Which contract a `sluice:topology` interface of version `found` belongs to, if it is
+/// one this host links (wasmtime's rule: the same major version, or for 0.x the same minor).
+fn contract_of(found: &str) -> Option<ContractVersion> {
     let key = |v: &str| -> Option<(u64, u64)> {
         let mut parts = v.split(['.', '-', '+']);
         let major = parts.next()?.parse().ok()?;
         let minor = parts.next()?.parse().ok()?;
         Some(if major == 0 { (0, minor) } else { (major, 0) })
     };
-    key(found).is_some() && key(found) == key(WIT_VERSION)
+    let found = key(found)?;
+    if Some(found) == key(WIT_VERSION) {
+        Some(ContractVersion::V2)
+    } else if Some(found) == key(WIT_VERSION_V1) {
+        Some(ContractVersion::V1)
+    } else {
+        None
+    }
 }
 
 /// Checks what a component imports and exports against the topology world, before
 /// linking it: so a component of another world, of another version of ours, or missing an
 /// export gets an error that says which.
-fn check_world(engine: &Engine, component: &Component, path: &str) -> Result<(), LoadError> {
+fn check_world(engine: &Engine, component: &Component, path: &str) -> Result<ContractVersion, LoadError> {
     use wasmtime::component::types::ComponentItem;
     let ty = component.component_type();
     let ours = |name: &str| name.starts_with("sluice:topology/");
     let version = |name: &str| name.split_once('@').map_or(String::new(), |(_, v)| v.to_string());
-    let wrong_version = |name: &str| {
-        let found = version(name);
-        (!version_fits(&found)).then(|| LoadError::WrongVersion {
-            path: path.to_string(),
-            found: if found.is_empty() { "(no version)".into() } else { found },
-        })
+    let wrong_version = |found: String| LoadError::WrongVersion {
+        path: path.to_string(),
+        found: if found.is_empty() { "(no version)".into() } else { found },
     };
+    // Components of both versions import the host's interfaces of 0.1.0 (they have not
+    // changed); a 0.2.0 component imports the types of 0.2.0 too.
     for (name, _) in ty.imports(engine).filter(|(n, _)| ours(n)) {
-        if let Some(e) = wrong_version(name) {
-            return Err(e);
+        if contract_of(&version(name)).is_none() {
+            return Err(wrong_version(version(name)));
         }
     }
     let exports: Vec<(String, ComponentItem)> = ty.exports(engine).map(|(n, e)| (n.to_string(), e.ty)).collect();
@@ -369,9 +413,9 @@ fn check_world(engine: &Engine, component: &Component, path: &str) -> Result<(),
             ),
         });
     };
-    if let Some(e) = wrong_version(name) {
-        return Err(e);
-    }
+    let Some(contract) = contract_of(&version(name)) else {
+        return Err(wrong_version(version(name)));
+    };
     if let ComponentItem::ComponentInstance(instance) = item {
         let have: Vec<String> = instance.exports(engine).map(|(n, _)| n.to_string()).collect();
         let missing: Vec<String> = PROCESSOR_FUNCTIONS
@@ -386,7 +430,7 @@ fn check_world(engine: &Engine, component: &Component, path: &str) -> Result<(),
             });
         }
     }
-    Ok(())
+    Ok(contract)
 }
 
 impl Drop for Runtime {
@@ -479,30 +523,10 @@ fn is_component(bytes: &[u8]) -> bool {
     bytes.len() >= 8 && bytes.starts_with(b"\0asm") && bytes[6..8] == [1, 0]
 }
 
-fn check_description(d: &sluice_wire::Description) -> Result<(), String> {
-    if d.sources.is_empty() {
-        return Err("it declares no sources".into());
-    }
-    for (kind, names) in [("source", &d.sources), ("sink", &d.sinks), ("store", &d.stores)] {
-        let mut seen = std::collections::HashSet::new();
-        for name in names {
-            if kind == "store" {
-                crate::manifest::check_store_name(name)?;
-            } else {
-                crate::manifest::check_name(&format!("{kind} name"), name)?;
-            }
-            if !seen.insert(name) {
-                return Err(format!("it declares the {kind} {name:?} twice"));
-            }
-        }
-    }
-    Ok(())
-}
-
 /// A compiled topology, ready to instantiate for tasks.
 #[derive(Clone)]
 pub struct LoadedTopology {
-    pre: bindings::TopologyPre<TaskData>,
+    pre: instance::Pre,
     description: sluice_wire::Description,
     engine: Engine,
     config: RuntimeConfig,
@@ -604,6 +628,8 @@ impl LoadedTopology {
 
 #[cfg(test)]
 mod wit_copy {
+    use super::{contract_of, ContractVersion};
+
     #[test]
     fn the_guest_sdks_copy_of_the_wit_is_the_hosts() {
         assert_eq!(
@@ -611,16 +637,28 @@ mod wit_copy {
             include_str!("../../../guest-sdk/wit/topology.wit"),
             "guest-sdk/wit/topology.wit differs from wit/topology.wit: copy it over"
         );
+        assert_eq!(
+            include_str!("../../../wit/deps/topology-0.1.0/topology.wit"),
+            include_str!("../../../guest-sdk/wit/deps/topology-0.1.0/topology.wit"),
+            "guest-sdk/wit/deps/topology-0.1.0/topology.wit differs from wit/'s: copy it over"
+        );
     }
 
     #[test]
-    fn the_version_the_host_names_is_the_wits() {
+    fn the_versions_the_host_names_are_the_wits() {
         let wit = include_str!("../../../wit/topology.wit");
         assert!(
             wit.contains(&format!("package sluice:topology@{};", super::WIT_VERSION)),
             "WIT_VERSION differs from wit/topology.wit's package version"
         );
-        assert!(super::version_fits("0.1.0") && super::version_fits("0.1.7"));
-        assert!(!super::version_fits("0.2.0") && !super::version_fits("1.1.0") && !super::version_fits(""));
+        let v1 = include_str!("../../../wit/deps/topology-0.1.0/topology.wit");
+        assert!(v1.contains(&format!("package sluice:topology@{};", super::WIT_VERSION_V1)));
+        assert_eq!(contract_of("0.2.0"), Some(ContractVersion::V2));
+        assert_eq!(contract_of("0.2.3"), Some(ContractVersion::V2));
+        assert_eq!(contract_of("0.1.0"), Some(ContractVersion::V1));
+        assert_eq!(contract_of("0.1.7"), Some(ContractVersion::V1));
+        for other in ["0.3.0", "1.1.0", "0.9.0", ""] {
+            assert_eq!(contract_of(other), None, "{other}");
+        }
     }
 }

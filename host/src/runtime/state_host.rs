@@ -3,7 +3,7 @@
 
 use wasmtime::component::Resource;
 
-use super::bindings::sluice::topology::state::{self as wit, Entry, StateError};
+use super::bindings::sluice::topology0_1_0::state::{self as wit, Entry, StateError};
 use super::fault::GuestFault;
 use super::host::{TaskData, MAX_RESOURCES};
 use crate::state::{prefix_end, StateStore};

@@ -125,6 +125,14 @@ impl Task {
         let stopping = move || control.stopping();
         let info = TaskInfo {
             topology: topology.name.clone(),
+            // One sub-topology (all a worker runs so far): the one declared, or the
+            // topology itself.
+            subtopology: topology
+                .loaded
+                .description()
+                .subtopologies
+                .first()
+                .map_or_else(|| topology.name.clone(), |s| s.name.clone()),
             task_id: id.clone(),
             partition: ctx.partition,
             source_topics: topology.binding.source_topics.clone(),

@@ -207,16 +207,16 @@ async fn a_topology_deployed_through_one_worker_runs_across_the_cluster_and_bad_
             guest("other-world"),
             good.clone(),
             ports[0],
-            "does not fit the sluice:topology@0.1.0 world: it exports greet, not \
-             sluice:topology/processor@0.1.0: it is not a Sluice topology",
+            "does not fit the sluice:topology@0.2.0 world: it exports greet, not \
+             sluice:topology/processor@0.2.0: it is not a Sluice topology",
         ),
         (
             "another version of the world",
             guest("wrong-version"),
             good.clone(),
             ports[0],
-            "was built for sluice:topology@0.9.0; this worker runs sluice:topology@0.1.0 topologies: rebuild it \
-             with a sluice-guest for 0.1.0 [wrong-version]",
+            "was built for sluice:topology@0.9.0; this worker runs sluice:topology@0.2.0 (and @0.1.0) topologies: \
+             rebuild it with a sluice-guest for 0.2.0 [wrong-version]",
         ),
         (
             "a missing export",

@@ -21,6 +21,7 @@ fn runtime(memory: usize, timeout: Duration) -> Runtime {
 fn task(topology: &LoadedTopology) -> TaskInfo {
     TaskInfo {
         topology: "test".into(),
+        subtopology: "test".into(),
         task_id: "test/0".into(),
         partition: 0,
         source_topics: vec!["in".into()],
@@ -84,6 +85,32 @@ fn uppercase_describes_itself_and_upper_cases_a_batch() {
             ("output".into(), "k2".into(), "".into(), 1002),
         ]
     );
+}
+
+#[test]
+fn a_component_of_the_0_1_0_contract_runs_as_one_sub_topology() {
+    // Built against wit/deps/topology-0.1.0 directly, as every component before 0.2.0 was.
+    let rt = runtime(64 << 20, Duration::from_secs(5));
+    let topology = rt.load(guest("v1-uppercase")).unwrap();
+    let d = topology.description();
+    assert_eq!(
+        (d.name.as_str(), d.sinks.as_slice()),
+        ("v1-uppercase", &["output".to_string()][..])
+    );
+    assert!(d.subtopologies.is_empty() && d.internal_topics.is_empty(), "{d:?}");
+    let out = run(&topology, &["hello", "old world"]).unwrap();
+    let values: Vec<(&str, &str, &str)> = out
+        .iter()
+        .map(|(s, k, v, _)| (s.as_str(), k.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(values, vec![("output", "k0", "HELLO"), ("output", "k1", "OLD WORLD")]);
+    // The SDK's components are of the new contract; both kinds load in one runtime.
+    assert!(rt
+        .load(guest("uppercase"))
+        .unwrap()
+        .description()
+        .subtopologies
+        .is_empty());
 }
 
 #[test]
@@ -241,12 +268,12 @@ fn bad_components_are_refused_with_a_message_that_says_why() {
     let message = err.to_string();
     assert!(
         message.starts_with(&format!(
-            "component {} does not fit the sluice:topology@0.1.0 world: ",
+            "component {} does not fit the sluice:topology@0.2.0 world: ",
             empty.display()
         )),
         "{message}"
     );
-    assert!(message.contains("sluice:topology/processor@0.1.0"), "{message}");
+    assert!(message.contains("sluice:topology/processor@0.2.0"), "{message}");
 
     // A truncated component.
     let bytes = std::fs::read(guest("uppercase")).unwrap();

@@ -26,6 +26,7 @@ fn runtime() -> Runtime {
 fn info(topology: &str) -> TaskInfo {
     TaskInfo {
         topology: topology.into(),
+        subtopology: topology.into(),
         task_id: format!("{topology}/0"),
         partition: 0,
         source_topics: vec!["in".into()],

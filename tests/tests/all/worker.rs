@@ -359,3 +359,53 @@ async fn a_missing_topic_or_bad_manifest_is_refused_at_start_up() -> anyhow::Res
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_0_1_0_component_runs_beside_a_0_2_0_one_on_one_worker() -> anyhow::Result<()> {
+    // Components uploaded before the 0.2.0 contract keep running, as one sub-topology.
+    let kafka = kafka();
+    let (input, old_out, new_out) = (unique_name("v1-in"), unique_name("v1-out"), unique_name("v2-out"));
+    for topic in [&input, &old_out, &new_out] {
+        kafka.create_topic(topic, 2).await?;
+    }
+    let sent = records("both versions", 0..1_000);
+    kafka.produce(&input, &sent).await?;
+    let dir = TempDir::new("versions");
+    let old = dir.write(
+        "old.toml",
+        &manifest(
+            &unique_name("old"),
+            &guest("v1-uppercase"),
+            &[("input", &input)],
+            &[("output", &old_out)],
+            "",
+        ),
+    );
+    let new = dir.write(
+        "new.toml",
+        &manifest(
+            &unique_name("new"),
+            &guest("uppercase"),
+            &[("input", &input)],
+            &[("output", &new_out)],
+            "",
+        ),
+    );
+    let _worker = WorkerProcess::start(
+        kafka.bootstrap(),
+        dir.path(),
+        &["--topology", old.to_str().unwrap(), "--topology", new.to_str().unwrap()],
+    )?;
+    let expected: BTreeSet<(Vec<u8>, Vec<u8>)> =
+        sent.iter().map(|(k, v)| (k.clone(), v.to_ascii_uppercase())).collect();
+    for output in [&old_out, &new_out] {
+        let got: BTreeSet<(Vec<u8>, Vec<u8>)> = kafka
+            .consume(output, sent.len(), Duration::from_secs(120))
+            .await?
+            .into_iter()
+            .map(|r| (r.key.unwrap(), r.value.unwrap()))
+            .collect();
+        assert_eq!(got, expected, "{output}");
+    }
+    Ok(())
+}

@@ -1,0 +1,245 @@
+//! What a component's description must say to be run: names that are valid and declared
+//! once, and (contract 0.2.0) internal topics and sub-topologies that fit together.
+
+use std::collections::{BTreeMap, HashSet};
+
+use sluice_wire::Description;
+
+use crate::manifest::{check_name, check_store_name};
+
+/// Checks a description; the error says what is wrong, naming it.
+pub(super) fn check(d: &Description) -> Result<(), String> {
+    if d.sources.is_empty() {
+        return Err("it declares no sources".into());
+    }
+    for (kind, names) in [("source", &d.sources), ("sink", &d.sinks), ("store", &d.stores)] {
+        let mut seen = HashSet::new();
+        for name in names {
+            if kind == "store" {
+                check_store_name(name)?;
+            } else {
+                check_name(&format!("{kind} name"), name)?;
+            }
+            if !seen.insert(name) {
+                return Err(format!("it declares the {kind} {name:?} twice"));
+            }
+        }
+    }
+    let mut internal = HashSet::new();
+    for t in &d.internal_topics {
+        if !internal.insert(t.name.as_str()) {
+            return Err(format!("it declares the internal topic {:?} twice", t.name));
+        }
+        if t.partitions == Some(0) {
+            return Err(format!(
+                "internal topic {:?}: a topic has at least one partition",
+                t.name
+            ));
+        }
+        if !d.sources.contains(&t.name) || !d.sinks.contains(&t.name) {
+            return Err(format!(
+                "internal topic {:?} must be declared as a source and as a sink too (one sub-topology writes \
+                 it, another reads it)",
+                t.name
+            ));
+        }
+    }
+    if d.subtopologies.is_empty() {
+        return Ok(());
+    }
+    check_subtopologies(d, &internal)
+}
+
+fn check_subtopologies(d: &Description, internal: &HashSet<&str>) -> Result<(), String> {
+    let mut names = HashSet::new();
+    // Who reads each source, who keeps each store, who writes each internal topic.
+    let (mut reader, mut keeper, mut writers) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::<&str, Vec<&str>>::new());
+    for s in &d.subtopologies {
+        check_name("sub-topology name", &s.name)?;
+        if !names.insert(s.name.as_str()) {
+            return Err(format!("it declares the sub-topology {:?} twice", s.name));
+        }
+        if s.sources.is_empty() {
+            return Err(format!("sub-topology {:?} reads no source", s.name));
+        }
+        for (kind, used, declared) in [
+            ("source", &s.sources, &d.sources),
+            ("sink", &s.sinks, &d.sinks),
+            ("store", &s.stores, &d.stores),
+        ] {
+            for name in used {
+                if !declared.contains(name) {
+                    return Err(format!(
+                        "sub-topology {:?} uses the {kind} {name:?}, which the description does not declare",
+                        s.name
+                    ));
+                }
+            }
+        }
+        for source in &s.sources {
+            if let Some(other) = reader.insert(source.as_str(), s.name.as_str()) {
+                return Err(format!(
+                    "source {source:?} is read by sub-topologies {other:?} and {:?}: a source belongs to one",
+                    s.name
+                ));
+            }
+        }
+        for store in &s.stores {
+            if let Some(other) = keeper.insert(store.as_str(), s.name.as_str()) {
+                return Err(format!(
+                    "store {store:?} is kept by sub-topologies {other:?} and {:?}: a store belongs to one",
+                    s.name
+                ));
+            }
+        }
+        for sink in s.sinks.iter().filter(|t| internal.contains(t.as_str())) {
+            writers.entry(sink.as_str()).or_default().push(s.name.as_str());
+        }
+    }
+    for source in &d.sources {
+        if !reader.contains_key(source.as_str()) {
+            return Err(format!("source {source:?} is read by no sub-topology"));
+        }
+    }
+    for topic in internal {
+        if !writers.contains_key(topic) {
+            return Err(format!("internal topic {topic:?} is written by no sub-topology"));
+        }
+    }
+    // The sub-topologies and the internal topics between them must not loop: records
+    // would go round for ever, and no sub-topology could be placed before the others.
+    let mut downstream: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (topic, from) in &writers {
+        let to = reader[topic];
+        for from in from {
+            downstream.entry(from).or_default().push(to);
+        }
+    }
+    let mut done = HashSet::new();
+    for s in &d.subtopologies {
+        let mut path = Vec::new();
+        find_loop(s.name.as_str(), &downstream, &mut path, &mut done)?;
+    }
+    Ok(())
+}
+
+/// Depth first from `at`; an error names the loop found.
+fn find_loop<'a>(
+    at: &'a str,
+    downstream: &BTreeMap<&'a str, Vec<&'a str>>,
+    path: &mut Vec<&'a str>,
+    done: &mut HashSet<&'a str>,
+) -> Result<(), String> {
+    if let Some(start) = path.iter().position(|p| *p == at) {
+        let mut cycle: Vec<&str> = path[start..].to_vec();
+        cycle.push(at);
+        return Err(format!(
+            "its sub-topologies form a loop through internal topics: {}",
+            cycle.join(" → ")
+        ));
+    }
+    if !done.insert(at) {
+        return Ok(());
+    }
+    path.push(at);
+    for next in downstream.get(at).into_iter().flatten() {
+        find_loop(next, downstream, path, done)?;
+    }
+    path.pop();
+    Ok(())
+}
+
+/// What this worker runs today: topologies of one sub-topology, without internal topics.
+pub(super) fn supported(d: &Description) -> Result<(), String> {
+    if d.subtopologies.len() > 1 || !d.internal_topics.is_empty() {
+        return Err(format!(
+            "it declares {} sub-topologies and {} internal topic(s); this worker runs topologies of one \
+             sub-topology without internal topics (multi-stage topologies are not built yet)",
+            d.subtopologies.len(),
+            d.internal_topics.len()
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_wire::Subtopology;
+
+    fn two_stage() -> Description {
+        Description::new("wc")
+            .source("lines")
+            .sink("counts")
+            .store("counts")
+            .internal_topic("words", Some(8))
+            .subtopology(Subtopology::new("split").source("lines").sink("words"))
+            .subtopology(Subtopology::new("count").source("words").sink("counts").store("counts"))
+    }
+
+    #[test]
+    fn a_two_stage_description_checks_but_is_not_run_yet() {
+        let d = two_stage();
+        check(&d).unwrap();
+        assert!(supported(&d)
+            .unwrap_err()
+            .contains("multi-stage topologies are not built yet"));
+        let one = Description::new("u").source("in").sink("out");
+        check(&one).unwrap();
+        supported(&one).unwrap();
+    }
+
+    #[test]
+    fn what_does_not_fit_together_is_named() {
+        let refused = |d: Description| check(&d).unwrap_err();
+        let mut d = two_stage();
+        d.subtopologies[1].sources.push("lines".into());
+        assert_eq!(
+            refused(d),
+            "source \"lines\" is read by sub-topologies \"split\" and \"count\": a source belongs to one"
+        );
+        let mut d = two_stage();
+        d.subtopologies[0].stores.push("counts".into());
+        assert!(refused(d).contains("store \"counts\" is kept by sub-topologies \"split\" and \"count\""));
+        let mut d = two_stage();
+        d.subtopologies[0].sinks.clear();
+        assert_eq!(refused(d), "internal topic \"words\" is written by no sub-topology");
+        let mut d = two_stage();
+        d.subtopologies[0].sinks.push("nowhere".into());
+        assert!(refused(d).contains("uses the sink \"nowhere\", which the description does not declare"));
+        let mut d = two_stage();
+        d.internal_topics[0].partitions = Some(0);
+        assert!(refused(d).contains("at least one partition"));
+        let mut d = Description::new("x").source("a").sink("b");
+        d.internal_topics.push(sluice_wire::InternalTopic {
+            name: "a".into(),
+            partitions: None,
+        });
+        assert!(refused(d).contains("must be declared as a source and as a sink"));
+        let d = two_stage().source("orphan");
+        assert_eq!(refused(d), "source \"orphan\" is read by no sub-topology");
+    }
+
+    #[test]
+    fn a_loop_of_sub_topologies_is_refused_naming_it() {
+        let d = Description::new("loop")
+            .source("in")
+            .internal_topic("ab", None)
+            .internal_topic("ba", None)
+            .subtopology(Subtopology::new("a").source("in").source("ba").sink("ab"))
+            .subtopology(Subtopology::new("b").source("ab").sink("ba"));
+        assert_eq!(
+            check(&d).unwrap_err(),
+            "its sub-topologies form a loop through internal topics: a → b → a"
+        );
+        // A sub-topology that writes what it reads itself loops too.
+        let d = Description::new("self")
+            .source("in")
+            .internal_topic("again", None)
+            .subtopology(Subtopology::new("s").source("in").source("again").sink("again"));
+        assert_eq!(
+            check(&d).unwrap_err(),
+            "its sub-topologies form a loop through internal topics: s → s"
+        );
+    }
+}
