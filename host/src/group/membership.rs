@@ -310,8 +310,9 @@ impl Membership {
                     // run another assignor (then the older type is refused too).
                     tracing::warn!(
                         group = %self.config.group,
-                        "the group's members use another protocol type or assignor; joining with the \
-                         protocol type of earlier Sluice versions ({:?}) instead of {:?}",
+                        "the coordinator refused protocol type {1:?}: joining as Sluice versions before 0.2 \
+                         did ({0:?}), which a group of such workers takes (it refuses this worker again if \
+                         its members run another assignor)",
                         Framing::Legacy.protocol_type(),
                         Framing::Consumer.protocol_type()
                     );

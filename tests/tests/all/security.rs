@@ -387,7 +387,8 @@ async fn a_worker_with_another_assignor_is_refused_at_join() -> anyhow::Result<(
     let mut eager = cluster_worker(&dir, Some(&m), &cluster, 0, &["--assignor", "eager"])?;
     eager.wait_for_line(&[" assignment "], Duration::from_secs(60))?;
     let mut sticky = cluster_worker(&dir, Some(&m), &cluster, 1, &["--assignor", "sticky"])?;
-    let line = sticky.wait_for_line(&["assignor"], Duration::from_secs(60))?;
+    // The refusal (a worker first tries the protocol type of earlier versions, and says so).
+    let line = sticky.wait_for_line(&["assignor", "refused it"], Duration::from_secs(60))?;
     assert!(line.contains("eager") && line.contains("sticky"), "{line}");
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(
