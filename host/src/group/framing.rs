@@ -15,7 +15,7 @@ use std::borrow::Cow;
 
 use bytes::Bytes;
 use kafka_protocol::messages::{ConsumerProtocolAssignment, ConsumerProtocolSubscription};
-use kafka_protocol::protocol::{Decodable, Encodable};
+use kafka_protocol::protocol::Encodable;
 
 use super::DecodeError;
 
@@ -80,38 +80,101 @@ fn frame(version: i16, message: &impl Encodable) -> Vec<u8> {
 
 /// Sluice's own metadata bytes from a member's JoinGroup metadata, framed or not.
 pub fn unframe_metadata(buf: &[u8]) -> Result<Cow<'_, [u8]>, DecodeError> {
-    unframe::<ConsumerProtocolSubscription>(buf, |s| s.user_data)
+    // ConsumerProtocolSubscription: topics (array of strings), then user data.
+    unframe(buf, |r| {
+        for _ in 0..r.count()? {
+            r.string()?;
+        }
+        Ok(())
+    })
 }
 
 /// Sluice's own assignment bytes from a SyncGroup assignment, framed or not.
 pub fn unframe_assignment(buf: &[u8]) -> Result<Cow<'_, [u8]>, DecodeError> {
-    unframe::<ConsumerProtocolAssignment>(buf, |a| a.user_data)
+    // ConsumerProtocolAssignment: partitions (array of topic, array of i32), then user data.
+    unframe(buf, |r| {
+        for _ in 0..r.count()? {
+            r.string()?;
+            let partitions = r.count()?;
+            r.take(partitions as usize * 4, "a partition list is cut short")?;
+        }
+        Ok(())
+    })
 }
 
-fn unframe<M: Decodable>(buf: &[u8], user_data: impl Fn(M) -> Option<Bytes>) -> Result<Cow<'_, [u8]>, DecodeError> {
-    let fail = |problem| Err(DecodeError { position: 0, problem });
+/// Reads the consumer protocol's framing by hand, checking every length against what is
+/// left: the bytes come from other members (anyone who can join the group), and a decoder
+/// that reserves room for a claimed count would let four bytes claim 2^31 topics.
+fn unframe<'a>(
+    buf: &'a [u8],
+    skip_to_user_data: impl FnOnce(&mut Framed<'a>) -> Result<(), DecodeError>,
+) -> Result<Cow<'a, [u8]>, DecodeError> {
     match buf.first() {
-        None => fail("empty"),
+        None => Err(DecodeError {
+            position: 0,
+            problem: "empty",
+        }),
+        // Every version starts with these fields (consumer protocol messages have no
+        // tagged fields); what a newer version appends after the user data is ignored.
         Some(0) => {
-            if buf.len() < 2 {
-                return fail("the consumer protocol version is cut short");
+            let mut r = Framed { buf, at: 0 };
+            if r.i16()? < 0 {
+                return Err(r.fail("a negative consumer protocol version"));
             }
-            let version = i16::from_be_bytes([buf[0], buf[1]]);
-            if version < 0 {
-                return fail("a negative consumer protocol version");
+            skip_to_user_data(&mut r)?;
+            let len = r.i32()?;
+            if len <= 0 {
+                return Err(r.fail("a consumer protocol message without Sluice's user data (not a Sluice member)"));
             }
-            let mut rest = Bytes::copy_from_slice(&buf[2..]);
-            // A newer version than this build knows still starts with the fields it knows.
-            let message = M::decode(&mut rest, version.min(1)).map_err(|_| DecodeError {
-                position: 2,
-                problem: "not a consumer protocol message",
-            })?;
-            match user_data(message) {
-                Some(data) if !data.is_empty() => Ok(Cow::Owned(data.to_vec())),
-                _ => fail("a consumer protocol message without Sluice's user data (not a Sluice member)"),
-            }
+            Ok(Cow::Borrowed(r.take(len as usize, "the user data is cut short")?))
         }
         Some(_) => Ok(Cow::Borrowed(buf)),
+    }
+}
+
+const CUT_SHORT: &str = "not a consumer protocol message (cut short)";
+
+/// A cursor over a consumer protocol message (big-endian, lengths checked).
+struct Framed<'a> {
+    buf: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Framed<'a> {
+    fn fail(&self, problem: &'static str) -> DecodeError {
+        DecodeError {
+            position: self.at,
+            problem,
+        }
+    }
+
+    /// The next `n` bytes; `short` is the error when fewer are left.
+    fn take(&mut self, n: usize, short: &'static str) -> Result<&'a [u8], DecodeError> {
+        if self.buf.len() - self.at < n {
+            return Err(self.fail(short));
+        }
+        let out = &self.buf[self.at..self.at + n];
+        self.at += n;
+        Ok(out)
+    }
+
+    fn i16(&mut self) -> Result<i16, DecodeError> {
+        Ok(i16::from_be_bytes(self.take(2, CUT_SHORT)?.try_into().unwrap()))
+    }
+
+    fn i32(&mut self) -> Result<i32, DecodeError> {
+        Ok(i32::from_be_bytes(self.take(4, CUT_SHORT)?.try_into().unwrap()))
+    }
+
+    /// An array's count; negative (null) counts as none.
+    fn count(&mut self) -> Result<u32, DecodeError> {
+        Ok(self.i32()?.max(0) as u32)
+    }
+
+    fn string(&mut self) -> Result<(), DecodeError> {
+        let len = self.i16()?;
+        self.take(len.max(0) as usize, CUT_SHORT)?;
+        Ok(())
     }
 }
 
@@ -162,6 +225,18 @@ mod tests {
         // And an assignment of no partitions with the same user data.
         let wire = Framing::Consumer.assignment(vec![1, 2, 3]);
         assert_eq!(wire, [0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 1, 2, 3]);
+    }
+
+    #[test]
+    fn claimed_counts_and_lengths_larger_than_the_buffer_are_refused_without_allocating() {
+        // Four bytes claiming 2^31 - 1 topics (a decoder that reserves room for them first
+        // aborts the worker), then a user data length past the end.
+        let e = unframe_metadata(&[0, 0, 0x7f, 0xff, 0xff, 0xff]).unwrap_err();
+        assert_eq!(e.problem, "not a consumer protocol message (cut short)");
+        let e = unframe_assignment(&[0, 0, 0, 0, 0, 1, 0, 1, b't', 0x7f, 0xff, 0xff, 0xff]).unwrap_err();
+        assert_eq!(e.problem, "a partition list is cut short");
+        let e = unframe_metadata(&[0, 0, 0, 0, 0, 0, 0x7f, 0xff, 0xff, 0xff, 1]).unwrap_err();
+        assert_eq!(e.problem, "the user data is cut short");
     }
 
     #[test]
