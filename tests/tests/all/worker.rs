@@ -364,19 +364,23 @@ async fn a_missing_topic_or_bad_manifest_is_refused_at_start_up() -> anyhow::Res
 async fn a_0_1_0_component_runs_beside_a_0_2_0_one_on_one_worker() -> anyhow::Result<()> {
     // Components uploaded before the 0.2.0 contract keep running, as one sub-topology.
     let kafka = kafka();
-    let (input, old_out, new_out) = (unique_name("v1-in"), unique_name("v1-out"), unique_name("v2-out"));
-    for topic in [&input, &old_out, &new_out] {
+    // Each reads a topic of its own: two topologies reading one topic on one worker is a
+    // case of its own (its tasks can share a stream thread's consumer).
+    let (old_in, new_in) = (unique_name("v1-in"), unique_name("v2-in"));
+    let (old_out, new_out) = (unique_name("v1-out"), unique_name("v2-out"));
+    for topic in [&old_in, &new_in, &old_out, &new_out] {
         kafka.create_topic(topic, 2).await?;
     }
     let sent = records("both versions", 0..1_000);
-    kafka.produce(&input, &sent).await?;
+    kafka.produce(&old_in, &sent).await?;
+    kafka.produce(&new_in, &sent).await?;
     let dir = TempDir::new("versions");
     let old = dir.write(
         "old.toml",
         &manifest(
             &unique_name("old"),
             &guest("v1-uppercase"),
-            &[("input", &input)],
+            &[("input", &old_in)],
             &[("output", &old_out)],
             "",
         ),
@@ -386,7 +390,7 @@ async fn a_0_1_0_component_runs_beside_a_0_2_0_one_on_one_worker() -> anyhow::Re
         &manifest(
             &unique_name("new"),
             &guest("uppercase"),
-            &[("input", &input)],
+            &[("input", &new_in)],
             &[("output", &new_out)],
             "",
         ),
