@@ -48,6 +48,7 @@ pub enum Operation {
     Read,
     Write,
     Create,
+    Delete,
     Describe,
     DescribeConfigs,
     IdempotentWrite,
@@ -59,6 +60,7 @@ impl Operation {
             Operation::Read => 3,
             Operation::Write => 4,
             Operation::Create => 5,
+            Operation::Delete => 6,
             Operation::Describe => 8,
             Operation::DescribeConfigs => 10,
             Operation::IdempotentWrite => 12,
@@ -70,6 +72,7 @@ impl Operation {
             Operation::Read => "Read",
             Operation::Write => "Write",
             Operation::Create => "Create",
+            Operation::Delete => "Delete",
             Operation::Describe => "Describe",
             Operation::DescribeConfigs => "DescribeConfigs",
             Operation::IdempotentWrite => "IdempotentWrite",
@@ -148,8 +151,9 @@ pub fn worker_acls(principal: &str, cluster: Option<&str>, namespaces: &[String]
             Resource::Topic,
             ns,
             true,
-            vec![Read, Write, Create, Describe, DescribeConfigs],
-            "the topologies of the namespace: their sources and sinks, and their changelogs (created at deploy)",
+            vec![Read, Write, Create, Delete, Describe, DescribeConfigs],
+            "the topologies of the namespace: their sources and sinks, their changelogs and repartition topics \
+             (created at deploy; repartition records deleted once processed, DeleteRecords)",
         ));
     }
     out

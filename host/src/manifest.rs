@@ -357,12 +357,20 @@ impl Manifest {
             component: self.component.display().to_string(),
             message,
         };
+        let internal: Vec<&str> = description.internal_topics.iter().map(|t| t.name.as_str()).collect();
         let mut bound = Vec::new();
         for (kind, declared, map) in [
             ("source", &description.sources, &self.sources),
             ("sink", &description.sinks, &self.sinks),
         ] {
             for name in map.keys() {
+                if internal.contains(&name.as_str()) {
+                    return Err(mismatch(format!(
+                        "it binds the {kind} {name:?} to a topic, but the component declares {name:?} an internal \
+                         topic: the host names it {:?} and creates it itself; remove `{name} = …` from [{kind}s]",
+                        repartition_topic(&self.name, name)
+                    )));
+                }
                 if !declared.contains(name) {
                     return Err(mismatch(format!(
                         "it binds the {kind} {name:?}, which the component does not declare (it declares {})",
@@ -372,6 +380,10 @@ impl Manifest {
             }
             let mut topics = Vec::new();
             for name in declared {
+                if internal.contains(&name.as_str()) {
+                    topics.push(repartition_topic(&self.name, name));
+                    continue;
+                }
                 match map.get(name) {
                     Some(topic) => topics.push(topic.clone()),
                     None => {
@@ -387,7 +399,8 @@ impl Manifest {
         let sink_topics = bound.pop().unwrap_or_default();
         let source_topics = bound.pop().unwrap_or_default();
         for topic in &sink_topics {
-            if source_topics.contains(topic) {
+            let is_internal = internal.iter().any(|n| repartition_topic(&self.name, n) == *topic);
+            if source_topics.contains(topic) && !is_internal {
                 return Err(mismatch(format!(
                     "topic {topic:?} is bound both as a source and as a sink"
                 )));
@@ -406,6 +419,13 @@ impl Manifest {
             dead_letter_topic: self.dead_letter_topic.clone(),
         })
     }
+}
+
+/// The topic of a topology's internal topic `name`: `<topology>-<name>-repartition`, in the
+/// topology's namespace as its changelogs are (internal names are `[A-Za-z0-9_]`, so two
+/// topologies' internal topics cannot collide).
+pub fn repartition_topic(topology: &str, name: &str) -> String {
+    format!("{topology}-{name}-repartition")
 }
 
 fn list(names: &[String]) -> String {

@@ -133,7 +133,7 @@ fn the_record_wire_format_survives_any_bytes() {
 }
 
 fn sample_group_messages() -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
-    use sluice::group::metadata::TopologyInfo;
+    use sluice::group::metadata::{SubInfo, TopologyInfo};
     use sluice::group::TaskId;
     let mut member = MemberMetadata {
         worker_id: [7; 16],
@@ -141,18 +141,37 @@ fn sample_group_messages() -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
         admin: "127.0.0.1:8080".into(),
         ..MemberMetadata::default()
     };
-    member.active = vec![TaskId::new("a", 0), TaskId::new("a", 3), TaskId::new("b-c", 1)];
+    member.active = vec![
+        TaskId::new("a", 0),
+        TaskId::new("a", 3),
+        TaskId::new("b-c", 1),
+        TaskId::of("wc", Some("count"), 5),
+    ];
     member.standby = vec![TaskId::new("b-c", 0)];
     member.offset_sums = vec![(TaskId::new("b-c", 0), 1234)];
     member.learner = vec![TaskId::new("a", 1)];
-    member.topologies = Some(vec![TopologyInfo {
-        name: "a".into(),
-        partitions: 4,
-        digest: [9; 16],
-        stateful: true,
-    }]);
+    member.topologies = Some(vec![
+        TopologyInfo {
+            name: "a".into(),
+            partitions: 4,
+            digest: [9; 16],
+            stateful: true,
+            subs: Vec::new(),
+        },
+        TopologyInfo {
+            name: "wc".into(),
+            partitions: 0,
+            digest: [3; 16],
+            stateful: true,
+            subs: vec![SubInfo {
+                name: "count".into(),
+                partitions: 8,
+                stateful: true,
+            }],
+        },
+    ]);
     member.failed = vec![(TaskId::new("a", 2), "the guest trapped".into())];
-    let members: Vec<Vec<u8>> = (1..=3).map(|v| member.encode(v)).collect();
+    let members: Vec<Vec<u8>> = (1..=4).map(|v| member.encode(v)).collect();
     let assignment = Assignment {
         active: member.active.clone(),
         standby: member.standby.clone(),

@@ -347,6 +347,27 @@ impl Kafka {
         Ok(positions)
     }
 
+    /// Produces `records` (key, value, timestamp in ms) to `topic`, each stamped with its
+    /// own time; returns where each was written, in input order.
+    pub async fn produce_stamped(&self, topic: &str, records: &[(Vec<u8>, Vec<u8>, i64)]) -> Result<Vec<(i32, i64)>> {
+        let producer = self.producer()?;
+        let sends: Vec<_> = records
+            .iter()
+            .map(|(k, v, at)| {
+                producer.send(
+                    FutureRecord::to(topic).key(k).payload(v).timestamp(*at),
+                    Duration::from_secs(30),
+                )
+            })
+            .collect();
+        let mut positions = Vec::with_capacity(sends.len());
+        for (i, send) in futures::future::join_all(sends).await.into_iter().enumerate() {
+            let delivery = send.map_err(|(e, _)| anyhow::anyhow!("producing record {i} to {topic}: {e}"))?;
+            positions.push((delivery.partition, delivery.offset));
+        }
+        Ok(positions)
+    }
+
     /// Produces `records` (key, value) to one partition of `topic`, in order.
     pub async fn produce_to(&self, topic: &str, partition: i32, records: &[(&str, &str)]) -> Result<()> {
         // The producer is idempotent: sent together, the records still land in order.
@@ -480,6 +501,35 @@ impl Kafka {
 }
 
 impl Kafka {
+    /// A topic's partition count and one of its configs (`None`: the topic does not exist).
+    pub async fn describe_topic(&self, topic: &str, config: &str) -> Result<Option<(i32, Option<String>)>> {
+        use rdkafka::admin::ResourceSpecifier;
+        use rdkafka::consumer::BaseConsumer;
+        let client: BaseConsumer = self.config().create()?;
+        let metadata = client.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+        let Some(partitions) = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
+            .map(|t| t.partitions().len() as i32)
+        else {
+            return Ok(None);
+        };
+        let admin: AdminClient<DefaultClientContext> = self.config().create()?;
+        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+        let mut value = None;
+        for resource in admin
+            .describe_configs([&ResourceSpecifier::Topic(topic)], &options)
+            .await?
+        {
+            let resource = resource.map_err(|e| anyhow::anyhow!("describing topic {topic}: {e}"))?;
+            if let Some(entry) = resource.entries.into_iter().find(|e| e.name == config) {
+                value = entry.value;
+            }
+        }
+        Ok(Some((partitions, value)))
+    }
+
     /// Deletes a topic and waits until the cluster no longer lists it.
     pub async fn delete_topic(&self, name: &str) -> Result<()> {
         use rdkafka::consumer::{BaseConsumer, Consumer};

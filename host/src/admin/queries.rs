@@ -253,7 +253,11 @@ pub(super) async fn query(
     answered.dedup();
     let missing: Vec<u32> = entry
         .as_ref()
-        .map(|e| (0..e.partitions).filter(|p| !answered.contains(&(*p as i32))).collect())
+        .map(|e| {
+            (0..e.store_partitions(&store))
+                .filter(|p| !answered.contains(&(*p as i32)))
+                .collect()
+        })
         .unwrap_or_default();
     Ok(Json(serde_json::json!({
         "topology": name,

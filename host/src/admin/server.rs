@@ -214,7 +214,7 @@ fn status_for(worker: &WorkerHandle, who: &Caller) -> WorkerStatus {
     if let Caller::Tenant(tenant) = who {
         let snapshot = worker.registry().map(|r| r.snapshot());
         let mine = |task: &str| {
-            let topology = task.rsplit_once('/').map_or(task, |(t, _)| t);
+            let topology = task.split_once('/').map_or(task, |(t, _)| t);
             snapshot
                 .as_ref()
                 .is_some_and(|s| s.entries.get(topology).is_some_and(|(e, _)| e.tenant == tenant.name))

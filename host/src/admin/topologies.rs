@@ -30,9 +30,9 @@ pub struct TopologyView {
     /// learner copy, on which worker, in which phase, how far behind (describe only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tasks: Option<Vec<TaskPlace>>,
-    /// Partitions no worker reports an active task for.
+    /// Tasks no worker reports an active copy of.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub unassigned: Option<Vec<u32>>,
+    pub unassigned: Option<Vec<String>>,
     /// Workers that could not be asked.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub problems: Option<Vec<String>>,
@@ -92,7 +92,7 @@ pub(super) async fn describe(
                                 status
                                     .tasks
                                     .into_iter()
-                                    .filter(|t| t.task.rsplit_once('/').is_some_and(|(topology, _)| topology == name))
+                                    .filter(|t| t.task.split_once('/').is_some_and(|(topology, _)| topology == name))
                                     .map(|t| TaskPlace {
                                         task: t.task.clone(),
                                         worker: admin.clone(),
@@ -111,13 +111,16 @@ pub(super) async fn describe(
         }
         Err(e) => problems.push(e.message),
     }
-    let partition = |t: &TaskPlace| t.task.rsplit_once('/').and_then(|(_, p)| p.parse::<u32>().ok());
-    tasks.sort_by_key(|t| (partition(t), t.status.role as u8, t.worker.clone()));
-    let unassigned = (0..entry.partitions)
-        .filter(|p| {
+    let all = entry.tasks();
+    let place = |t: &TaskPlace| all.iter().position(|id| id.to_string() == t.task);
+    tasks.sort_by_key(|t| (place(t), t.status.role as u8, t.worker.clone()));
+    let unassigned = all
+        .iter()
+        .map(|id| id.to_string())
+        .filter(|id| {
             !tasks
                 .iter()
-                .any(|t| partition(t) == Some(*p) && t.status.role == crate::worker::board::Role::Active)
+                .any(|t| t.task == *id && t.status.role == crate::worker::board::Role::Active)
         })
         .collect();
     Ok(Json(TopologyView {
@@ -129,10 +132,22 @@ pub(super) async fn describe(
     }))
 }
 
+/// `DELETE /v1/topologies/{name}?purge-internal=true` also deletes the topics the host made
+/// for it (changelogs, repartition topics), once no worker runs its tasks.
+#[derive(Debug, Default, serde::Deserialize)]
+pub(super) struct DeleteParams {
+    #[serde(default, rename = "purge-internal")]
+    purge_internal: bool,
+}
+
+/// How long a delete that purges internal topics waits for the workers to stop its tasks.
+const STOP_WAIT: Duration = Duration::from_secs(60);
+
 pub(super) async fn delete(
     State(state): State<Arc<AdminState>>,
     Extension(who): Extension<Caller>,
     UrlPath(name): UrlPath<String>,
+    Query(params): Query<DeleteParams>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let snapshot = state.registry.snapshot();
     let Some((entry, _)) = snapshot
@@ -150,7 +165,78 @@ pub(super) async fn delete(
         .any(|(e, _)| e.name != name && e.digest == entry.digest);
     let e = entry.clone();
     store(&state, move |w| w.delete(&e, !shared)).await?;
-    Ok(Json(serde_json::json!({ "deleted": name, "version": entry.version })))
+    let mut answer = serde_json::json!({ "deleted": name, "version": entry.version });
+    if params.purge_internal {
+        let topics = entry.internal_topic_names();
+        // Not while a task may still write one (a producer could create it again).
+        let deadline = tokio::time::Instant::now() + STOP_WAIT;
+        loop {
+            let running = running_tasks(&state, &name).await;
+            if running.is_empty() {
+                break;
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "still-running",
+                    format!(
+                        "topology {name} is deleted, but {} of its tasks still ran {}s later ({}); its internal topics \
+                         are kept: delete them once its tasks have stopped ({})",
+                        running.len(),
+                        STOP_WAIT.as_secs(),
+                        running.join(", "),
+                        topics.join(", ")
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let kafka = state.worker.kafka().clone();
+        let to_delete = topics.clone();
+        tokio::task::spawn_blocking(move || crate::topology::delete_topics(&kafka, &to_delete))
+            .await
+            .map_err(internal)?
+            .map_err(|e| {
+                ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "kafka",
+                    format!("topology {name} is deleted, but deleting its internal topics failed: {e:#}"),
+                )
+            })?;
+        tracing::info!(topology = %name, topics = ?topics, "deleted its internal topics");
+        answer["purged"] = serde_json::json!(topics);
+    }
+    Ok(Json(answer))
+}
+
+/// The tasks (active or standby) of `name` some worker reports; a worker that does not
+/// answer counts as running them (it may).
+async fn running_tasks(state: &Arc<AdminState>, name: &str) -> Vec<String> {
+    let mut running = Vec::new();
+    match super::queries::ask_members(state, "/status", 16 << 20).await {
+        Ok(answers) => {
+            for (admin, answer) in answers {
+                let status = match answer {
+                    Ok((code, body)) if code.is_success() => {
+                        serde_json::from_slice::<crate::worker::board::WorkerStatus>(&body).ok()
+                    }
+                    _ => None,
+                };
+                match status {
+                    Some(status) => running.extend(
+                        status
+                            .tasks
+                            .into_iter()
+                            .filter(|t| t.task.split_once('/').is_some_and(|(topology, _)| topology == name))
+                            .map(|t| format!("{} on {admin}", t.task)),
+                    ),
+                    None => running.push(format!("whatever {admin} runs (it did not answer)")),
+                }
+            }
+        }
+        Err(e) => running.push(e.message),
+    }
+    running
 }
 
 /// An upload: its manifest text and component bytes, each with the file name it was sent
@@ -311,7 +397,25 @@ pub(super) async fn upload(
     let checked = tokio::task::spawn_blocking(move || check(&st, manifest, &component).map(|d| (d, component)))
         .await
         .map_err(internal)?;
-    let ((description, partitions), component) = checked?;
+    let ((description, stages), component) = checked?;
+    let partitions: u32 = stages.iter().map(|s| s.partitions as u32).sum();
+    let subtopologies: Vec<registry::SubtopologyEntry> = stages
+        .iter()
+        .filter_map(|s| {
+            let name = s.sub.as_deref()?.to_string();
+            let stores = description
+                .subtopologies
+                .iter()
+                .find(|d| d.name == name)
+                .map(|d| d.stores.clone())
+                .unwrap_or_default();
+            Some(registry::SubtopologyEntry {
+                partitions: s.partitions as u32,
+                name,
+                stores,
+            })
+        })
+        .collect();
     if let Caller::Tenant(tenant) = &who {
         let others: u32 = snapshot
             .entries
@@ -320,14 +424,14 @@ pub(super) async fn upload(
             .filter(|e| e.tenant == tenant.name && e.name != name)
             .map(|e| e.partitions)
             .sum();
-        if let Some(max) = tenant.max_tasks.filter(|max| others + partitions as u32 > *max) {
+        if let Some(max) = tenant.max_tasks.filter(|max| others + partitions > *max) {
             return Err(ApiError::new(
                 StatusCode::FORBIDDEN,
                 "over-limit",
                 format!(
                     "tenant {} would run {} tasks with this topology's {partitions}, over its limit (max-tasks = {max})",
                     tenant.name,
-                    others + partitions as u32
+                    others + partitions
                 ),
             ));
         }
@@ -359,7 +463,9 @@ pub(super) async fn upload(
         uploaded_at_ms: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64),
-        partitions: partitions as u32,
+        partitions,
+        subtopologies,
+        internal_topics: description.internal_topics.iter().map(|t| t.name.clone()).collect(),
         sources: description.sources,
         sinks: description.sinks,
         stores: description.stores,
@@ -380,12 +486,12 @@ pub(super) async fn upload(
 
 /// Checks an upload as its worker would before running it (see
 /// [`crate::worker::WorkerHandle::check`]); each failure gets its own status and kind.
-/// Returns its description and partition count.
+/// Returns its description and stages.
 fn check(
     state: &AdminState,
     manifest: Manifest,
     component: &[u8],
-) -> Result<(sluice_wire::Description, i32), ApiError> {
+) -> Result<(sluice_wire::Description, Vec<crate::topology::Stage>), ApiError> {
     let checked = state
         .worker
         .check(&manifest, component, Duration::from_secs(2))
@@ -409,9 +515,6 @@ fn check(
                 DeployCheckError::Load(LoadError::BadDescription { .. }) => {
                     (StatusCode::UNPROCESSABLE_ENTITY, "bad-description")
                 }
-                DeployCheckError::Load(LoadError::Unsupported { .. }) => {
-                    (StatusCode::UNPROCESSABLE_ENTITY, "unsupported")
-                }
                 DeployCheckError::Load(LoadError::Limits { .. }) => (StatusCode::UNPROCESSABLE_ENTITY, "bad-limits"),
                 DeployCheckError::Load(LoadError::TooLarge { .. }) => {
                     (StatusCode::UNPROCESSABLE_ENTITY, "too-many-instances")
@@ -422,5 +525,5 @@ fn check(
             };
             ApiError::new(status, kind, e.to_string())
         })?;
-    Ok((checked.description, checked.partitions))
+    Ok((checked.description, checked.stages))
 }

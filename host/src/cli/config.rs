@@ -69,6 +69,11 @@ pub const SETTINGS: &[Setting] = &[
     s("learner.rejoin", "learner_rejoin", Kind::Value),
     s("commit.interval.ms", "commit_interval", Kind::Millis),
     s("idle.commit.interval.ms", "idle_commit_interval", Kind::Millis),
+    s(
+        "repartition.purge.interval.ms",
+        "repartition_purge_interval",
+        Kind::Millis,
+    ),
     s("punctuate.interval.ms", "punctuate_interval", Kind::Millis),
     s("batch.max.records", "batch_size", Kind::Value),
     s("batch.max.bytes", "max_batch_bytes", Kind::Bytes),

@@ -22,8 +22,11 @@ enum StateCommand {
         state_dir: PathBuf,
         #[arg(long)]
         topology: String,
+        /// The sub-topology, in a topology of several.
         #[arg(long)]
-        partition: i32,
+        subtopology: Option<String>,
+        #[arg(long)]
+        partition: u32,
         #[arg(long)]
         store: String,
     },
@@ -33,13 +36,15 @@ pub fn run(args: StateArgs) -> anyhow::Result<ExitCode> {
     let StateCommand::Dump {
         state_dir,
         topology,
+        subtopology,
         partition,
         store,
     } = args.command;
-    let path = task_dir(&state_dir, &topology, partition).join(&store);
+    let task = sluice::group::TaskId::of(&topology, subtopology.as_deref(), partition);
+    let path = task_dir(&state_dir, &task).join(&store);
     if !path.exists() {
         anyhow::bail!(
-            "no state at {}: check --state-dir, --topology, --partition and --store",
+            "no state at {}: check --state-dir, --topology, --subtopology, --partition and --store",
             path.display()
         );
     }

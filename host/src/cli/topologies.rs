@@ -72,10 +72,15 @@ enum TopologiesAction {
         #[command(flatten)]
         admin: AdminArgs,
     },
-    /// Delete an uploaded topology: every worker stops its tasks (its topics and
-    /// changelogs stay).
+    /// Delete an uploaded topology: every worker stops its tasks. Its topics stay, and so
+    /// do the ones the host made for it (changelogs, repartition topics), unless
+    /// `--purge-internal`.
     Delete {
         name: String,
+        /// Also delete its changelogs and repartition topics, once no worker runs its tasks
+        /// (a deploy of the same name then starts from empty state).
+        #[arg(long)]
+        purge_internal: bool,
         #[command(flatten)]
         admin: AdminArgs,
     },
@@ -228,7 +233,14 @@ pub async fn topologies(args: TopologiesArgs) -> anyhow::Result<ExitCode> {
     let (method, path, admin) = match &args.action {
         TopologiesAction::List(admin) => (hyper::Method::GET, "/v1/topologies".to_string(), admin),
         TopologiesAction::Describe { name, admin } => (hyper::Method::GET, format!("/v1/topologies/{name}"), admin),
-        TopologiesAction::Delete { name, admin } => (hyper::Method::DELETE, format!("/v1/topologies/{name}"), admin),
+        TopologiesAction::Delete {
+            name,
+            purge_internal,
+            admin,
+        } => {
+            let query = if *purge_internal { "?purge-internal=true" } else { "" };
+            (hyper::Method::DELETE, format!("/v1/topologies/{name}{query}"), admin)
+        }
     };
     let json = call(admin, method, &path).await?;
     if matches!(admin.output, Output::Json) {
@@ -287,10 +299,10 @@ pub async fn topologies(args: TopologiesArgs) -> anyhow::Result<ExitCode> {
                 .as_array()
                 .into_iter()
                 .flatten()
-                .map(|p| p.to_string())
+                .map(|t| t.as_str().map_or_else(|| t.to_string(), str::to_string))
                 .collect();
             if !unassigned.is_empty() {
-                println!("no active task for partitions: {}", unassigned.join(", "));
+                println!("no active copy of tasks: {}", unassigned.join(", "));
             }
             for p in json["problems"].as_array().into_iter().flatten() {
                 println!("problem: {}", p.as_str().unwrap_or("?"));
@@ -301,6 +313,9 @@ pub async fn topologies(args: TopologiesArgs) -> anyhow::Result<ExitCode> {
                 "{name} version {} deleted: its tasks stop on every worker",
                 json["version"]
             );
+            if let Some(purged) = json["purged"].as_array() {
+                println!("deleted its internal topics: {}", list(&Value::Array(purged.clone())));
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -97,6 +97,10 @@ pub struct WorkerSettings {
     /// the offsets of an idle partition (default: a minute, or the commit interval if longer).
     #[arg(long, value_parser = humantime::parse_duration)]
     idle_commit_interval: Option<Duration>,
+    /// How often a task deletes the records of its repartition sources it has committed
+    /// (DeleteRecords), so a repartition topic holds only its backlog.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    repartition_purge_interval: Duration,
     /// Replication factor of changelog topics this worker creates (default: min(3, brokers)).
     #[arg(long, value_parser = clap::value_parser!(i32).range(1..=32))]
     changelog_replication_factor: Option<i32>,
@@ -401,6 +405,7 @@ impl WorkerSettings {
                 idle_commit_interval: args
                     .idle_commit_interval
                     .unwrap_or(args.commit_interval.max(Duration::from_secs(60))),
+                purge_interval: args.repartition_purge_interval,
             },
             changelogs: ChangelogSettings {
                 replication_factor: args.changelog_replication_factor,

@@ -26,12 +26,21 @@ pub struct AssignorInput<'a> {
     pub members: &'a BTreeMap<String, MemberMetadata>,
     /// Every task of every deployed topology.
     pub tasks: &'a [TaskId],
-    /// Topologies whose tasks keep state (and so get standbys).
+    /// Topologies (or sub-topologies, `<topology>/<sub>`: see [`TaskId::unit`]) whose tasks
+    /// keep state (and so get standbys). Ask with [`keeps_state`].
     pub stateful: &'a HashSet<Arc<str>>,
     /// Per stateful task, the sum of its changelogs' end offsets (lag = this − a member's sum).
     pub end_offsets: &'a HashMap<TaskId, i64>,
     pub standby_replicas: u32,
     pub learners: LearnerPolicy,
+}
+
+/// Whether `task`'s unit (its topology, or its sub-topology) is in `stateful`.
+pub fn keeps_state(stateful: &HashSet<Arc<str>>, task: &TaskId) -> bool {
+    match &task.sub {
+        None => stateful.contains(&*task.topology),
+        Some(_) => stateful.contains(task.unit().as_str()),
+    }
 }
 
 /// How stateful tasks move between live workers (the `sticky` assignor).
@@ -256,7 +265,7 @@ impl Assignor for Sticky {
         let mut learners_left = policy.max_learners;
         over.sort_by_key(|&(x, i)| (learner_of[x] == NONE || learner_of[x] == i, x));
         for (x, i) in over {
-            let learns = policy.max_learners > 0 && input.stateful.contains(&tasks[x].topology);
+            let learns = policy.max_learners > 0 && keeps_state(input.stateful, &tasks[x]);
             if !learns {
                 out[i].revoked.push(tasks[x].clone());
                 moving[x] = i;
@@ -343,11 +352,11 @@ impl Assignor for Sticky {
             let mut standby_load = vec![0usize; metas.len()];
             let mut by_load: BinaryHeap<(Reverse<usize>, Reverse<usize>)> =
                 (0..metas.len()).map(|i| (Reverse(0), Reverse(i))).collect();
-            let mut stateful_topology: FxHashMap<&str, bool> = FxHashMap::default();
+            let mut stateful_unit: FxHashMap<(&str, Option<&str>), bool> = FxHashMap::default();
             for (x, t) in tasks.iter().enumerate() {
-                let stateful = *stateful_topology
-                    .entry(&t.topology)
-                    .or_insert_with(|| input.stateful.contains(&t.topology));
+                let stateful = *stateful_unit
+                    .entry((&t.topology, t.sub.as_deref()))
+                    .or_insert_with(|| keeps_state(input.stateful, t));
                 if !stateful {
                     continue;
                 }

@@ -48,6 +48,7 @@ impl Group {
                 tasks / topologies
             };
             all.extend((0..n as u32).map(|p| TaskId {
+                sub: None,
                 topology: name.clone(),
                 partition: p,
             }));

@@ -50,17 +50,18 @@ impl Encoder {
         self.bytes(s.as_bytes());
     }
 
-    /// A set of tasks: per topology its name and its sorted partitions as deltas.
+    /// A set of tasks: per topology (or sub-topology, `<topology>/<sub>`) its name and its
+    /// sorted partitions as deltas.
     pub fn tasks<'a>(&mut self, tasks: impl IntoIterator<Item = &'a TaskId>) {
-        let mut by_topology: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+        let mut by_unit: BTreeMap<String, Vec<u32>> = BTreeMap::new();
         for t in tasks {
-            by_topology.entry(&t.topology).or_default().push(t.partition);
+            by_unit.entry(t.unit()).or_default().push(t.partition);
         }
-        self.u64(by_topology.len() as u64);
-        for (topology, mut partitions) in by_topology {
+        self.u64(by_unit.len() as u64);
+        for (unit, mut partitions) in by_unit {
             partitions.sort_unstable();
             partitions.dedup();
-            self.str(topology);
+            self.str(&unit);
             self.u64(partitions.len() as u64);
             let mut previous = 0u32;
             for p in partitions {
@@ -158,8 +159,11 @@ impl<'a> Decoder<'a> {
         let mut out = Vec::new();
         let mut seen = std::collections::HashSet::new();
         for _ in 0..topologies {
-            let topology: std::sync::Arc<str> = self.string()?.into();
-            if !seen.insert(topology.clone()) {
+            let unit = self.string()?;
+            let Some(first) = TaskId::from_unit(&unit, 0) else {
+                return self.fail("a task names neither a topology nor a topology and a sub-topology");
+            };
+            if !seen.insert(unit) {
                 return self.fail("a topology's tasks are listed twice");
             }
             let count = self.u64()?;
@@ -177,8 +181,8 @@ impl<'a> Decoder<'a> {
                     .checked_add(delta)
                     .map_or_else(|| self.fail("a partition overflows"), Ok)?;
                 out.push(TaskId {
-                    topology: topology.clone(),
                     partition,
+                    ..first.clone()
                 });
             }
         }
@@ -219,5 +223,28 @@ mod tests {
         assert_eq!(split.unwrap_err().problem, "a topology's tasks are listed twice");
         let fine = decode_tasks(|e| e.tasks(&[TaskId::new("a", 0), TaskId::new("a", 2), TaskId::new("b", 0)]));
         assert_eq!(fine.unwrap().len(), 3);
+    }
+
+    #[test]
+    fn tasks_of_sub_topologies_keep_their_sub_topology() {
+        let tasks = vec![
+            TaskId::new("a", 1),
+            TaskId::of("wc", Some("count"), 0),
+            TaskId::of("wc", Some("count"), 7),
+            TaskId::of("wc", Some("split"), 3),
+        ];
+        let mut decoded = decode_tasks(|e| e.tasks(&tasks)).unwrap();
+        decoded.sort();
+        assert_eq!(decoded, tasks);
+        assert_eq!(tasks[1].to_string(), "wc/count/0");
+        for bad in ["", "a/", "/b", "a/b/c"] {
+            let refused = decode_tasks(|e| {
+                e.u64(1);
+                e.str(bad);
+                e.u64(1);
+                e.u64(0);
+            });
+            assert!(refused.is_err(), "{bad:?} decoded");
+        }
     }
 }

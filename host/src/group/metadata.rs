@@ -18,13 +18,16 @@
 //! 2 — adds learner tasks and the *leaving* flag (members and assignments).
 //! 3 — adds the topologies a member runs (name, partitions, digest, stateful) and its failed
 //! tasks with their errors (members).
+//! 4 — adds the topologies of several sub-topologies (name, digest, and per sub-topology its
+//! name, partitions and whether it keeps state). They are left out of the version-3 list, so
+//! a leader of version 3 places none of their tasks (it could not run them either).
 
 use super::codec::{Decoder, Encoder};
 use super::{DecodeError, TaskId};
 use crate::secret::{ClusterSecret, TAG_BYTES};
 
 /// The newest version this build writes and understands.
-pub const CURRENT_VERSION: u16 = 3;
+pub const CURRENT_VERSION: u16 = 4;
 /// The oldest version this build still reads.
 pub const OLDEST_VERSION: u16 = 1;
 
@@ -61,9 +64,22 @@ pub struct MemberMetadata {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TopologyInfo {
     pub name: String,
+    /// Of a topology of one sub-topology (0 when it has several: see `subs`).
     pub partitions: u32,
     /// SHA-256 of the component and its bindings, first 16 bytes.
     pub digest: [u8; 16],
+    /// Whether any of its tasks keeps state.
+    pub stateful: bool,
+    /// Version 4: its sub-topologies, when it has several (their tasks are
+    /// `<topology>/<sub>/<partition>`); empty for a topology of one.
+    pub subs: Vec<SubInfo>,
+}
+
+/// A sub-topology of a topology of several.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SubInfo {
+    pub name: String,
+    pub partitions: u32,
     pub stateful: bool,
 }
 
@@ -131,8 +147,9 @@ impl MemberMetadata {
         }
         if version >= 3 {
             let topologies = self.topologies.as_deref().unwrap_or(&[]);
-            e.u64(topologies.len() as u64);
-            for t in topologies {
+            let single = || topologies.iter().filter(|t| t.subs.is_empty());
+            e.u64(single().count() as u64);
+            for t in single() {
                 e.str(&t.name);
                 e.u64(t.partitions as u64);
                 e.bytes(&t.digest);
@@ -140,13 +157,28 @@ impl MemberMetadata {
             }
             e.u64(self.failed.len() as u64);
             for (task, error) in &self.failed {
-                e.str(&task.topology);
+                e.str(&task.unit());
                 e.u64(task.partition as u64);
                 let mut cut = error.len().min(MAX_FAILURE_TEXT);
                 while !error.is_char_boundary(cut) {
                     cut -= 1;
                 }
                 e.str(&error[..cut]);
+            }
+        }
+        if version >= 4 {
+            let topologies = self.topologies.as_deref().unwrap_or(&[]);
+            let staged = || topologies.iter().filter(|t| !t.subs.is_empty());
+            e.u64(staged().count() as u64);
+            for t in staged() {
+                e.str(&t.name);
+                e.bytes(&t.digest);
+                e.u64(t.subs.len() as u64);
+                for sub in &t.subs {
+                    e.str(&sub.name);
+                    e.u64(sub.partitions as u64);
+                    e.bool(sub.stateful);
+                }
             }
         }
         e.buf
@@ -214,14 +246,54 @@ impl MemberMetadata {
                     partitions,
                     digest,
                     stateful,
+                    subs: Vec::new(),
                 });
             }
             topologies = Some(list);
             let n = d.u64()?;
             for _ in 0..n {
-                let topology = d.string()?;
+                let unit = d.string()?;
                 let partition = d.u32()?;
-                failed.push((TaskId::new(&topology, partition), d.string()?));
+                let Some(task) = TaskId::from_unit(&unit, partition) else {
+                    return Err(DecodeError {
+                        position: d.pos,
+                        problem: "a failed task names neither a topology nor a topology and a sub-topology",
+                    });
+                };
+                failed.push((task, d.string()?));
+            }
+        }
+        if version >= 4 {
+            let list = topologies.as_mut().expect("version 3 read the list");
+            let n = d.u64()?;
+            for _ in 0..n {
+                let name = d.string()?;
+                let digest: [u8; 16] = d.bytes()?.try_into().map_err(|_| DecodeError {
+                    position: d.pos,
+                    problem: "a topology digest that is not 16 bytes",
+                })?;
+                let count = d.u64()?;
+                if count == 0 || count > buf.len() as u64 {
+                    return Err(DecodeError {
+                        position: d.pos,
+                        problem: "a count of sub-topologies that is zero or larger than the buffer",
+                    });
+                }
+                let mut subs = Vec::new();
+                for _ in 0..count {
+                    subs.push(SubInfo {
+                        name: d.string()?,
+                        partitions: d.u32()?,
+                        stateful: d.bool()?,
+                    });
+                }
+                list.push(TopologyInfo {
+                    name,
+                    partitions: 0,
+                    digest,
+                    stateful: subs.iter().any(|s| s.stateful),
+                    subs,
+                });
             }
         }
         let used = d.pos;
@@ -352,8 +424,8 @@ mod tests {
 
     fn member() -> MemberMetadata {
         MemberMetadata {
-            version: 3,
-            supported: 3,
+            version: 4,
+            supported: 4,
             worker_id: [7; 16],
             capacity: 4,
             admin: "127.0.0.1:9100".into(),
@@ -362,20 +434,56 @@ mod tests {
             offset_sums: vec![(TaskId::new("clicks", 1), 1234), (TaskId::new("orders", 0), -1)],
             learner: tasks("orders", &[5]),
             leaving: true,
-            topologies: Some(vec![TopologyInfo {
-                name: "orders".into(),
-                partitions: 12,
-                digest: [9; 16],
-                stateful: true,
-            }]),
-            failed: vec![(TaskId::new("orders", 4), "task orders/4 failed: boom".into())],
+            topologies: Some(vec![
+                TopologyInfo {
+                    name: "orders".into(),
+                    partitions: 12,
+                    digest: [9; 16],
+                    stateful: true,
+                    subs: Vec::new(),
+                },
+                TopologyInfo {
+                    name: "wc".into(),
+                    partitions: 0,
+                    digest: [3; 16],
+                    stateful: true,
+                    subs: vec![
+                        SubInfo {
+                            name: "split".into(),
+                            partitions: 4,
+                            stateful: false,
+                        },
+                        SubInfo {
+                            name: "count".into(),
+                            partitions: 8,
+                            stateful: true,
+                        },
+                    ],
+                },
+            ]),
+            failed: vec![
+                (TaskId::new("orders", 4), "task orders/4 failed: boom".into()),
+                (
+                    TaskId::of("wc", Some("count"), 6),
+                    "task wc/count/6 failed: boom".into(),
+                ),
+            ],
         }
     }
 
     #[test]
     fn metadata_round_trips_in_the_current_version() {
         let m = member();
-        assert_eq!(MemberMetadata::decode(&m.encode(3)).unwrap(), m);
+        assert_eq!(MemberMetadata::decode(&m.encode(4)).unwrap(), m);
+    }
+
+    #[test]
+    fn a_version_3_reader_and_writer_drop_only_the_topologies_of_several_sub_topologies() {
+        let m = member();
+        let old = MemberMetadata::decode(&m.encode(3)).unwrap();
+        let topologies = old.topologies.unwrap();
+        assert_eq!(topologies, m.topologies.unwrap()[..1]);
+        assert_eq!((old.failed, old.active), (m.failed, m.active));
     }
 
     #[test]
@@ -426,7 +534,7 @@ mod tests {
         let secret = ClusterSecret::new(b"the cluster secret, long enough".to_vec()).unwrap();
         let other = ClusterSecret::new(b"another cluster's secret, also".to_vec()).unwrap();
         let m = member();
-        let signed = m.encode_signed(3, Some(&secret));
+        let signed = m.encode_signed(CURRENT_VERSION, Some(&secret));
         assert_eq!(MemberMetadata::decode_signed(&signed, Some(&secret)).unwrap(), m);
         assert_eq!(
             MemberMetadata::decode(&signed).unwrap(),

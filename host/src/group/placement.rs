@@ -18,6 +18,7 @@ use super::TaskId;
 pub struct Placement {
     /// Every task of every topology some member can run.
     pub tasks: Vec<TaskId>,
+    /// The units (see [`TaskId::unit`]) whose tasks keep state.
     pub stateful: HashSet<Arc<str>>,
     /// Topology → the members that may run its tasks.
     eligible: BTreeMap<Arc<str>, BTreeSet<String>>,
@@ -74,10 +75,18 @@ pub fn plan(members: &BTreeMap<String, MemberMetadata>, local: &[TopologyInfo]) 
             let described: Vec<String> = by_variant
                 .iter()
                 .map(|(v, ms)| {
+                    let partitions = match v.subs.is_empty() {
+                        true => v.partitions.to_string(),
+                        false => {
+                            let subs: Vec<String> =
+                                v.subs.iter().map(|s| format!("{} {}", s.name, s.partitions)).collect();
+                            subs.join(" + ")
+                        }
+                    };
                     format!(
                         "{} member(s) run {} partitions, digest {}",
                         ms.len(),
-                        v.partitions,
+                        partitions,
                         hex(&v.digest)
                     )
                 })
@@ -90,11 +99,21 @@ pub fn plan(members: &BTreeMap<String, MemberMetadata>, local: &[TopologyInfo]) 
             ));
         }
         let topology: Arc<str> = Arc::from(name);
-        placement
-            .tasks
-            .extend((0..winner.partitions).map(|p| TaskId::new(name, p)));
-        if winner.stateful {
-            placement.stateful.insert(topology.clone());
+        if winner.subs.is_empty() {
+            placement
+                .tasks
+                .extend((0..winner.partitions).map(|p| TaskId::new(name, p)));
+            if winner.stateful {
+                placement.stateful.insert(topology.clone());
+            }
+        }
+        for sub in &winner.subs {
+            placement
+                .tasks
+                .extend((0..sub.partitions).map(|p| TaskId::of(name, Some(&sub.name), p)));
+            if sub.stateful {
+                placement.stateful.insert(format!("{name}/{}", sub.name).into());
+            }
         }
         let mut eligible: BTreeSet<String> = runners.iter().map(|id| (*id).clone()).collect();
         eligible.extend(legacy.iter().map(|id| (*id).clone()));
@@ -221,6 +240,7 @@ mod tests {
             partitions,
             digest: [digest; 16],
             stateful: false,
+            subs: Vec::new(),
         }
     }
 
@@ -271,6 +291,53 @@ mod tests {
             let all: BTreeSet<&String> = o.values().flatten().collect();
             assert_eq!(all.len(), 6, "{name}: every task is placed once: {o:?}");
         }
+    }
+
+    #[test]
+    fn every_sub_topology_gets_its_own_tasks_and_only_stateful_ones_get_standbys() {
+        use crate::group::metadata::SubInfo;
+        let staged = TopologyInfo {
+            name: "wc".into(),
+            partitions: 0,
+            digest: [5; 16],
+            stateful: true,
+            subs: vec![
+                SubInfo {
+                    name: "split".into(),
+                    partitions: 4,
+                    stateful: false,
+                },
+                SubInfo {
+                    name: "count".into(),
+                    partitions: 8,
+                    stateful: true,
+                },
+            ],
+        };
+        let members: BTreeMap<String, MemberMetadata> = ["a", "b"]
+            .iter()
+            .map(|id| (id.to_string(), member(vec![staged.clone()], &[])))
+            .collect();
+        let placement = plan(&members, &[]);
+        assert_eq!(placement.tasks.len(), 12);
+        assert!(placement.tasks.contains(&TaskId::of("wc", Some("count"), 7)));
+        assert!(!placement.tasks.contains(&TaskId::of("wc", Some("split"), 4)));
+        let out = assign(
+            &*by_name("sticky").unwrap(),
+            &members,
+            &placement,
+            &HashMap::new(),
+            1,
+            LearnerPolicy::NONE,
+        );
+        let active: BTreeSet<String> = owners(&out).into_values().flatten().collect();
+        assert_eq!(active.len(), 12, "{out:?}");
+        let standbys: Vec<String> = out
+            .values()
+            .flat_map(|a| a.standby.iter().map(TaskId::to_string))
+            .collect();
+        assert_eq!(standbys.len(), 8, "one standby per counting task: {standbys:?}");
+        assert!(standbys.iter().all(|t| t.starts_with("wc/count/")), "{standbys:?}");
     }
 
     #[test]

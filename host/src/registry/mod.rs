@@ -82,10 +82,16 @@ pub struct Entry {
     pub chunks: u32,
     /// Milliseconds since the Unix epoch.
     pub uploaded_at_ms: i64,
-    /// As checked at upload: the source topics' partition count (tasks), and what the
-    /// component declares.
+    /// As checked at upload: how many tasks it has (of a topology of one sub-topology, its
+    /// source topics' partition count), its sub-topologies when it has several, and what
+    /// the component declares.
     #[serde(default)]
     pub partitions: u32,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subtopologies: Vec<SubtopologyEntry>,
+    /// The names of its internal topics (each is the topic `<name>-<internal>-repartition`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub internal_topics: Vec<String>,
     #[serde(default)]
     pub sources: Vec<String>,
     #[serde(default)]
@@ -114,7 +120,51 @@ fn admin() -> String {
     tenants::ADMIN.to_string()
 }
 
+/// A sub-topology of an uploaded topology of several: its partition count and stores.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SubtopologyEntry {
+    pub name: String,
+    pub partitions: u32,
+    #[serde(default)]
+    pub stores: Vec<String>,
+}
+
 impl Entry {
+    /// How many partitions the tasks keeping `store` have.
+    pub fn store_partitions(&self, store: &str) -> u32 {
+        self.subtopologies
+            .iter()
+            .find(|s| s.stores.iter().any(|s| s == store))
+            .map_or(self.partitions, |s| s.partitions)
+    }
+
+    /// The topics the host made for it: its changelogs and repartition topics.
+    pub fn internal_topic_names(&self) -> Vec<String> {
+        let changelogs = self
+            .stores
+            .iter()
+            .map(|s| crate::topology::changelog::changelog_topic(&self.name, s));
+        let repartition = self
+            .internal_topics
+            .iter()
+            .map(|t| crate::manifest::repartition_topic(&self.name, t));
+        changelogs.chain(repartition).collect()
+    }
+
+    /// Its task ids, as checked at upload.
+    pub fn tasks(&self) -> Vec<crate::group::TaskId> {
+        match self.subtopologies.is_empty() {
+            true => (0..self.partitions)
+                .map(|p| crate::group::TaskId::new(&self.name, p))
+                .collect(),
+            false => self
+                .subtopologies
+                .iter()
+                .flat_map(|s| (0..s.partitions).map(|p| crate::group::TaskId::of(&self.name, Some(&s.name), p)))
+                .collect(),
+        }
+    }
+
     /// The limits it runs under: its manifest's, capped by its tenant's.
     pub fn cap(&self, limits: &mut crate::manifest::Limits) {
         self.caps.apply(limits);

@@ -30,6 +30,7 @@ pub(super) fn check(d: &Description) -> Result<(), String> {
         if !internal.insert(t.name.as_str()) {
             return Err(format!("it declares the internal topic {:?} twice", t.name));
         }
+        check_internal_name(&t.name)?;
         if t.partitions == Some(0) {
             return Err(format!(
                 "internal topic {:?}: a topic has at least one partition",
@@ -48,6 +49,24 @@ pub(super) fn check(d: &Description) -> Result<(), String> {
         return Ok(());
     }
     check_subtopologies(d, &internal)
+}
+
+/// Internal topics become the middle of topic names (`<topology>-<name>-repartition`):
+/// `[A-Za-z0-9_]`, 1–64 characters, so two topologies' internal topics cannot collide (`a` +
+/// `b-c` against `a-b` + `c`).
+fn check_internal_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 64 {
+        return Err(format!(
+            "internal topic {name:?}: its name must be 1 to 64 characters long"
+        ));
+    }
+    if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || *c == '_')) {
+        return Err(format!(
+            "internal topic {name:?} contains {c:?}; it becomes part of the topic `<topology>-{name}-repartition`, \
+             so use letters, digits and '_'"
+        ));
+    }
+    Ok(())
 }
 
 fn check_subtopologies(d: &Description, internal: &HashSet<&str>) -> Result<(), String> {
@@ -149,19 +168,6 @@ fn find_loop<'a>(
     Ok(())
 }
 
-/// What this worker runs today: topologies of one sub-topology, without internal topics.
-pub(super) fn supported(d: &Description) -> Result<(), String> {
-    if d.subtopologies.len() > 1 || !d.internal_topics.is_empty() {
-        return Err(format!(
-            "it declares {} sub-topologies and {} internal topic(s); this worker runs topologies of one \
-             sub-topology without internal topics (multi-stage topologies are not built yet)",
-            d.subtopologies.len(),
-            d.internal_topics.len()
-        ));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,15 +184,17 @@ mod tests {
     }
 
     #[test]
-    fn a_two_stage_description_checks_but_is_not_run_yet() {
-        let d = two_stage();
-        check(&d).unwrap();
-        assert!(supported(&d)
-            .unwrap_err()
-            .contains("multi-stage topologies are not built yet"));
-        let one = Description::new("u").source("in").sink("out");
-        check(&one).unwrap();
-        supported(&one).unwrap();
+    fn a_two_stage_description_checks() {
+        check(&two_stage()).unwrap();
+        check(&Description::new("u").source("in").sink("out")).unwrap();
+        // Internal topics become the middle of topic names: no '-' or '.'.
+        let d = Description::new("x")
+            .source("in")
+            .internal_topic("by-key", None)
+            .subtopology(Subtopology::new("a").source("in").sink("by-key"))
+            .subtopology(Subtopology::new("b").source("by-key"));
+        let e = check(&d).unwrap_err();
+        assert!(e.contains("internal topic \"by-key\" contains '-'"), "{e}");
     }
 
     #[test]

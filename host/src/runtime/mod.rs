@@ -129,9 +129,6 @@ pub enum LoadError {
     Describe { path: String, fault: GuestFault },
     #[error("component {path} describes itself inconsistently: {detail}")]
     BadDescription { path: String, detail: String },
-    /// A description this worker cannot run yet.
-    #[error("component {path}: {detail}")]
-    Unsupported { path: String, detail: String },
     /// The component makes more core instances, memories or tables than one task may.
     #[error("component {path} is larger than a topology may be: {detail}")]
     TooLarge { path: String, detail: String },
@@ -280,11 +277,7 @@ impl Runtime {
                 fault,
             },
         })?;
-        description::check(&description).map_err(|detail| LoadError::BadDescription {
-            path: path.clone(),
-            detail,
-        })?;
-        description::supported(&description).map_err(|detail| LoadError::Unsupported { path, detail })?;
+        description::check(&description).map_err(|detail| LoadError::BadDescription { path, detail })?;
         Ok(LoadedTopology {
             description,
             ..topology

@@ -14,8 +14,11 @@ use super::{now_ms, KafkaEnv, Task, TaskError};
 use crate::runtime::{CallOutput, GuestFault, TaskInstance};
 
 impl Task {
-    /// Adds a record of source `source` to the batch (check [`is_full`](Self::is_full) first).
+    /// Adds a record of source `source` (numbered within the task's stage, as
+    /// [`Task::sources`] lists them) to the batch (check [`is_full`](Self::is_full) first).
     pub fn push<M: Message>(&mut self, source: u32, m: &M) {
+        // The guest numbers sources as its description lists them.
+        let declared = self.ctx.stage().sources[source as usize].0;
         let timestamp = m.timestamp().to_millis().unwrap_or(-1);
         let headers: Vec<Header<'_>> = match m.headers() {
             Some(h) => h
@@ -31,7 +34,7 @@ impl Task {
             m.key(),
             m.payload(),
             timestamp,
-            source,
+            declared,
             m.partition(),
             m.offset(),
             headers.into_iter(),

@@ -105,9 +105,27 @@ impl Task {
         }
         self.committed = self.positions.clone();
         self.last_offsets_commit = Instant::now();
+        self.purge_committed(env);
         // 3. The writes and their markers go to RocksDB.
         self.commit_state()?;
         Ok(Commit::Done)
+    }
+
+    /// Deletes, every purge interval, what this task has committed of its repartition
+    /// sources: the records before its committed offset are processed for good (under
+    /// exactly-once, the transaction that moved the offset has committed).
+    fn purge_committed(&mut self, env: &mut KafkaEnv) {
+        let stage = self.ctx.stage();
+        if stage.internal_sources.is_empty() || self.last_purge.elapsed() < self.ctx.settings.purge_interval {
+            return;
+        }
+        self.last_purge = Instant::now();
+        let before: Vec<(String, i32, i64)> = stage
+            .internal_sources
+            .iter()
+            .filter_map(|&i| Some((stage.sources[i].1.clone(), self.ctx.partition, self.committed[i]?)))
+            .collect();
+        env.purge(before);
     }
 
     /// The positions to commit (sources that have one).
@@ -115,7 +133,7 @@ impl Task {
         let mut tpl = TopicPartitionList::new();
         for (source, position) in self.positions.iter().enumerate() {
             if let Some(offset) = position {
-                let topic = &self.ctx.topology.binding.source_topics[source];
+                let topic = self.ctx.source_topic(source as u32);
                 tpl.add_partition_offset(topic, self.ctx.partition, Offset::Offset(*offset))
                     .expect("a valid offset");
             }
@@ -125,7 +143,7 @@ impl Task {
 
     /// The positions to commit, for the offsets client (sources that have one).
     pub(super) fn commit_positions(&self) -> Vec<Position> {
-        let topics = &self.ctx.topology.binding.source_topics;
+        let topics = self.ctx.source_topics();
         self.positions
             .iter()
             .enumerate()
@@ -162,7 +180,7 @@ impl Task {
         let topology = &self.ctx.topology;
         let total: u64 = {
             let mut usage = topology.state_usage.lock().unwrap();
-            usage.insert(self.ctx.partition, mine);
+            usage.insert(self.ctx.task.clone(), mine);
             usage.values().sum()
         };
         if total > topology.state_limit {

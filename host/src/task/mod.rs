@@ -63,6 +63,8 @@ pub struct TaskSettings {
     /// A task whose position did not move re-commits it this often, so the broker never
     /// expires the offsets of an idle partition.
     pub idle_commit_interval: Duration,
+    /// How often a task deletes what it has committed of its repartition sources.
+    pub purge_interval: Duration,
 }
 
 impl Default for TaskSettings {
@@ -76,6 +78,7 @@ impl Default for TaskSettings {
             punctuate_interval: Duration::from_secs(1),
             guarantee: Guarantee::AtLeastOnce,
             idle_commit_interval: Duration::from_secs(1),
+            purge_interval: crate::topology::repartition::PURGE_INTERVAL,
         }
     }
 }
@@ -126,6 +129,9 @@ impl TaskError {
 /// Everything a task needs to start and run.
 pub struct TaskContext {
     pub topology: Arc<DeployedTopology>,
+    /// The task: which of the topology's stages (`topology.stages[stage]`), on which partition.
+    pub task: TaskId,
+    pub stage: usize,
     pub partition: i32,
     /// The worker's shared producer (used under at-least-once).
     pub producer: Arc<WorkerProducer>,
@@ -138,6 +144,23 @@ pub struct TaskContext {
     pub kafka: KafkaSettings,
     /// Where stateful topologies keep their stores.
     pub state: Arc<StateEnv>,
+}
+
+impl TaskContext {
+    /// The stage (sub-topology) this task runs.
+    pub fn stage(&self) -> &crate::topology::Stage {
+        &self.topology.stages[self.stage]
+    }
+
+    /// The topic of this task's source `source` (numbered within its stage).
+    pub fn source_topic(&self, source: u32) -> &str {
+        &self.stage().sources[source as usize].1
+    }
+
+    /// Its source topics, in the stage's order.
+    pub fn source_topics(&self) -> Vec<String> {
+        self.stage().sources.iter().map(|(_, t)| t.clone()).collect()
+    }
 }
 
 /// What a task tells the worker as it starts (the worker's status board listens).
@@ -225,6 +248,8 @@ pub struct Task {
     last_commit: Instant,
     /// When source offsets were last committed (idle partitions re-commit theirs).
     last_offsets_commit: Instant,
+    /// When it last deleted what it committed of its repartition sources.
+    last_purge: Instant,
     last_punctuate: Instant,
     last_punctuate_stream: i64,
     summary: TaskSummary,
@@ -247,11 +272,12 @@ impl Task {
     /// Where the task reads from: each source topic's partition and the offset to start at
     /// (none: nothing committed, from the beginning).
     pub fn sources(&self) -> Vec<(String, i32, Option<i64>)> {
-        let topics = &self.ctx.topology.binding.source_topics;
-        topics
+        self.ctx
+            .stage()
+            .sources
             .iter()
             .zip(&self.committed)
-            .map(|(t, c)| (t.clone(), self.ctx.partition, *c))
+            .map(|((_, t), c)| (t.clone(), self.ctx.partition, *c))
             .collect()
     }
 

@@ -22,7 +22,7 @@ impl Task {
         fault: GuestFault,
         env: &mut KafkaEnv,
     ) -> Result<(), TaskError> {
-        let topics = &self.ctx.topology.binding.source_topics;
+        let topics = self.ctx.source_topics();
         let partition = self.ctx.partition;
         let at = if range.len() == 1 {
             let (source, offset) = batch[range.start];

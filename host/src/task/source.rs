@@ -104,6 +104,9 @@ pub fn start_from(
 pub struct KafkaEnv {
     offsets: GroupOffsets,
     runtime: tokio::runtime::Runtime,
+    kafka: KafkaSettings,
+    /// Started with the first purge asked for (most workers have no repartition topic).
+    purger: Option<crate::topology::repartition::Purger>,
 }
 
 impl KafkaEnv {
@@ -111,7 +114,22 @@ impl KafkaEnv {
         Ok(KafkaEnv {
             offsets: GroupOffsets::new(kafka),
             runtime: tokio::runtime::Builder::new_current_thread().enable_all().build()?,
+            kafka: kafka.clone(),
+            purger: None,
         })
+    }
+
+    /// Deletes, in the background, each repartition partition's records before its offset.
+    pub fn purge(&mut self, before: Vec<(String, i32, i64)>) {
+        if self.purger.is_none() {
+            match crate::topology::repartition::Purger::start(&self.kafka) {
+                Ok(p) => self.purger = Some(p),
+                Err(e) => tracing::warn!("starting the repartition purger: {e}"),
+            }
+        }
+        if let Some(p) = &self.purger {
+            p.purge(before);
+        }
     }
 
     pub fn fetch_offsets(&mut self, group: &str, wanted: &[(String, i32)]) -> Result<Vec<Option<i64>>, String> {

@@ -25,7 +25,7 @@ pub enum Prepared {
 
 /// Starts a task: its producer, restored state, guest instance and source positions.
 pub fn prepare(ctx: TaskContext, env: &mut KafkaEnv) -> Prepared {
-    let id = format!("{}/{}", ctx.topology.name, ctx.partition);
+    let id = ctx.task.to_string();
     let labels = TaskLabels {
         topology: ctx.topology.name.clone(),
         task: id.clone(),
@@ -35,7 +35,7 @@ pub fn prepare(ctx: TaskContext, env: &mut KafkaEnv) -> Prepared {
     tracing::info!(task = %id, "starting");
     ctx.metrics.tasks_running.inc();
     let (metrics, progress, control) = (ctx.metrics.clone(), ctx.progress.clone(), ctx.control.clone());
-    let task_id = crate::group::TaskId::new(&ctx.topology.name, ctx.partition as u32);
+    let task_id = ctx.task.clone();
     let started = Task::start(ctx, id.clone(), labels.clone(), env);
     control.started();
     // Given up by the start watch: a failure to retry, however it ended.
@@ -107,6 +107,13 @@ impl super::TaskProgress for Watched<'_> {
     }
 }
 
+/// The transactional id of a task's producer under exactly-once: `sluice-<topology>-<partition>`,
+/// or `sluice-<topology>/<sub>-<partition>` in a topology of several sub-topologies (names
+/// hold no '/', so no two tasks share one).
+pub fn transactional_id(task: &crate::group::TaskId) -> String {
+    format!("sluice-{}-{}", task.unit(), task.partition)
+}
+
 /// How long a step of a start may go without progress before the start is given up (and
 /// the task started again): each step retries by itself, logging, well within it.
 pub const STEP_DEADLINE: Duration = Duration::from_secs(150);
@@ -123,18 +130,14 @@ impl Task {
         let topology = &ctx.topology;
         let control = ctx.control.clone();
         let stopping = move || control.stopping();
+        let stage = ctx.stage();
         let info = TaskInfo {
             topology: topology.name.clone(),
-            // One sub-topology (all a worker runs so far): the one declared, or the
-            // topology itself.
-            subtopology: topology
-                .loaded
-                .description()
-                .subtopologies
-                .first()
-                .map_or_else(|| topology.name.clone(), |s| s.name.clone()),
+            subtopology: stage.guest_name.clone(),
             task_id: id.clone(),
             partition: ctx.partition,
+            // Every source the guest declares, so that it finds its own by the index the
+            // records carry.
             source_topics: topology.binding.source_topics.clone(),
             sink_topics: topology.binding.sink_topics.clone(),
         };
@@ -146,7 +149,7 @@ impl Task {
         let output = match ctx.settings.guarantee {
             Guarantee::AtLeastOnce => TaskOutput::shared(ctx.producer.clone()),
             Guarantee::ExactlyOnce => {
-                let transactional_id = format!("sluice-{}-{}", topology.name, ctx.partition);
+                let transactional_id = transactional_id(&ctx.task);
                 match TaskOutput::transactional(&ctx.kafka, &transactional_id, &stopping) {
                     Ok(Some(output)) => output,
                     Ok(None) => return Ok(None),
@@ -155,16 +158,16 @@ impl Task {
             }
         };
         ctx.control.enter("opening and restoring its state", STEP_DEADLINE);
-        let (state, stores) = if topology.changelogs.is_empty() {
+        let changelogs = topology.changelogs_of(stage);
+        let (state, stores) = if changelogs.is_empty() {
             (None, Vec::new())
         } else {
             let opened = TaskState::open(
                 &ctx.state,
                 &ctx.kafka,
-                &topology.name,
+                &ctx.task,
                 &id,
-                ctx.partition,
-                topology.changelogs.clone(),
+                changelogs,
                 &ctx.metrics,
                 &Watched {
                     inner: ctx.progress.as_ref(),
@@ -196,7 +199,7 @@ impl Task {
             .map_err(fail)?;
         instance.init(&info).map_err(fail)?;
         let instantiated_at = began.elapsed();
-        let sources = &topology.binding.source_topics;
+        let sources = &ctx.source_topics();
         ctx.control.enter("looking up its committed offsets", STEP_DEADLINE);
         let Some(committed) = source::committed(env, &topology.group, sources, ctx.partition, &id, &stopping) else {
             return Ok(None);
@@ -272,6 +275,7 @@ impl Task {
             stream_time: i64::MIN,
             last_commit: Instant::now(),
             last_offsets_commit: Instant::now(),
+            last_purge: Instant::now(),
             last_punctuate: Instant::now(),
             last_punctuate_stream: i64::MIN,
             summary: TaskSummary::default(),

@@ -30,6 +30,7 @@ use std::time::Duration;
 use rocksdb::DB;
 
 use super::TaskProgress;
+use crate::group::TaskId;
 use crate::kafka::KafkaSettings;
 use crate::metrics::{Metrics, StoreLabels};
 use crate::runtime::NamedStore;
@@ -70,9 +71,13 @@ impl StateEnv {
     }
 }
 
-/// The directory of one task's state.
-pub fn task_dir(state_dir: &Path, topology: &str, partition: i32) -> PathBuf {
-    state_dir.join(topology).join(partition.to_string())
+/// The directory of one task's state: `<topology>/<partition>`, or `<topology>/<sub>/<partition>`.
+pub fn task_dir(state_dir: &Path, task: &TaskId) -> PathBuf {
+    let topology = state_dir.join(&*task.topology);
+    match &task.sub {
+        None => topology.join(task.partition.to_string()),
+        Some(sub) => topology.join(&**sub).join(task.partition.to_string()),
+    }
 }
 
 /// A store opened and checked against its changelog, positioned where its data ends.
@@ -191,15 +196,15 @@ impl TaskState {
     pub fn open(
         env: &StateEnv,
         kafka: &KafkaSettings,
-        topology: &str,
+        task_id: &TaskId,
         task: &str,
-        partition: i32,
         changelogs: Vec<Changelog>,
         metrics: &Metrics,
         progress: &dyn TaskProgress,
         stop: &dyn Fn() -> bool,
     ) -> Result<Opened, String> {
-        let dir = task_dir(&env.dir, topology, partition);
+        let partition = task_id.partition as i32;
+        let dir = task_dir(&env.dir, task_id);
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating state directory {}: {e}", dir.display()))?;
         let mut stores = Vec::new();
         for changelog in &changelogs {
@@ -207,7 +212,7 @@ impl TaskState {
             let OpenedStore { db, mut reader } = open_store(env, kafka, task, &dir, changelog, partition)?;
             let start = reader.position();
             let labels = StoreLabels {
-                topology: topology.into(),
+                topology: task_id.topology.to_string(),
                 task: task.into(),
                 store: store.clone(),
             };
@@ -216,9 +221,8 @@ impl TaskState {
             if reader.end() > start {
                 tracing::info!(task = %task, store = %store, changelog = %changelog.topic, from = start, to = reader.end(), "restoring");
             }
-            let task_id = crate::group::TaskId::new(topology, partition as u32);
             let progress = reader.restore_into(&db, &changelog.topic_id, stop, |p| {
-                progress.restoring(&task_id, p.restored, p.total, p.rate());
+                progress.restoring(task_id, p.restored, p.total, p.rate());
                 counter.inc_by(p.restored - reported);
                 reported = p.restored;
                 metrics
@@ -254,10 +258,10 @@ impl TaskState {
             let _ = std::thread::Builder::new()
                 .name("drop-reader".into())
                 .spawn(move || drop(reader));
-            env.open
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert((topology.to_string(), partition, store.clone()), Arc::downgrade(&db));
+            env.open.lock().unwrap_or_else(|p| p.into_inner()).insert(
+                (task_id.topology.to_string(), partition, store.clone()),
+                Arc::downgrade(&db),
+            );
             stores.push(NamedStore {
                 name: store.clone(),
                 store: Box::new(RocksStore::new(store, db)),

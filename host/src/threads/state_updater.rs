@@ -34,7 +34,7 @@ const ROUND_RECORDS: usize = 50_000;
 type Removed = Result<u64, String>;
 
 enum Command {
-    Add(Arc<DeployedTopology>, i32),
+    Add(Arc<DeployedTopology>, TaskId),
     /// Checkpoint and close; the reply says how many records it applied.
     Remove(TaskId, Sender<Result<u64, String>>),
     /// Make what was applied durable now (a learner that caught up: its promotion then
@@ -107,11 +107,11 @@ impl StandbyUpdater {
         self.positions.lock().expect("positions lock").clone()
     }
 
-    /// Starts keeping `partition` of `topology` warm (failures are logged: a standby never
+    /// Starts keeping `task` of `topology` warm (failures are logged: a standby never
     /// affects active tasks).
-    pub fn add(&self, topology: Arc<DeployedTopology>, partition: i32) {
+    pub fn add(&self, topology: Arc<DeployedTopology>, task: TaskId) {
         if let Some(tx) = &self.commands {
-            let _ = tx.send(Command::Add(topology, partition));
+            let _ = tx.send(Command::Add(topology, task));
         }
     }
 
@@ -231,9 +231,8 @@ impl Updater {
                     }
                 };
                 match command {
-                    Command::Add(topology, partition) => {
-                        let task = TaskId::new(&topology.name, partition as u32);
-                        if let Err(e) = self.add(&topology, partition) {
+                    Command::Add(topology, task) => {
+                        if let Err(e) = self.add(&topology, &task) {
                             tracing::warn!(%task, "standby failed to start: {e}");
                         }
                     }
@@ -256,16 +255,20 @@ impl Updater {
         }
     }
 
-    fn add(&mut self, topology: &DeployedTopology, partition: i32) -> Result<(), String> {
-        let task = TaskId::new(&topology.name, partition as u32);
+    fn add(&mut self, topology: &DeployedTopology, task: &TaskId) -> Result<(), String> {
+        let task = task.clone();
         if self.standbys.contains_key(&task) {
             return Ok(());
         }
+        let Some(stage) = topology.stage_of(&task) else {
+            return Err(format!("topology {} has no task {task}", topology.name));
+        };
+        let partition = task.partition as i32;
         let label = task.to_string();
-        let dir = task_dir(&self.env.dir, &topology.name, partition);
+        let dir = task_dir(&self.env.dir, &task);
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         let mut stores = Vec::new();
-        for changelog in &topology.changelogs {
+        for changelog in &topology.changelogs_of(stage) {
             let bounds = self
                 .bounds
                 .fetch_watermarks(&changelog.topic, partition, Duration::from_secs(15))
@@ -492,10 +495,11 @@ fn checkpoint_standby(consumer: &BaseConsumer, standby: &mut Standby) -> Result<
 /// checkpoints), for the assignor to prefer caught-up workers.
 pub fn local_offset_sums(state_dir: &Path, topologies: &[Arc<DeployedTopology>]) -> Vec<(TaskId, i64)> {
     let mut out = Vec::new();
-    for t in topologies.iter().filter(|t| !t.changelogs.is_empty()) {
-        for p in 0..t.partitions {
-            if let Some(c) = offsets_hint(&task_dir(state_dir, &t.name, p)) {
-                out.push((TaskId::new(&t.name, p as u32), c.values().sum()));
+    for t in topologies.iter() {
+        for task in t.tasks() {
+            let keeps_state = t.stage_of(&task).is_some_and(|s| !s.changelogs.is_empty());
+            if let Some(c) = offsets_hint(&task_dir(state_dir, &task)).filter(|_| keeps_state) {
+                out.push((task, c.values().sum()));
             }
         }
     }

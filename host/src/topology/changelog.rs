@@ -42,6 +42,81 @@ impl ChangelogSettings {
     }
 }
 
+/// The clients that look up, create and check a topology's internal topics (changelogs and
+/// repartition topics).
+pub(super) struct TopicAdmin {
+    admin: AdminClient<DefaultClientContext>,
+    metadata: BaseConsumer,
+    options: AdminOptions,
+}
+
+impl TopicAdmin {
+    pub(super) fn new(kafka: &KafkaSettings) -> anyhow::Result<Self> {
+        let config = kafka.client();
+        Ok(TopicAdmin {
+            admin: config.create()?,
+            metadata: config.create()?,
+            options: AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
+        })
+    }
+
+    /// The topic's partition count, if it exists, and how many brokers the cluster has.
+    pub(super) fn lookup(&self, topic: &str) -> anyhow::Result<(Option<usize>, usize)> {
+        let metadata = self.metadata.fetch_metadata(Some(topic), Duration::from_secs(15))?;
+        let existing = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic && t.error().is_none())
+            .map(|t| t.partitions().len())
+            .filter(|&n| n > 0);
+        Ok((existing, metadata.brokers().len()))
+    }
+
+    /// Creates `topic` with `cleanup.policy` and a replication fitting the cluster; true if
+    /// this call created it (false: someone else just did).
+    pub(super) fn create(
+        &self,
+        topic: &str,
+        partitions: i32,
+        policy: &str,
+        settings: ChangelogSettings,
+        brokers: usize,
+    ) -> Result<bool, RDKafkaErrorCode> {
+        let (rf, isr) = settings.resolve(brokers);
+        let isr = isr.to_string();
+        let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(rf))
+            .set("cleanup.policy", policy)
+            .set("min.insync.replicas", &isr);
+        let results = futures::executor::block_on(self.admin.create_topics([&new], &self.options))
+            .map_err(|e| e.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Fail))?;
+        match results.into_iter().next() {
+            Some(Ok(_)) => Ok(true),
+            None | Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) => Ok(false),
+            Some(Err((_, code))) => Err(code),
+        }
+    }
+
+    /// Deletes `topics`; one that is not there is not an error.
+    pub(super) fn delete(&self, topics: &[String]) -> anyhow::Result<()> {
+        if topics.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+        for result in futures::executor::block_on(self.admin.delete_topics(&names, &self.options))? {
+            match result {
+                Ok(_) | Err((_, RDKafkaErrorCode::UnknownTopicOrPartition)) => {}
+                Err((topic, code)) => bail!("deleting topic {topic}: {code}"),
+            }
+        }
+        Ok(())
+    }
+
+    /// The `cleanup.policy` of `topic` (see [`cleanup_policy`]).
+    pub(super) fn cleanup_policy(&self, topic: &str) -> anyhow::Result<String> {
+        cleanup_policy(&self.admin, topic, &self.options)
+    }
+}
+
 /// Makes sure every store has a well-formed changelog; returns each store's changelog (its
 /// topic id is filled in by the caller).
 pub fn ensure_changelogs(
@@ -54,43 +129,25 @@ pub fn ensure_changelogs(
     if stores.is_empty() {
         return Ok(Vec::new());
     }
-    let config = kafka.client();
-    let admin: AdminClient<DefaultClientContext> = config.create()?;
-    let metadata_client: BaseConsumer = config.create()?;
-    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let admin = TopicAdmin::new(kafka)?;
     let mut out = Vec::new();
     for store in stores {
         let topic = changelog_topic(topology, store);
-        let metadata = metadata_client.fetch_metadata(Some(&topic), Duration::from_secs(15))?;
-        let existing = metadata
-            .topics()
-            .iter()
-            .find(|t| t.name() == topic && t.error().is_none())
-            .map(|t| t.partitions().len());
-        match existing {
-            Some(0) | None => {
-                let (rf, isr) = settings.resolve(metadata.brokers().len());
-                let isr = isr.to_string();
-                let new = NewTopic::new(&topic, partitions, TopicReplication::Fixed(rf))
-                    .set("cleanup.policy", "compact")
-                    .set("min.insync.replicas", &isr);
-                for result in futures::executor::block_on(admin.create_topics([&new], &options))? {
-                    match result {
-                        Ok(_) => tracing::info!(topology, store, topic, partitions, "created changelog topic"),
-                        Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                        Err((t, code)) => {
-                            bail!("creating changelog topic {t} for store {store:?} of topology {topology}: {code}")
-                        }
-                    }
+        match admin.lookup(&topic)? {
+            (None, brokers) => match admin.create(&topic, partitions, "compact", settings, brokers) {
+                Ok(true) => tracing::info!(topology, store, topic, partitions, "created changelog topic"),
+                Ok(false) => {}
+                Err(code) => {
+                    bail!("creating changelog topic {topic} for store {store:?} of topology {topology}: {code}")
                 }
-            }
-            Some(found) if found as i32 != partitions => bail!(
+            },
+            (Some(found), _) if found as i32 != partitions => bail!(
                 "changelog topic {topic:?} of store {store:?} has {found} partitions, but topology {topology} reads \
                  {partitions} source partitions; a changelog needs one partition per source partition \
                  (delete the topic to let the worker recreate it, or fix the sources)"
             ),
-            Some(_) => {
-                let policy = cleanup_policy(&admin, &topic, &options)?;
+            (Some(_), _) => {
+                let policy = admin.cleanup_policy(&topic)?;
                 if policy.trim() != "compact" {
                     bail!(
                         "changelog topic {topic:?} of store {store:?} has cleanup.policy={policy}, but a changelog must \
@@ -138,11 +195,11 @@ fn cleanup_policy(
         match found {
             Ok(Some(policy)) => return Ok(policy),
             not_yet if std::time::Instant::now() < deadline => {
-                tracing::debug!(topic, answer = ?not_yet, "no cleanup.policy of the changelog yet; asking again");
+                tracing::debug!(topic, answer = ?not_yet, "no cleanup.policy of the topic yet; asking again");
                 std::thread::sleep(Duration::from_millis(250));
             }
-            Ok(None) => bail!("changelog topic {topic:?}: the cluster does not say its cleanup.policy"),
-            Err(e) => bail!("changelog topic {topic:?}: reading its cleanup.policy: {e}"),
+            Ok(None) => bail!("topic {topic:?}: the cluster does not say its cleanup.policy"),
+            Err(e) => bail!("topic {topic:?}: reading its cleanup.policy: {e}"),
         }
     }
 }

@@ -2,9 +2,10 @@
 //! created a moment ago), source partition counts compared, and the topology group's
 //! consumer.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use anyhow::{bail, Context as _};
+use anyhow::Context as _;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
@@ -34,24 +35,26 @@ pub fn source_consumer(
         .create_with_context(ConsumerEvents)
 }
 
-/// Checks that a topology's topics exist (each is looked up for up to `patience`) and its
-/// sources have the same number of partitions; returns that number.
+/// Checks that a topology's topics exist (each is looked up for up to `patience`), except
+/// its internal ones (`internal`, created by the host); returns each source topic's
+/// partition count.
 pub fn check_topics(
     kafka: &KafkaSettings,
     manifest: &Manifest,
     binding: &Binding,
+    internal: &[String],
     patience: Duration,
-) -> anyhow::Result<i32> {
+) -> anyhow::Result<BTreeMap<String, i32>> {
     // Used here for metadata only; records are read by the stream threads.
     let consumer = source_consumer(kafka, &manifest.group(), 1 << 20).context("creating the consumer")?;
-    let mut sources: Vec<(&str, i32)> = Vec::new();
+    let mut sources = BTreeMap::new();
     let dead_letter: Vec<String> = binding.dead_letter_topic.iter().cloned().collect();
     for (kind, topics) in [
         ("source", &binding.source_topics),
         ("sink", &binding.sink_topics),
         ("dead-letter", &dead_letter),
     ] {
-        for topic in topics.iter() {
+        for topic in topics.iter().filter(|t| !internal.contains(t)) {
             let count = partition_count(&consumer, topic, patience).map_err(|e| {
                 anyhow::anyhow!(
                     "topology {} (manifest {}): {kind} topic {topic:?}: {e}",
@@ -60,21 +63,24 @@ pub fn check_topics(
                 )
             })?;
             if kind == "source" {
-                sources.push((topic, count));
+                sources.insert(topic.clone(), count);
             }
         }
     }
-    let partitions = sources.first().expect("a topology has at least one source").1;
+    Ok(sources)
+}
+
+/// The partition count of sources read together (by one sub-topology's tasks): all the
+/// same, or an error naming each source and its count.
+pub fn co_partitioned(what: &str, sources: &[(&str, i32)]) -> Result<i32, String> {
+    let partitions = sources.first().map_or(0, |s| s.1);
     if sources.iter().any(|(_, n)| *n != partitions) {
         let counts: Vec<String> = sources.iter().map(|(t, n)| format!("{t:?} has {n}")).collect();
-        bail!(
-            "topology {} (manifest {}): its sources are not co-partitioned: {}; a task reads the same partition \
-             of each source, so they need the same number of partitions (and keys written with the same \
-             partitioner)",
-            manifest.name,
-            manifest.path,
+        return Err(format!(
+            "{what} not co-partitioned: {}; a task reads the same partition of each source, so they need the same \
+             number of partitions (and keys written with the same partitioner)",
             counts.join(", ")
-        );
+        ));
     }
     Ok(partitions)
 }

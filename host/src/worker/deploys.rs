@@ -238,7 +238,7 @@ pub async fn follow_registry(
         }
         for t in &put {
             let version = versions.get(&t.name).copied().unwrap_or(0);
-            tracing::info!(topology = %t.name, version, partitions = t.partitions, "deployed from the registry");
+            tracing::info!(topology = %t.name, version, tasks = t.tasks().len(), "deployed from the registry");
             current.insert(t.name.clone(), version);
         }
         if changes.send(TopologyChange { put, remove }).is_err() {

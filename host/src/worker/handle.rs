@@ -49,10 +49,18 @@ pub enum DeployCheckError {
     Topics(String),
 }
 
-/// What an upload that would run here declares, and how many tasks it has.
+/// What an upload that would run here declares, and the tasks it has.
 pub struct DeployCheck {
     pub description: sluice_wire::Description,
-    pub partitions: i32,
+    /// Its stages (sub-topologies), with their partition counts.
+    pub stages: Vec<crate::topology::Stage>,
+}
+
+impl DeployCheck {
+    /// How many tasks it has: a stage's partitions, summed.
+    pub fn tasks(&self) -> u32 {
+        self.stages.iter().map(|s| s.partitions as u32).sum()
+    }
 }
 
 impl WorkerHandle {
@@ -138,12 +146,23 @@ impl WorkerHandle {
                 other => DeployCheckError::Load(other),
             })?;
         crate::topology::check_state_limit(manifest, self.state_limit).map_err(DeployCheckError::Limits)?;
-        let binding = manifest.bind(loaded.description())?;
-        let partitions = crate::topology::check_topics(&self.kafka, manifest, &binding, patience)
+        let description = loaded.description();
+        let binding = manifest.bind(description)?;
+        let internal: Vec<String> = description
+            .internal_topics
+            .iter()
+            .map(|t| crate::manifest::repartition_topic(&manifest.name, &t.name))
+            .collect();
+        let refused = |e: String| DeployCheckError::Topics(format!("topology {}: {e}", manifest.name));
+        let mut counts = crate::topology::check_topics(&self.kafka, manifest, &binding, &internal, patience)
             .map_err(|e| DeployCheckError::Topics(format!("{e:#}")))?;
+        let internal =
+            crate::topology::repartition::partition_counts(description, &binding, &counts).map_err(refused)?;
+        counts.extend(internal);
+        let stages = crate::topology::plan_stages(&manifest.name, description, &binding, &counts).map_err(refused)?;
         Ok(DeployCheck {
-            description: loaded.description().clone(),
-            partitions,
+            description: description.clone(),
+            stages,
         })
     }
 }

@@ -273,7 +273,7 @@ impl Worker {
             Lease::forever()
         });
         for t in &deployed {
-            tracing::info!(topology = %t.name, partitions = t.partitions, sources = ?t.binding.source_topics, sinks = ?t.binding.sink_topics, "deployed");
+            tracing::info!(topology = %t.name, tasks = t.tasks().len(), internal = ?t.internal_topics, sources = ?t.binding.source_topics, sinks = ?t.binding.sink_topics, "deployed");
         }
         let mut runner = TaskRunner::new(
             lease,

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::board::Board;
 use super::WorkerReport;
+use crate::group::metadata::TopologyInfo;
 use crate::group::TaskId;
 use crate::kafka::KafkaSettings;
 use crate::metrics::Metrics;
@@ -137,10 +138,7 @@ impl TaskRunner {
 
     /// Every task of every deployed topology.
     pub fn all_tasks(&self) -> Vec<TaskId> {
-        self.topologies
-            .values()
-            .flat_map(|t| (0..t.partitions as u32).map(|p| TaskId::new(&t.name, p)))
-            .collect()
+        self.topologies.values().flat_map(|t| t.tasks()).collect()
     }
 
     /// The digest of each topology this worker runs, by name.
@@ -178,14 +176,33 @@ impl TaskRunner {
     }
 
     /// What this worker tells the group it runs.
-    pub fn topology_infos(&self) -> Vec<crate::group::metadata::TopologyInfo> {
+    pub fn topology_infos(&self) -> Vec<TopologyInfo> {
+        use crate::group::metadata::SubInfo;
         self.topologies
             .values()
-            .map(|t| crate::group::metadata::TopologyInfo {
-                name: t.name.clone(),
-                partitions: t.partitions as u32,
-                digest: t.digest,
-                stateful: !t.changelogs.is_empty(),
+            .map(|t| {
+                let subs: Vec<SubInfo> = t
+                    .stages
+                    .iter()
+                    .filter_map(|s| {
+                        Some(SubInfo {
+                            name: s.sub.as_deref()?.to_string(),
+                            partitions: s.partitions as u32,
+                            stateful: !s.changelogs.is_empty(),
+                        })
+                    })
+                    .collect();
+                TopologyInfo {
+                    name: t.name.clone(),
+                    partitions: if subs.is_empty() {
+                        t.stages[0].partitions as u32
+                    } else {
+                        0
+                    },
+                    digest: t.digest,
+                    stateful: t.stateful(),
+                    subs,
+                }
             })
             .collect()
     }
@@ -294,9 +311,19 @@ impl TaskRunner {
                 tracing::warn!(%task, "assigned a task of a topology this worker does not run");
                 return Ok(());
             };
+            let Some(stage) = topology
+                .stages
+                .iter()
+                .position(|s| s.sub == task.sub && task.partition < s.partitions as u32)
+            else {
+                tracing::warn!(%task, "assigned a task its topology does not have here");
+                return Ok(());
+            };
             let control = Arc::new(TaskControl::default());
             let ctx = task::TaskContext {
                 topology,
+                task: task.clone(),
+                stage,
                 partition: task.partition as i32,
                 producer: self.producer.clone(),
                 settings: self.settings.clone(),
@@ -442,10 +469,18 @@ impl TaskRunner {
     /// The changelog partitions of each stateful task (for their end offsets).
     pub fn changelog_partitions(&self) -> Vec<(TaskId, Vec<(String, i32)>)> {
         let mut out = Vec::new();
-        for t in self.topologies.values().filter(|t| !t.changelogs.is_empty()) {
-            for p in 0..t.partitions {
-                let parts = t.changelogs.iter().map(|c| (c.topic.clone(), p)).collect();
-                out.push((TaskId::new(&t.name, p as u32), parts));
+        for t in self.topologies.values() {
+            for stage in &t.stages {
+                for task in (0..stage.partitions as u32).map(|p| TaskId::of(&t.name, stage.sub.as_deref(), p)) {
+                    let parts: Vec<(String, i32)> = t
+                        .changelogs_of(stage)
+                        .into_iter()
+                        .map(|c| (c.topic, task.partition as i32))
+                        .collect();
+                    if !parts.is_empty() {
+                        out.push((task, parts));
+                    }
+                }
             }
         }
         out
@@ -474,7 +509,7 @@ impl TaskRunner {
             let Some(topology) = self.topologies.get(&*task.topology).cloned() else {
                 continue;
             };
-            self.updater.add(topology, task.partition as i32);
+            self.updater.add(topology, task.clone());
             self.standbys.insert(task.clone());
         }
         Ok(())

@@ -20,6 +20,7 @@ mod sandbox;
 mod sdk;
 mod secured;
 mod security;
+mod stages;
 mod state;
 mod tenancy;
 mod worker;
