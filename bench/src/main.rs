@@ -55,8 +55,12 @@ enum Command {
     E2e(e2e::E2eArgs),
     /// Restoring a store from a changelog of 1M keys into a fresh RocksDB.
     Restore(state::RestoreArgs),
-    /// Word count end to end on a broker (state store and changelog included).
+    /// The two-stage word count end to end on a broker (repartition topic, state store and
+    /// changelog included), beside the same job in Kafka Streams' DSL when given its classpath.
     WordCount(state::WordCountArgs),
+    /// The two-stage word count over millions of words: how much its repartition topic holds
+    /// as they flow (the host deletes what the counting tasks committed).
+    Repartition(state::RepartitionArgs),
     /// One worker holding many tasks: start time, idle threads, RSS and CPU, and flow.
     Density(density::DensityArgs),
     /// A stateful topology scaled 1 -> 2 -> 3 -> 1 workers under eager, sticky and learners.
@@ -87,6 +91,7 @@ fn main() -> anyhow::Result<()> {
         Command::E2e(args) => tokio::runtime::Runtime::new()?.block_on(e2e::run(args)),
         Command::Restore(args) => tokio::runtime::Runtime::new()?.block_on(state::restore(args)),
         Command::WordCount(args) => tokio::runtime::Runtime::new()?.block_on(state::word_count(args)),
+        Command::Repartition(args) => tokio::runtime::Runtime::new()?.block_on(state::repartition(args)),
         Command::Density(args) => tokio::runtime::Runtime::new()?.block_on(density::run(args)),
         Command::Scaling(args) => tokio::runtime::Runtime::new()?.block_on(scaling::run(args)),
         Command::Tenants(args) => tokio::runtime::Runtime::new()?.block_on(tenants::run(args)),

@@ -44,6 +44,9 @@ impl Task {
         let logged = self.log_state()?;
         let idle_due = self.last_offsets_commit.elapsed() >= self.ctx.settings.idle_commit_interval;
         if self.positions == self.committed && !logged && !self.output.in_transaction() && !idle_due {
+            // Nothing new to commit, but what was committed before may not be purged yet
+            // (the last commit of a task whose input has stopped).
+            self.purge_committed(env);
             return Ok(Commit::Done);
         }
         // 2. Everything produced is acknowledged; source offsets are committed.
@@ -116,7 +119,10 @@ impl Task {
     /// exactly-once, the transaction that moved the offset has committed).
     fn purge_committed(&mut self, env: &mut KafkaEnv) {
         let stage = self.ctx.stage();
-        if stage.internal_sources.is_empty() || self.last_purge.elapsed() < self.ctx.settings.purge_interval {
+        if stage.internal_sources.is_empty()
+            || self.last_purge.elapsed() < self.ctx.settings.purge_interval
+            || self.purged == self.committed
+        {
             return;
         }
         self.last_purge = Instant::now();
@@ -125,6 +131,7 @@ impl Task {
             .iter()
             .filter_map(|&i| Some((stage.sources[i].1.clone(), self.ctx.partition, self.committed[i]?)))
             .collect();
+        self.purged = self.committed.clone();
         env.purge(before);
     }
 

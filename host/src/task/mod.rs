@@ -248,8 +248,9 @@ pub struct Task {
     last_commit: Instant,
     /// When source offsets were last committed (idle partitions re-commit theirs).
     last_offsets_commit: Instant,
-    /// When it last deleted what it committed of its repartition sources.
+    /// When it last deleted what it committed of its repartition sources, and up to where.
     last_purge: Instant,
+    purged: Vec<Option<i64>>,
     last_punctuate: Instant,
     last_punctuate_stream: i64,
     summary: TaskSummary,

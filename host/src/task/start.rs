@@ -276,6 +276,7 @@ impl Task {
             last_commit: Instant::now(),
             last_offsets_commit: Instant::now(),
             last_purge: Instant::now(),
+            purged: Vec::new(),
             last_punctuate: Instant::now(),
             last_punctuate_stream: i64::MIN,
             summary: TaskSummary::default(),
