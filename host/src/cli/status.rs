@@ -305,7 +305,17 @@ async fn gather(
             ("learner", &assignment.learner),
         ] {
             for t in tasks.iter().filter(|_| live.is_none()) {
-                let lag = changelog_end(t).map(|end| (end - sums.get(t).copied().unwrap_or(0)).max(0));
+                // A sub-topology that keeps no state has no changelog lag (the changelogs at
+                // its partition are another sub-topology's).
+                let stateless = t.sub.as_deref().is_some_and(|sub| {
+                    meta.topologies
+                        .iter()
+                        .flatten()
+                        .any(|info| *info.name == *t.topology && info.subs.iter().any(|s| s.name == sub && !s.stateful))
+                });
+                let lag = changelog_end(t)
+                    .filter(|_| !stateless)
+                    .map(|end| (end - sums.get(t).copied().unwrap_or(0)).max(0));
                 let error = failed.get(t).map(|e| e.to_string());
                 status.tasks.push(Task {
                     task: t.to_string(),
