@@ -498,6 +498,31 @@ impl Kafka {
         }
         Ok(received)
     }
+
+    /// Reads `topic` from the beginning until `done` says what was read is enough (under
+    /// at-least-once, replays may add copies: count what must be there, not how many came).
+    pub async fn consume_until(
+        &self,
+        topic: &str,
+        timeout: Duration,
+        mut done: impl FnMut(&[Received]) -> bool,
+    ) -> Result<Vec<Received>> {
+        let consumer = self.consumer(&unique_name("test-reader"))?;
+        consumer.subscribe(&[topic])?;
+        let mut received = Vec::new();
+        let deadline = tokio::time::Instant::now() + timeout;
+        while !done(&received) {
+            let message = match tokio::time::timeout_at(deadline, consumer.recv()).await {
+                Ok(message) => message.with_context(|| format!("reading {topic}"))?,
+                Err(_) => bail!(
+                    "read {} records from {topic} within {timeout:?}, and not yet all that should be there",
+                    received.len()
+                ),
+            };
+            received.push(Received::from(&message));
+        }
+        Ok(received)
+    }
 }
 
 impl Kafka {
