@@ -228,8 +228,8 @@ pub mod __private {
     pub use self::bindings::exports::sluice::topology0_2_0::processor::Guest;
     pub use self::bindings::sluice::topology0_1_0::types::GuestError;
     pub use self::bindings::sluice::topology0_2_0::types::{
-        Description as WitDescription, InternalTopic as WitInternalTopic, Subtopology as WitSubtopology,
-        TaskInfo as WitTaskInfo,
+        Description as WitDescription, GlobalStore as WitGlobalStore, InternalTopic as WitInternalTopic,
+        Subtopology as WitSubtopology, TaskInfo as WitTaskInfo,
     };
     pub use super::{close, describe, init, process, punctuate, Slot};
 }
@@ -258,6 +258,14 @@ pub fn describe<T: Processor>() -> wit::Description {
                 sources: s.sources,
                 sinks: s.sinks,
                 stores: s.stores,
+            })
+            .collect(),
+        global_stores: d
+            .global_stores
+            .into_iter()
+            .map(|g| __private::WitGlobalStore {
+                name: g.name,
+                topic: g.topic,
             })
             .collect(),
     }

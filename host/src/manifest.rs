@@ -220,6 +220,9 @@ impl From<StartFrom> for String {
 pub struct Binding {
     pub source_topics: Vec<String>,
     pub sink_topics: Vec<String>,
+    /// The topic of each global store, in the order of `description.global_stores` (bound
+    /// under `[sources]`).
+    pub global_topics: Vec<String>,
     /// The dead-letter topic, when the topology's policy sends records there.
     pub dead_letter_topic: Option<String>,
 }
@@ -359,8 +362,13 @@ impl Manifest {
         };
         let internal: Vec<&str> = description.internal_topics.iter().map(|t| t.name.as_str()).collect();
         let mut bound = Vec::new();
+        // A global store's topic is bound under [sources] like a source.
+        let inputs: Vec<String> = (description.sources.iter())
+            .chain(description.global_stores.iter().map(|g| &g.topic))
+            .cloned()
+            .collect();
         for (kind, declared, map) in [
-            ("source", &description.sources, &self.sources),
+            ("source", &inputs, &self.sources),
             ("sink", &description.sinks, &self.sinks),
         ] {
             for name in map.keys() {
@@ -397,7 +405,8 @@ impl Manifest {
             bound.push(topics);
         }
         let sink_topics = bound.pop().unwrap_or_default();
-        let source_topics = bound.pop().unwrap_or_default();
+        let mut source_topics = bound.pop().unwrap_or_default();
+        let global_topics = source_topics.split_off(description.sources.len());
         for topic in &sink_topics {
             let is_internal = internal.iter().any(|n| repartition_topic(&self.name, n) == *topic);
             if source_topics.contains(topic) && !is_internal {
@@ -416,6 +425,7 @@ impl Manifest {
         Ok(Binding {
             source_topics,
             sink_topics,
+            global_topics,
             dead_letter_topic: self.dead_letter_topic.clone(),
         })
     }
@@ -538,6 +548,31 @@ mod tests {
         assert_eq!(parse_size("4096"), Ok(4096));
         assert!(parse_size("lots").is_err());
         assert!(parse_size("3 parsecs").unwrap_err().contains("unknown unit"));
+    }
+
+    #[test]
+    fn a_global_stores_topic_is_bound_under_sources() {
+        let d = Description::new("g")
+            .source("orders")
+            .sink("out")
+            .global_store("customers", "customer_table");
+        let text = "name = \"g\"\ncomponent = \"g.wasm\"\n[sources]\norders = \"o\"\ncustomer_table = \"c\"\n[sinks]\nout = \"x\"\n";
+        let b = Manifest::parse(text, "g.toml", Path::new("/deploy"))
+            .unwrap()
+            .bind(&d)
+            .unwrap();
+        assert_eq!(b.source_topics, vec!["o".to_string()]);
+        assert_eq!(b.global_topics, vec!["c".to_string()]);
+        let missing = "name = \"g\"\ncomponent = \"g.wasm\"\n[sources]\norders = \"o\"\n[sinks]\nout = \"x\"\n";
+        let e = Manifest::parse(missing, "g.toml", Path::new("/deploy"))
+            .unwrap()
+            .bind(&d)
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("\"customer_table\", but the manifest does not bind it"),
+            "{e}"
+        );
     }
 
     /// Every `tests/manifests/*.toml` is checked against the description of `uppercase`

@@ -16,6 +16,18 @@ pub struct Description {
     pub internal_topics: Vec<InternalTopic>,
     /// Its stages; empty: one sub-topology of every source, sink and store.
     pub subtopologies: Vec<Subtopology>,
+    /// Global tables: stores the host fills from every partition of a topic, readable by
+    /// every task of the topology and written by none.
+    pub global_stores: Vec<GlobalStore>,
+}
+
+/// A global table: a store the host keeps as a copy of a whole topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GlobalStore {
+    /// The store's name (distinct from the description's other stores).
+    pub name: String,
+    /// The logical name of the topic that fills it, bound by the manifest under `[sources]`.
+    pub topic: String,
 }
 
 /// A topic internal to a topology (a repartition topic), created by the host.
@@ -95,6 +107,17 @@ impl Description {
         self.sources.push(name.clone());
         self.sinks.push(name.clone());
         self.internal_topics.push(InternalTopic { name, partitions });
+        self
+    }
+
+    /// Declares a global table: the store `name`, filled by the host from every partition
+    /// of the topic the manifest binds to `topic` (under `[sources]`), and readable by every
+    /// task (`Store::open(name)`); writes to it are refused.
+    pub fn global_store(mut self, name: impl Into<String>, topic: impl Into<String>) -> Self {
+        self.global_stores.push(GlobalStore {
+            name: name.into(),
+            topic: topic.into(),
+        });
         self
     }
 

@@ -15,6 +15,7 @@ impl Guest for Hostile {
             stores: vec!["..".into()],
             internal_topics: Vec::new(),
             subtopologies: Vec::new(),
+            global_stores: Vec::new(),
         }
     }
 

@@ -58,6 +58,7 @@ impl Guest for Hostile {
             stores: vec!["state".into()],
             internal_topics: Vec::new(),
             subtopologies: Vec::new(),
+            global_stores: Vec::new(),
         }
     }
 

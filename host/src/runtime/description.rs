@@ -25,6 +25,7 @@ pub(super) fn check(d: &Description) -> Result<(), String> {
             }
         }
     }
+    check_global_stores(d)?;
     let mut internal = HashSet::new();
     for t in &d.internal_topics {
         if !internal.insert(t.name.as_str()) {
@@ -49,6 +50,36 @@ pub(super) fn check(d: &Description) -> Result<(), String> {
         return Ok(());
     }
     check_subtopologies(d, &internal)
+}
+
+/// Global tables: named like stores and apart from them; each filled by a topic of its
+/// own that no task reads or writes as a source or sink.
+fn check_global_stores(d: &Description) -> Result<(), String> {
+    let (mut names, mut topics) = (HashSet::new(), HashSet::new());
+    for g in &d.global_stores {
+        check_store_name(&g.name)?;
+        check_name("global store topic name", &g.topic)?;
+        if d.stores.contains(&g.name) || !names.insert(g.name.as_str()) {
+            return Err(format!(
+                "it declares the store {:?} twice (a global store is a store too)",
+                g.name
+            ));
+        }
+        if !topics.insert(g.topic.as_str()) {
+            return Err(format!(
+                "the topic {:?} fills two global stores: a topic fills one",
+                g.topic
+            ));
+        }
+        if d.sources.contains(&g.topic) || d.sinks.contains(&g.topic) {
+            return Err(format!(
+                "global store {:?}: its topic {:?} is also declared as a source or sink; the host reads it whole \
+                 into the store, so tasks neither read nor write it",
+                g.name, g.topic
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Internal topics become the middle of topic names (`<topology>-<name>-repartition`):
@@ -226,6 +257,21 @@ mod tests {
         assert!(refused(d).contains("must be declared as a source and as a sink"));
         let d = two_stage().source("orphan");
         assert_eq!(refused(d), "source \"orphan\" is read by no sub-topology");
+    }
+
+    #[test]
+    fn global_stores_are_checked() {
+        let d = Description::new("g")
+            .source("orders")
+            .sink("out")
+            .global_store("customers", "customers");
+        check(&d).unwrap();
+        let refused = |d: Description| check(&d).unwrap_err();
+        assert!(refused(d.clone().store("customers")).contains("declares the store \"customers\" twice"));
+        assert!(refused(d.clone().global_store("again", "customers")).contains("fills two global stores"));
+        assert!(refused(d.clone().global_store("x", "out")).contains("also declared as a source or sink"));
+        assert!(refused(d.clone().global_store("bad/name", "t")).contains("bad/name"));
+        assert!(refused(d.global_store("y", "")).contains("global store topic name"));
     }
 
     #[test]

@@ -13,7 +13,7 @@ use super::state_host::NamedStore;
 use super::{bindings, bindings_v1};
 use super::{LoadedTopology, EPOCH_TICK};
 use sluice_wire::wire::{self, Emitted};
-use sluice_wire::{Description, InternalTopic, Subtopology, TaskInfo};
+use sluice_wire::{Description, GlobalStore, InternalTopic, Subtopology, TaskInfo};
 
 /// A component's exports, by the version of the contract it was built for.
 pub(super) enum Exports {
@@ -172,6 +172,14 @@ impl TaskInstance {
                                 sources: t.sources,
                                 sinks: t.sinks,
                                 stores: t.stores,
+                            })
+                            .collect(),
+                        global_stores: d
+                            .global_stores
+                            .into_iter()
+                            .map(|g| GlobalStore {
+                                name: g.name,
+                                topic: g.topic,
                             })
                             .collect(),
                     }

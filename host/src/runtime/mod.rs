@@ -604,12 +604,11 @@ impl LoadedTopology {
         TaskInstance::new(self, label, sinks, stores)
     }
 
-    /// A fresh instance with an empty in-memory store for each declared store.
+    /// A fresh instance with an empty in-memory store for each declared store (global ones too).
     pub fn instantiate_in_memory(&self, label: &str) -> Result<TaskInstance, GuestFault> {
-        let stores = self
-            .description
-            .stores
-            .iter()
+        let globals = self.description.global_stores.iter().map(|g| &g.name);
+        let stores = (self.description.stores.iter())
+            .chain(globals)
             .map(|name| NamedStore {
                 name: name.clone(),
                 store: Box::new(crate::state::MemoryStore::default()),

@@ -5,6 +5,7 @@
 //! tested without it.
 
 pub mod checkpoint;
+pub mod global;
 pub mod restore;
 pub mod rocks;
 

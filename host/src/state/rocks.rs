@@ -107,6 +107,19 @@ pub fn write_with_marker<'a>(
     marker: &Marker,
     wal: bool,
 ) -> Result<(), String> {
+    let marker = serde_json::to_vec(marker).expect("a marker serialises");
+    write_with_meta(db, changes, MARKER_KEY, &marker, wal)
+}
+
+/// Writes `changes` and one bookkeeping entry (`key` in the meta column family) in one
+/// atomic batch: what a store other than a task's (a global table) keeps its positions in.
+pub fn write_with_meta<'a>(
+    db: &DB,
+    changes: impl IntoIterator<Item = (&'a [u8], Option<&'a [u8]>)>,
+    key: &[u8],
+    value: &[u8],
+    wal: bool,
+) -> Result<(), String> {
     let mut batch = WriteBatch::default();
     for (k, v) in changes {
         match v {
@@ -115,10 +128,25 @@ pub fn write_with_marker<'a>(
         }
     }
     let cf = db.cf_handle(META_CF).expect("opened with the meta column family");
-    batch.put_cf(cf, MARKER_KEY, serde_json::to_vec(marker).expect("a marker serialises"));
+    batch.put_cf(cf, key, value);
     let mut options = WriteOptions::default();
     options.disable_wal(!wal);
     db.write_opt(batch, &options).map_err(|e| format!("writing state: {e}"))
+}
+
+/// A bookkeeping entry written with [`write_with_meta`]; none if never written.
+pub fn read_meta(db: &DB, key: &[u8]) -> Result<Option<Vec<u8>>, String> {
+    let cf = db.cf_handle(META_CF).expect("opened with the meta column family");
+    db.get_cf(cf, key)
+        .map_err(|e| format!("reading the store's bookkeeping: {e}"))
+}
+
+/// Bytes a database takes on disk and in its memtables (RocksDB's own estimate).
+pub fn size_of(db: &DB) -> u64 {
+    ["rocksdb.total-sst-files-size", "rocksdb.cur-size-all-mem-tables"]
+        .iter()
+        .map(|p| db.property_int_value(*p).ok().flatten().unwrap_or(0))
+        .sum()
 }
 
 /// Flushes data and marker together (after writes without the WAL).
@@ -196,10 +224,7 @@ impl RocksStore {
 
     /// Bytes the store takes on disk and in its memtables (RocksDB's own estimate).
     pub fn disk_bytes(&self) -> u64 {
-        ["rocksdb.total-sst-files-size", "rocksdb.cur-size-all-mem-tables"]
-            .iter()
-            .map(|p| self.db.property_int_value(*p).ok().flatten().unwrap_or(0))
-            .sum()
+        size_of(&self.db)
     }
 
     /// Whether successful calls wrote anything since the last commit.

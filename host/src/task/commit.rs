@@ -179,16 +179,22 @@ impl Task {
     /// worker, with these writes, would be more than the topology's `limits.state`.
     pub(super) fn check_state_quota(&mut self) -> Result<(), TaskError> {
         let mut mine = 0u64;
+        // The topology's global tables count once, however many tasks read them.
+        let mut global = 0u64;
         for named in self.instance.stores_mut() {
-            if let Some(store) = named.store.as_any().downcast_mut::<crate::state::rocks::RocksStore>() {
-                mine += store.disk_bytes() + named.store.held_bytes() as u64;
+            let held = named.store.held_bytes() as u64;
+            let any = named.store.as_any();
+            if let Some(store) = any.downcast_mut::<crate::state::rocks::RocksStore>() {
+                mine += store.disk_bytes() + held;
+            } else if let Some(reader) = any.downcast_mut::<crate::state::global::GlobalReader>() {
+                global += reader.table().bytes();
             }
         }
         let topology = &self.ctx.topology;
         let total: u64 = {
             let mut usage = topology.state_usage.lock().unwrap();
             usage.insert(self.ctx.task.clone(), mine);
-            usage.values().sum()
+            usage.values().sum::<u64>() + global
         };
         if total > topology.state_limit {
             return Err(TaskError::Quota {

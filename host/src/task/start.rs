@@ -14,6 +14,7 @@ use super::{
     rate, source, Counters, Ended, Guarantee, KafkaEnv, Task, TaskContext, TaskError, TaskOutput, TaskSummary,
 };
 use crate::metrics::{ErrorLabels, Metrics, TaskLabels};
+use crate::state::global::NotReady;
 
 /// What starting a task came to.
 pub enum Prepared {
@@ -184,6 +185,59 @@ impl Task {
                 Opened::Stopped => return Ok(None),
             }
         };
+        let mut stores = stores;
+        if !topology.globals.is_empty() {
+            ctx.control
+                .enter("waiting for its global tables to catch up", STEP_DEADLINE);
+            for g in &topology.globals {
+                let Some(table) = ctx.state.globals.get(&g.topic) else {
+                    return Err(TaskError::State {
+                        task: id.clone(),
+                        detail: format!("the global table of topic {:?} is not kept on this worker", g.topic),
+                    });
+                };
+                // The start's watch hears of progress only when the table moves.
+                let seen = std::cell::Cell::new(None);
+                let progress = |restored: u64, _total: u64| {
+                    if seen.replace(Some(restored)) != Some(restored) {
+                        ctx.control.progress();
+                    }
+                };
+                match table.wait_ready(&stopping, &progress) {
+                    Ok(true) => {}
+                    Ok(false) => return Ok(None),
+                    Err(NotReady::Failed(detail)) => {
+                        return Err(TaskError::State {
+                            task: id.clone(),
+                            detail,
+                        })
+                    }
+                    Err(NotReady::OverLimit(detail)) => {
+                        return Err(TaskError::Quota {
+                            task: id.clone(),
+                            detail,
+                        })
+                    }
+                }
+                if table.bytes() > topology.state_limit {
+                    return Err(TaskError::Quota {
+                        task: id.clone(),
+                        detail: format!(
+                            "the global table of topic {:?} takes {} bytes, more than the limit of topology {} \
+                             ({} bytes: limits.state in the manifest, or the worker's --state-limit)",
+                            g.topic,
+                            table.bytes(),
+                            topology.name,
+                            topology.state_limit
+                        ),
+                    });
+                }
+                stores.push(crate::runtime::NamedStore {
+                    name: g.store.clone(),
+                    store: Box::new(crate::state::global::GlobalReader::new(&g.store, table)),
+                });
+            }
+        }
         let opened_at = began.elapsed();
         ctx.control
             .enter("instantiating the guest and calling init", STEP_DEADLINE);

@@ -46,6 +46,8 @@ pub struct StateEnv {
     /// The stores of the active tasks running here, by (topology, partition, store): what
     /// interactive queries read (their committed state).
     pub open: std::sync::Mutex<std::collections::HashMap<(String, i32, String), std::sync::Weak<DB>>>,
+    /// The worker's global tables, by topic (filled by the state updater).
+    pub globals: crate::state::global::GlobalTables,
 }
 
 impl StateEnv {
@@ -54,6 +56,22 @@ impl StateEnv {
             dir,
             memory,
             open: Default::default(),
+            globals: Default::default(),
+        }
+    }
+
+    /// Keeps the global tables `topologies` read (and no others), each within the largest
+    /// state limit of the topologies reading it.
+    pub fn want_globals<'a>(&self, topologies: impl IntoIterator<Item = &'a crate::topology::DeployedTopology>) {
+        let mut wanted = std::collections::BTreeMap::<String, u64>::new();
+        for t in topologies {
+            for g in &t.globals {
+                let limit = wanted.entry(g.topic.clone()).or_default();
+                *limit = (*limit).max(t.state_limit);
+            }
+        }
+        if let Err(e) = self.globals.want(&self.dir, &self.memory, &wanted) {
+            tracing::error!("{e}");
         }
     }
 

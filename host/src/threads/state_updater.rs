@@ -7,8 +7,12 @@
 //! their changelog partitions: a standby costs its open stores, not a thread and a
 //! connection. As on stream threads, a partition whose standby leaves is paused, not
 //! unassigned, and sought when a standby of it comes back.
+//!
+//! The same thread fills and tails the worker's global tables (`state::global`): each
+//! reads every partition of its topic, first up to where the topic ended when the table
+//! was opened (tasks that read it wait until then), then for as long as a topology reads it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
@@ -21,6 +25,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use crate::group::TaskId;
 use crate::kafka::KafkaSettings;
 use crate::state::checkpoint::{self, Checkpoint};
+use crate::state::global::{GlobalTable, Status};
 use crate::state::rocks::{self, Marker};
 use crate::task::state::{offsets_hint, prepare_store, task_dir, StateEnv};
 use crate::topology::{Changelog, DeployedTopology};
@@ -90,6 +95,8 @@ impl StandbyUpdater {
                 env,
                 standbys: HashMap::new(),
                 routes: HashMap::new(),
+                globals: HashMap::new(),
+                waiting: Vec::new(),
                 assigned: HashSet::new(),
                 positions: shared,
             }
@@ -167,13 +174,38 @@ struct WarmStore {
     pending: Vec<(Vec<u8>, Option<Vec<u8>>)>,
 }
 
+/// Who reads a partition the updater consumes.
+#[derive(Clone)]
+enum Route {
+    /// A standby's store (by index).
+    Standby(TaskId, usize),
+    /// The global table of the partition's topic.
+    Global,
+}
+
+/// A global table being filled or tailed.
+struct Global {
+    table: Arc<GlobalTable>,
+    /// The next offset to read of each partition (applied, or pending below).
+    positions: BTreeMap<i32, i64>,
+    /// Until the table is ready: where each partition ended when it was opened.
+    targets: Option<BTreeMap<i32, i64>>,
+    /// Records to read until ready (for the progress tasks see).
+    total: u64,
+    pending: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    applied: u64,
+    last_checkpoint: Instant,
+    /// Stopped (failed, or over its limit): no longer applied.
+    stopped: bool,
+}
+
 /// Consecutive records of one changelog partition, read in a round.
 #[derive(Default)]
 struct Run {
     topic: String,
     partition: i32,
-    /// Its standby and store; none: no standby wants it (any more).
-    route: Option<(TaskId, usize)>,
+    /// Its reader; none: nobody wants it (any more).
+    route: Option<Route>,
     /// The next offset after the last record read.
     position: i64,
     records: Vec<(Vec<u8>, Option<Vec<u8>>)>,
@@ -201,8 +233,12 @@ struct Updater {
     bounds: BaseConsumer,
     env: Arc<StateEnv>,
     standbys: HashMap<TaskId, Standby>,
-    /// (changelog, partition) → (standby, store index).
-    routes: HashMap<(String, i32), (TaskId, usize)>,
+    /// (changelog or global topic, partition) → who reads it.
+    routes: HashMap<(String, i32), Route>,
+    /// Global tables, by topic.
+    globals: HashMap<String, Global>,
+    /// Tables that could not be started yet (their topic's offsets unread): tried again.
+    waiting: Vec<(Arc<GlobalTable>, Instant)>,
     assigned: HashSet<(String, i32)>,
     positions: Positions,
 }
@@ -210,11 +246,13 @@ struct Updater {
 impl Updater {
     fn run(mut self, commands: Receiver<Command>) {
         loop {
+            self.follow_globals();
             loop {
-                let command = if self.standbys.is_empty() {
+                let command = if self.standbys.is_empty() && self.globals.is_empty() {
                     match commands.recv_timeout(Duration::from_millis(100)) {
                         Ok(c) => c,
-                        Err(RecvTimeoutError::Timeout) => continue,
+                        // A global table may have been opened meanwhile.
+                        Err(RecvTimeoutError::Timeout) => break,
                         Err(RecvTimeoutError::Disconnected) => return,
                     }
                 } else {
@@ -225,6 +263,10 @@ impl Updater {
                             let all: Vec<TaskId> = self.standbys.keys().cloned().collect();
                             for task in all {
                                 let _ = self.remove(&task);
+                            }
+                            let topics: Vec<String> = self.globals.keys().cloned().collect();
+                            for topic in topics {
+                                self.remove_global(&topic);
                             }
                             return;
                         }
@@ -284,7 +326,7 @@ impl Updater {
         let mut fresh = TopicPartitionList::new();
         for (index, store) in stores.iter().enumerate() {
             let key = (store.changelog.topic.clone(), partition);
-            self.routes.insert(key.clone(), (task.clone(), index));
+            self.routes.insert(key.clone(), Route::Standby(task.clone(), index));
             let offset = Offset::Offset(store.position);
             if self.assigned.contains(&key) {
                 let mut one = TopicPartitionList::new();
@@ -361,7 +403,7 @@ impl Updater {
                 }
             };
             if !run.is(m.topic(), m.partition()) {
-                end_run(&mut self.standbys, &mut run);
+                end_run(&mut self.standbys, &mut self.globals, &mut run);
                 run.topic.clear();
                 run.topic.push_str(m.topic());
                 run.partition = m.partition();
@@ -375,7 +417,8 @@ impl Updater {
                 run.records.push((key.to_vec(), m.payload().map(<[u8]>::to_vec)));
             }
         }
-        end_run(&mut self.standbys, &mut run);
+        end_run(&mut self.standbys, &mut self.globals, &mut run);
+        self.apply_globals();
         let tasks: Vec<TaskId> = self.standbys.keys().cloned().collect();
         for task in tasks {
             let standby = self.standbys.get_mut(&task).expect("listed above");
@@ -422,11 +465,243 @@ impl Updater {
     fn apply(&self, standby: &mut Standby) -> Result<(), String> {
         apply_standby(standby)
     }
+
+    /// Starts the global tables opened since the last round (and those that could not
+    /// start before), and stops those no topology reads any more.
+    fn follow_globals(&mut self) {
+        let (added, removed) = self.env.globals.take_changes();
+        for topic in removed {
+            self.waiting.retain(|(t, _)| t.topic != topic);
+            self.remove_global(&topic);
+        }
+        let now = Instant::now();
+        let mut due: Vec<Arc<GlobalTable>> = added;
+        let (ready, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.waiting)
+            .into_iter()
+            .partition(|(_, at)| *at <= now);
+        self.waiting = later;
+        due.extend(ready.into_iter().map(|(t, _)| t));
+        for table in due {
+            if let Err(e) = self.add_global(table.clone()) {
+                tracing::warn!(topic = %table.topic, "global table not started yet (trying again in 2 s): {e}");
+                self.waiting.push((table, now + Duration::from_secs(2)));
+            }
+        }
+    }
+
+    fn add_global(&mut self, table: Arc<GlobalTable>) -> Result<(), String> {
+        let topic = table.topic.clone();
+        if self.globals.contains_key(&topic) {
+            self.remove_global(&topic);
+        }
+        let wait = Duration::from_secs(15);
+        let metadata = self
+            .bounds
+            .fetch_metadata(Some(&topic), wait)
+            .map_err(|e| format!("reading the metadata of topic {topic:?}: {e}"))?;
+        let partitions: Vec<i32> = metadata
+            .topics()
+            .iter()
+            .filter(|t| t.name() == topic && t.error().is_none())
+            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+            .collect();
+        if partitions.is_empty() {
+            return Err(format!("topic {topic:?} has no partitions in the metadata"));
+        }
+        let mut bounds = BTreeMap::new();
+        for &p in &partitions {
+            let b = self
+                .bounds
+                .fetch_watermarks(&topic, p, wait)
+                .map_err(|e| format!("reading the offsets of {topic}/{p}: {e}"))?;
+            bounds.insert(p, b);
+        }
+        let mut stored = table.positions()?;
+        // A position the topic no longer has (re-created, truncated): what the table holds
+        // cannot be vouched for, so it is read again from the start.
+        let outside = stored.iter().any(|(p, &pos)| match bounds.get(p) {
+            Some(&(low, high)) => pos < low || pos > high,
+            None => true,
+        });
+        if outside {
+            tracing::warn!(topic = %topic, "global table: positions outside the topic, reading it again from the start");
+            table.wipe()?;
+            stored.clear();
+        }
+        let positions: BTreeMap<i32, i64> = bounds
+            .iter()
+            .map(|(&p, &(low, _))| (p, stored.get(&p).copied().unwrap_or(low).max(low)))
+            .collect();
+        let targets: BTreeMap<i32, i64> = bounds.iter().map(|(&p, &(_, high))| (p, high)).collect();
+        let total: u64 = targets
+            .iter()
+            .map(|(p, high)| (high - positions[p]).max(0) as u64)
+            .sum();
+        let mut fresh = TopicPartitionList::new();
+        for (&p, &from) in &positions {
+            let key = (topic.clone(), p);
+            self.routes.insert(key.clone(), Route::Global);
+            if self.assigned.contains(&key) {
+                let mut one = TopicPartitionList::new();
+                let _ = one.add_partition(&topic, p);
+                self.consumer
+                    .seek(&topic, p, Offset::Offset(from), wait)
+                    .and_then(|()| self.consumer.resume(&one))
+                    .map_err(|e| format!("positioning {topic}/{p}: {e}"))?;
+            } else {
+                let _ = fresh.add_partition_offset(&topic, p, Offset::Offset(from));
+                self.assigned.insert(key);
+            }
+        }
+        if fresh.count() > 0 {
+            self.consumer
+                .incremental_assign(&fresh)
+                .map_err(|e| format!("assigning topic {topic:?}: {e}"))?;
+        }
+        tracing::info!(topic = %topic, partitions = partitions.len(), to_read = total, "global table started");
+        table.set_status(Status::Restoring { restored: 0, total });
+        self.globals.insert(
+            topic,
+            Global {
+                table,
+                positions,
+                targets: Some(targets),
+                total,
+                pending: Vec::new(),
+                applied: 0,
+                last_checkpoint: Instant::now(),
+                stopped: false,
+            },
+        );
+        Ok(())
+    }
+
+    fn remove_global(&mut self, topic: &str) {
+        let Some(mut global) = self.globals.remove(topic) else {
+            return;
+        };
+        let mut paused = TopicPartitionList::new();
+        for &p in global.positions.keys() {
+            self.routes.remove(&(topic.to_string(), p));
+            let _ = paused.add_partition(topic, p);
+        }
+        let _ = self.consumer.pause(&paused);
+        if !global.stopped {
+            if let Err(e) = checkpoint_global(&mut global) {
+                tracing::warn!(topic = %topic, "global table: {e}");
+            }
+        }
+        tracing::info!(topic = %topic, applied = global.applied, "global table stopped");
+    }
+
+    /// Applies what each global table read this round; a table that has caught up with
+    /// where its topic ended when it was opened becomes ready.
+    fn apply_globals(&mut self) {
+        if self.globals.is_empty() {
+            return;
+        }
+        // Offsets have gaps (transaction markers, compaction): the consumer's position
+        // says how far a partition was read.
+        let consumed = self.consumer.position().ok();
+        let mut stop = Vec::new();
+        for (topic, global) in &mut self.globals {
+            if global.stopped {
+                continue;
+            }
+            if global.pending.is_empty() {
+                for (p, position) in global.positions.iter_mut() {
+                    if let Some(Offset::Offset(at)) = consumed
+                        .as_ref()
+                        .and_then(|tpl| tpl.find_partition(topic, *p))
+                        .map(|e| e.offset())
+                    {
+                        *position = (*position).max(at);
+                    }
+                }
+            }
+            let mut result = Ok(());
+            if !global.pending.is_empty() {
+                let changes = std::mem::take(&mut global.pending);
+                result = global.table.apply(&changes, &global.positions);
+                global.applied += changes.len() as u64;
+            }
+            let caught_up = global.targets.as_ref().is_some_and(|t| {
+                t.iter()
+                    .all(|(p, high)| global.positions.get(p).is_some_and(|at| at >= high))
+            });
+            if result.is_ok() && (caught_up || global.last_checkpoint.elapsed() >= CHECKPOINT_EVERY) {
+                result = checkpoint_global(global);
+            }
+            let limit = global.table.limit();
+            let bytes = global.table.bytes();
+            if result.is_ok() && bytes > limit {
+                let e = format!(
+                    "it takes {bytes} bytes, more than {limit}, the largest state limit of the topologies that \
+                     read it (limits.state in their manifests, or the worker's --state-limit)"
+                );
+                tracing::error!(topic = %topic, "global table stopped: {e}");
+                global.table.set_status(Status::OverLimit(e));
+                global.stopped = true;
+                stop.push(topic.clone());
+                continue;
+            }
+            match result {
+                Err(e) => {
+                    tracing::error!(topic = %topic, "global table stopped: {e}");
+                    global.table.set_status(Status::Failed(e));
+                    global.stopped = true;
+                    stop.push(topic.clone());
+                }
+                Ok(()) if caught_up => {
+                    tracing::info!(topic = %topic, restored = global.applied, "global table ready");
+                    global.targets = None;
+                    global.table.set_status(Status::Ready);
+                }
+                Ok(()) if global.targets.is_some() => global.table.set_status(Status::Restoring {
+                    restored: global.applied.min(global.total),
+                    total: global.total,
+                }),
+                Ok(()) => {}
+            }
+        }
+        for topic in stop {
+            let mut paused = TopicPartitionList::new();
+            for (key, _) in self
+                .routes
+                .iter()
+                .filter(|(k, r)| k.0 == topic && matches!(r, Route::Global))
+            {
+                let _ = paused.add_partition(&key.0, key.1);
+            }
+            let _ = self.consumer.pause(&paused);
+        }
+    }
+}
+
+/// Makes what a global table applied durable, with its positions.
+fn checkpoint_global(global: &mut Global) -> Result<(), String> {
+    global.table.apply(&[], &global.positions)?;
+    global.table.flush()?;
+    global.last_checkpoint = Instant::now();
+    Ok(())
 }
 
 /// Hands what a run read to its store.
-fn end_run(standbys: &mut HashMap<TaskId, Standby>, run: &mut Run) {
-    let Some((task, index)) = run.route.take() else { return };
+fn end_run(standbys: &mut HashMap<TaskId, Standby>, globals: &mut HashMap<String, Global>, run: &mut Run) {
+    let (task, index) = match run.route.take() {
+        None => return,
+        Some(Route::Standby(task, index)) => (task, index),
+        Some(Route::Global) => {
+            match globals.get_mut(&run.topic).filter(|g| !g.stopped) {
+                Some(global) => {
+                    global.positions.insert(run.partition, run.position);
+                    global.pending.append(&mut run.records);
+                }
+                None => run.records.clear(),
+            }
+            return;
+        }
+    };
     let Some(standby) = standbys.get_mut(&task) else {
         run.records.clear();
         return;

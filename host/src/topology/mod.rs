@@ -33,6 +33,8 @@ pub struct DeployedTopology {
     pub changelogs: Vec<Changelog>,
     /// The repartition topics it writes and reads, with their partition counts.
     pub internal_topics: Vec<(String, i32)>,
+    /// Its global tables: each store and the topic that fills it (kept once per worker).
+    pub globals: Vec<GlobalSpec>,
     /// SHA-256 (first 16 bytes) of the component and its bindings: members compare it to
     /// know they run the same topology.
     pub digest: [u8; 16],
@@ -47,6 +49,13 @@ pub struct DeployedTopology {
     /// starts.
     pub group: String,
     pub start_from: Option<StartFrom>,
+}
+
+/// A global table a topology reads: the store its tasks open, and the topic it copies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GlobalSpec {
+    pub store: String,
+    pub topic: String,
 }
 
 /// One sub-topology of a deployed topology: what each of its tasks reads and keeps.
@@ -138,6 +147,7 @@ pub fn deploy(
         stage.changelogs = (changelogs.len()..changelogs.len() + made.len()).collect();
         changelogs.extend(made);
     }
+    let globals = global_specs(description, &binding).map_err(refused)?;
     Ok(DeployedTopology {
         state_limit: manifest.limits.state.unwrap_or(state_limit),
         state_usage: Default::default(),
@@ -151,8 +161,29 @@ pub fn deploy(
         stages,
         changelogs,
         internal_topics: internal,
+        globals,
         digest,
     })
+}
+
+/// Each global store and its topic. A changelog or repartition topic cannot fill one: the
+/// state updater reads those for the tasks that own them, and a topic is read once there.
+pub fn global_specs(description: &sluice_wire::Description, binding: &Binding) -> Result<Vec<GlobalSpec>, String> {
+    let mut specs = Vec::new();
+    for (g, topic) in description.global_stores.iter().zip(&binding.global_topics) {
+        if topic.ends_with("-changelog") || topic.ends_with("-repartition") {
+            return Err(format!(
+                "global store {:?} is bound to {topic:?}, a changelog or repartition topic the host writes for a \
+                 topology; bind a topic of your own",
+                g.name
+            ));
+        }
+        specs.push(GlobalSpec {
+            store: g.name.clone(),
+            topic: topic.clone(),
+        });
+    }
+    Ok(specs)
 }
 
 /// The stores a stage keeps: all the topology's, or its sub-topology's.
@@ -268,6 +299,14 @@ fn topology_digest(manifest: &Manifest, binding: &Binding, stores: &[String]) ->
             hash.update(item.as_bytes());
         }
     }
+    // Global tables count only where there are some, so earlier digests stay as they were.
+    if !binding.global_topics.is_empty() {
+        hash.update(b"global-stores");
+        for topic in &binding.global_topics {
+            hash.update((topic.len() as u64).to_le_bytes());
+            hash.update(topic.as_bytes());
+        }
+    }
     let full = hash.finalize();
     let mut digest = [0u8; 16];
     digest.copy_from_slice(&full[..16]);
@@ -296,6 +335,7 @@ mod tests {
             );
         let binding = Binding {
             source_topics: vec!["orders".into(), "customers".into(), "j-by_customer-repartition".into()],
+            global_topics: vec![],
             sink_topics: vec!["out".into(), "j-by_customer-repartition".into()],
             dead_letter_topic: None,
         };
@@ -304,6 +344,26 @@ mod tests {
 
     fn counts(list: &[(&str, i32)]) -> BTreeMap<String, i32> {
         list.iter().map(|(t, n)| (t.to_string(), *n)).collect()
+    }
+
+    #[test]
+    fn a_global_store_cannot_copy_a_topic_the_host_writes() {
+        let d = Description::new("g").source("in").global_store("t", "table");
+        let bound = |topic: &str| Binding {
+            source_topics: vec!["in".into()],
+            sink_topics: vec![],
+            global_topics: vec![topic.into()],
+            dead_letter_topic: None,
+        };
+        assert_eq!(
+            global_specs(&d, &bound("acme.customers")).unwrap(),
+            vec![GlobalSpec {
+                store: "t".into(),
+                topic: "acme.customers".into()
+            }]
+        );
+        let e = global_specs(&d, &bound("other-counts-changelog")).unwrap_err();
+        assert!(e.contains("a changelog or repartition topic the host writes"), "{e}");
     }
 
     #[test]
@@ -357,6 +417,7 @@ mod tests {
         let d = Description::new("u").source("in").sink("out");
         let binding = Binding {
             source_topics: vec!["in".into()],
+            global_topics: vec![],
             sink_topics: vec!["out".into()],
             dead_letter_topic: None,
         };

@@ -208,6 +208,7 @@ mod tests {
         Binding {
             source_topics: d.sources.iter().map(topic).collect(),
             sink_topics: d.sinks.iter().map(topic).collect(),
+            global_topics: vec![],
             dead_letter_topic: None,
         }
     }

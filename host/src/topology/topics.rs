@@ -52,6 +52,7 @@ pub fn check_topics(
     for (kind, topics) in [
         ("source", &binding.source_topics),
         ("sink", &binding.sink_topics),
+        ("global store", &binding.global_topics),
         ("dead-letter", &dead_letter),
     ] {
         for topic in topics.iter().filter(|t| !internal.contains(t)) {

@@ -160,6 +160,7 @@ impl WorkerHandle {
             crate::topology::repartition::partition_counts(description, &binding, &counts).map_err(refused)?;
         counts.extend(internal);
         let stages = crate::topology::plan_stages(&manifest.name, description, &binding, &counts).map_err(refused)?;
+        crate::topology::global_specs(description, &binding).map_err(refused)?;
         Ok(DeployCheck {
             description: description.clone(),
             stages,

@@ -108,6 +108,8 @@ impl TaskRunner {
     ) -> anyhow::Result<TaskRunner> {
         let streams = StreamThreads::start(settings.threads, &kafka, settings.prefetch_bytes)?;
         let updater = standby::StandbyUpdater::start(&kafka, state.clone())?;
+        // Global tables fill from now on, before any task that reads one is placed here.
+        state.want_globals(deployed.iter());
         Ok(TaskRunner {
             streams,
             updater,
@@ -160,12 +162,14 @@ impl TaskRunner {
     pub fn put_topology(&mut self, topology: DeployedTopology) {
         self.forget(&topology.name);
         self.topologies.insert(topology.name.clone(), Arc::new(topology));
+        self.state.want_globals(self.topologies.values().map(|t| &**t));
     }
 
     /// Stops running the topology `name` (its tasks and standbys must have stopped).
     pub fn remove_topology(&mut self, name: &str) {
         self.forget(name);
         self.topologies.remove(name);
+        self.state.want_globals(self.topologies.values().map(|t| &**t));
     }
 
     /// Forgets the failures of a topology's tasks (a new version starts them afresh).

@@ -4,6 +4,7 @@ mod brokers;
 mod cluster;
 mod consistency;
 mod density;
+mod globals;
 mod group;
 mod hostile;
 mod kafka_roundtrip;
