@@ -211,6 +211,12 @@ impl GlobalTables {
             .cloned()
     }
 
+    /// Whether tables were opened or dropped since the last [`Self::take_changes`].
+    pub fn has_changes(&self) -> bool {
+        !self.added.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+            || !self.removed.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+    }
+
     /// What changed since the last call: tables to start filling, topics to stop reading.
     pub fn take_changes(&self) -> (Vec<Arc<GlobalTable>>, Vec<String>) {
         let added = std::mem::take(&mut *self.added.lock().unwrap_or_else(|p| p.into_inner()));

@@ -251,8 +251,9 @@ impl Updater {
                 let command = if self.standbys.is_empty() && self.globals.is_empty() {
                     match commands.recv_timeout(Duration::from_millis(100)) {
                         Ok(c) => c,
-                        // A global table may have been opened meanwhile.
-                        Err(RecvTimeoutError::Timeout) => break,
+                        // Idle, as before global tables, unless one was opened meanwhile.
+                        Err(RecvTimeoutError::Timeout) if self.env.globals.has_changes() => break,
+                        Err(RecvTimeoutError::Timeout) => continue,
                         Err(RecvTimeoutError::Disconnected) => return,
                     }
                 } else {

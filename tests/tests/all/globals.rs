@@ -60,6 +60,20 @@ fn start(kafka: &Kafka, dir: &Path, state: &Path, m: &Path, extra: &[&str]) -> a
     WorkerProcess::start(kafka.bootstrap(), dir, &args)
 }
 
+/// The `enrich-global` example's manifest over `t` (with `limits`, if any): its name and path.
+fn enrich_global(dir: &TempDir, t: &Topics, limits: &str) -> (String, std::path::PathBuf) {
+    let name = unique_name("enrich-global");
+    let text = manifest(
+        &name,
+        &guest("enrich-global"),
+        &[("orders", &t.orders), ("customers", &t.customers)],
+        &[("enriched", &t.enriched)],
+        limits,
+    );
+    let path = dir.write("enrich-global.toml", &text);
+    (name, path)
+}
+
 /// Sends a probe order for each customer of `renamed` until every one comes back with its
 /// new name: from then on the table holds every rename (it never goes back).
 async fn wait_until_renamed(
@@ -124,17 +138,7 @@ async fn orders_are_enriched_from_a_global_table_restored_first_kept_current_and
 
     let dir = TempDir::new("globals");
     let state = dir.path().join("state");
-    let name = unique_name("enrich-global");
-    let m = dir.write(
-        "enrich-global.toml",
-        &manifest(
-            &name,
-            &guest("enrich-global"),
-            &[("orders", &t.orders), ("customers", &t.customers)],
-            &[("enriched", &t.enriched)],
-            "",
-        ),
-    );
+    let (_, m) = enrich_global(&dir, &t, "");
     let mut worker = start(kafka, dir.path(), &state, &m, &[])?;
     let received = kafka
         .consume(&t.enriched, first.len(), Duration::from_secs(120))
@@ -244,17 +248,7 @@ async fn a_global_table_past_the_state_limit_fails_its_tasks_over_their_quota() 
     kafka.produce(&t.orders, &[order(1, "order-1")]).await?;
     let dir = TempDir::new("globals-limit");
     let state = dir.path().join("state");
-    let name = unique_name("enrich-global");
-    let m = dir.write(
-        "enrich-global.toml",
-        &manifest(
-            &name,
-            &guest("enrich-global"),
-            &[("orders", &t.orders), ("customers", &t.customers)],
-            &[("enriched", &t.enriched)],
-            "state = \"1MiB\"",
-        ),
-    );
+    let (name, m) = enrich_global(&dir, &t, "state = \"1MiB\"");
     let port = free_port();
     let metrics = format!("127.0.0.1:{port}");
     let worker = start(kafka, dir.path(), &state, &m, &["--metrics", &metrics])?;
