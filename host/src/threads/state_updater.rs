@@ -34,6 +34,9 @@ use crate::topology::{Changelog, DeployedTopology};
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(2);
 /// Most changelog records applied in one round.
 const ROUND_RECORDS: usize = 50_000;
+/// Most bytes of keys and values one round holds before it applies them: a global topic
+/// is a tenant's, and 50,000 of its records may be a megabyte each.
+const ROUND_BYTES: usize = 16 << 20;
 
 /// How stopping a standby ended: records it applied, or why it failed.
 type Removed = Result<u64, String>;
@@ -392,7 +395,8 @@ impl Updater {
         // store when the partition changes, so routing costs a lookup per run, not per
         // record (per record it was most of this thread's time).
         let mut run = Run::default();
-        while read < ROUND_RECORDS {
+        let mut bytes = 0;
+        while read < ROUND_RECORDS && bytes < ROUND_BYTES {
             let Some(polled) = self.consumer.poll(wait) else { break };
             wait = Duration::ZERO;
             read += 1;
@@ -415,6 +419,7 @@ impl Updater {
             }
             run.position = m.offset() + 1;
             if let Some(key) = m.key() {
+                bytes += key.len() + m.payload().map_or(0, <[u8]>::len);
                 run.records.push((key.to_vec(), m.payload().map(<[u8]>::to_vec)));
             }
         }
