@@ -156,6 +156,18 @@ impl Assignor for Sticky {
         let tasks = input.tasks;
         let index: FxHashMap<&TaskId, u32> = tasks.iter().enumerate().map(|(i, t)| (t, i as u32)).collect();
         let lookup = |t: &TaskId| index.get(t).map(|&i| i as usize);
+        // Which tasks keep state, worked out once per unit (a topology or sub-topology).
+        let keeps: Vec<bool> = {
+            let mut by_unit: FxHashMap<(&str, Option<&str>), bool> = FxHashMap::default();
+            tasks
+                .iter()
+                .map(|t| {
+                    *by_unit
+                        .entry((&t.topology, t.sub.as_deref()))
+                        .or_insert_with(|| keeps_state(input.stateful, t))
+                })
+                .collect()
+        };
 
         // Current owners: the first member (in id order) that claims a task keeps the claim.
         let mut owner = vec![NONE; tasks.len()];
@@ -175,6 +187,12 @@ impl Assignor for Sticky {
         }
         let capacities = capacities(&metas);
         let quota = quotas_keeping(&capacities, tasks.len(), &held);
+        // Targets per class, stateless (0) and stateful (1), adding up to each member's
+        // quota. The quota is what a member holds; the targets only choose which tasks it
+        // gives up and where moving tasks go, so that scaling does not leave one worker with
+        // every stateful task and another with every stateless one, and no task moves only
+        // to even the classes out.
+        let target = class_targets(&capacities, &quota, &keeps, &claimed);
         // Where each stateful task's state already is (standby or any local state), least lag first.
         let mut end: Vec<Option<i64>> = vec![None; tasks.len()];
         for (t, &e) in input.end_offsets {
@@ -241,21 +259,51 @@ impl Assignor for Sticky {
                 .filter(|&l| l != i64::MAX)
         };
 
-        // Keep up to the quota of what each member owns; the rest must move.
+        // Keep up to the quota of what each member owns; the rest must move. What a member
+        // over its quota keeps: each class up to its target first, then stateful tasks (a
+        // stateless task moves in a few milliseconds, a stateful one through a learner or,
+        // without learners, by restoring its state).
         let mut load = vec![0usize; metas.len()];
+        let mut class_load = [vec![0usize; metas.len()], vec![0usize; metas.len()]];
         let mut moving = vec![NONE; tasks.len()];
         let mut over: Vec<(usize, usize)> = Vec::new();
         for (i, mine) in claimed.iter_mut().enumerate() {
-            mine.sort_unstable_by(|&a, &b| tasks[a].cmp(&tasks[b]));
-            for &x in mine.iter() {
-                if load[i] < quota[i] {
+            mine.sort_unstable_by(|&a, &b| (!keeps[a], &tasks[a]).cmp(&(!keeps[b], &tasks[b])));
+            let keep: Vec<bool> = if mine.len() <= quota[i] {
+                vec![true; mine.len()]
+            } else {
+                let mut kept = [0usize; 2];
+                let mut keep: Vec<bool> = mine
+                    .iter()
+                    .map(|&x| {
+                        let c = keeps[x] as usize;
+                        let within = kept[c] < target[c][i];
+                        kept[c] += within as usize;
+                        within
+                    })
+                    .collect();
+                let mut room = quota[i] - (kept[0] + kept[1]);
+                for k in keep.iter_mut() {
+                    if room > 0 && !*k {
+                        *k = true;
+                        room -= 1;
+                    }
+                }
+                keep
+            };
+            for (&x, kept) in mine.iter().zip(keep) {
+                if kept {
                     out[i].active.push(tasks[x].clone());
                     load[i] += 1;
+                    class_load[keeps[x] as usize][i] += 1;
                 } else {
                     over.push((x, i));
                 }
             }
         }
+        // How far a member is below its target of a class (negative: above).
+        let below =
+            |class_load: &[Vec<usize>; 2], c: usize, i: usize| target[c][i] as isize - class_load[c][i] as isize;
         // A task that must move is revoked now and handed out next generation — unless it is
         // stateful and learners are on: then it stays active on its owner until a learner
         // elsewhere has caught up. Tasks with a learner already go first (they keep it).
@@ -265,7 +313,7 @@ impl Assignor for Sticky {
         let mut learners_left = policy.max_learners;
         over.sort_by_key(|&(x, i)| (learner_of[x] == NONE || learner_of[x] == i, x));
         for (x, i) in over {
-            let learns = policy.max_learners > 0 && keeps_state(input.stateful, &tasks[x]);
+            let learns = policy.max_learners > 0 && keeps[x];
             if !learns {
                 out[i].revoked.push(tasks[x].clone());
                 moving[x] = i;
@@ -275,24 +323,23 @@ impl Assignor for Sticky {
             let destination = match holder {
                 Some(j) => Some(j),
                 None if learners_left == 0 => None,
-                // A member already holding the task's state first, then the one with most room.
+                // A member below its stateful target first (one holding the task's state
+                // before others), then one holding its state, then the one furthest below
+                // its target, then the one with most room.
                 None => {
                     let room = |j: usize| quota[j].saturating_sub(load[j] + incoming[j]);
-                    warm(x)
-                        .iter()
-                        .map(|&(_, j)| j)
-                        .find(|&j| j != i && room(j) > 0)
-                        .or_else(|| {
-                            (0..metas.len())
-                                .filter(|&j| j != i && room(j) > 0)
-                                .max_by_key(|&j| (room(j), Reverse(j)))
-                        })
+                    (0..metas.len()).filter(|&j| j != i && room(j) > 0).max_by_key(|&j| {
+                        let below = below(&class_load, 1, j) - incoming[j] as isize;
+                        let warm = warm(x).iter().any(|&(_, k)| k == j);
+                        (below > 0, warm, below, room(j), Reverse(j))
+                    })
                 }
             };
             let Some(j) = destination else {
                 // No learner possible yet: the task stays where it is.
                 out[i].active.push(tasks[x].clone());
                 load[i] += 1;
+                class_load[1][i] += 1;
                 continue;
             };
             learners_left = learners_left.saturating_sub(1);
@@ -307,30 +354,47 @@ impl Assignor for Sticky {
             } else {
                 out[i].active.push(tasks[x].clone());
                 load[i] += 1;
+                class_load[1][i] += 1;
             }
         }
         // Unowned tasks go to members with room: a warm one if it has room, else the emptiest.
-        let mut room: BinaryHeap<(usize, Reverse<usize>)> = (0..metas.len())
-            .filter(|&i| quota[i] > load[i])
-            .map(|i| (quota[i] - load[i], Reverse(i)))
-            .collect();
+        // A task handed over from a learner goes to that learner's member, even past its
+        // quota (the member then sheds another task, through a learner if it is stateful):
+        // anywhere else it would restore its state from the changelog before it runs. Those
+        // tasks go first, then the other stateful ones (to warm members while they have
+        // room), then the stateless ones, so that stateless tasks never take the room a
+        // stateful task's state is in.
+        let mut order: Vec<usize> = (0..tasks.len()).filter(|&x| owner[x] == NONE).collect();
+        order.sort_by_key(|&x| (learner_of[x] == NONE, !keeps[x], x));
+        // Per class, members with room by (how far below the class's target, room): keys
+        // only fall, so a stale entry is corrected when it is popped.
+        let key = |class_load: &[Vec<usize>; 2], load: &[usize], c: usize, i: usize| {
+            (below(class_load, c, i), quota[i] - load[i])
+        };
+        type Room = BinaryHeap<((isize, usize), Reverse<usize>)>;
+        let mut room: [Room; 2] = [0, 1].map(|c| {
+            (0..metas.len())
+                .filter(|&i| quota[i] > load[i])
+                .map(|i| (key(&class_load, &load, c, i), Reverse(i)))
+                .collect()
+        });
         let mut active_owner: Vec<usize> = (0..tasks.len())
             .map(|x| if moving[x] == NONE { owner[x] } else { NONE })
             .collect();
-        for (x, t) in tasks.iter().enumerate() {
-            if owner[x] != NONE {
-                continue;
-            }
-            // A task handed over from a learner goes to that learner's member.
-            let learned = Some(learner_of[x]).filter(|&i| i != NONE && load[i] < quota[i]);
+        for x in order {
+            let t = &tasks[x];
+            let c = keeps[x] as usize;
+            let learned = Some(learner_of[x]).filter(|&i| i != NONE && quota[i] > 0);
             let warm_pick = learned.or_else(|| warm(x).iter().map(|&(_, i)| i).find(|&i| load[i] < quota[i]));
             let pick = match warm_pick {
                 Some(i) => Some(i),
                 None => loop {
-                    match room.pop() {
+                    match room[c].pop() {
                         None => break None,
                         Some((_, Reverse(i))) if load[i] >= quota[i] => continue,
-                        Some((r, Reverse(i))) if r != quota[i] - load[i] => room.push((quota[i] - load[i], Reverse(i))),
+                        Some((k, Reverse(i))) if k != key(&class_load, &load, c, i) => {
+                            room[c].push((key(&class_load, &load, c, i), Reverse(i)))
+                        }
                         Some((_, Reverse(i))) => break Some(i),
                     }
                 },
@@ -339,9 +403,10 @@ impl Assignor for Sticky {
             out[i].learner.retain(|l| l != t);
             out[i].active.push(t.clone());
             load[i] += 1;
+            class_load[c][i] += 1;
             active_owner[x] = i;
             if load[i] < quota[i] {
-                room.push((quota[i] - load[i], Reverse(i)));
+                room[c].push((key(&class_load, &load, c, i), Reverse(i)));
             }
         }
 
@@ -352,12 +417,8 @@ impl Assignor for Sticky {
             let mut standby_load = vec![0usize; metas.len()];
             let mut by_load: BinaryHeap<(Reverse<usize>, Reverse<usize>)> =
                 (0..metas.len()).map(|i| (Reverse(0), Reverse(i))).collect();
-            let mut stateful_unit: FxHashMap<(&str, Option<&str>), bool> = FxHashMap::default();
             for (x, t) in tasks.iter().enumerate() {
-                let stateful = *stateful_unit
-                    .entry((&t.topology, t.sub.as_deref()))
-                    .or_insert_with(|| keeps_state(input.stateful, t));
-                if !stateful {
+                if !keeps[x] {
                     continue;
                 }
                 // None while the task moves: its giver revokes it now, the new owner gets it next.
@@ -408,6 +469,34 @@ impl Assignor for Sticky {
         }
         finish(input.members, out)
     }
+}
+
+/// Splits each member's quota (`total`) into targets of stateless and stateful tasks
+/// (`[0]`, `[1]`): the stateful share by capacity, sticky as [`quotas_keeping`] is, the rest
+/// stateless. Where a member's quota is below its stateful share (few stateless tasks), a
+/// stateful slot goes to a member with stateless room instead; so each member's targets add
+/// up to its quota.
+fn class_targets(capacities: &[u32], total: &[usize], keeps: &[bool], claimed: &[Vec<usize>]) -> [Vec<usize>; 2] {
+    let stateful_held: Vec<usize> = claimed
+        .iter()
+        .map(|mine| mine.iter().filter(|&&x| keeps[x]).count())
+        .collect();
+    let stateful = keeps.iter().filter(|&&k| k).count();
+    let mut s = quotas_keeping(capacities, stateful, &stateful_held);
+    // Stateless quota = total − stateful; negative ones are repaired by trading a
+    // stateful slot for a stateless one with the member that has the most stateless room.
+    let mut l: Vec<isize> = total.iter().zip(&s).map(|(&q, &s)| q as isize - s as isize).collect();
+    while let Some(i) = l.iter().position(|&x| x < 0) {
+        let j = (0..l.len())
+            .max_by_key(|&j| (l[j], Reverse(j)))
+            .filter(|&j| l[j] > 0)
+            .expect("the stateless quotas add up to the stateless tasks, which are not negative");
+        s[i] -= 1;
+        l[i] += 1;
+        s[j] += 1;
+        l[j] -= 1;
+    }
+    [l.into_iter().map(|x| x as usize).collect(), s]
 }
 
 /// Each member's capacity for the quotas: a leaving member's is 0 (its tasks move away).

@@ -425,3 +425,92 @@ fn a_joining_member_learns_first_and_takes_over_once_caught_up() {
     assert_eq!(out["a"].revoked.len(), 4);
     assert!(out["b"].learner.is_empty());
 }
+
+/// A two-stage topology scaled down from three workers to two: the leaving worker's
+/// stateful `count` tasks are learned on the worker below its share of counts while it has
+/// room (not on the one above its share, though that one holds their state from before),
+/// and each goes to its learner once caught up; stateless tasks never take that room, and
+/// no stateful task restores from the changelog to move.
+#[test]
+fn a_drained_stateful_task_is_learned_where_counts_are_few_and_goes_to_its_learner() {
+    let split = |p| TaskId::of("wc", Some("split"), p);
+    let count = |p| TaskId::of("wc", Some("count"), p);
+    // The placement lists sub-topologies in their declared order: split first.
+    let tasks: Vec<TaskId> = (0..8).map(split).chain((0..8).map(count)).collect();
+    let end_offsets: HashMap<TaskId, i64> = (0..8).map(|p| (count(p), 1000)).collect();
+    let stateful: HashSet<Arc<str>> = [Arc::from("wc/count")].into();
+    let member = |active: Vec<TaskId>, learner: Vec<TaskId>, warm: Vec<TaskId>, leaving: bool| MemberMetadata {
+        version: CURRENT_VERSION,
+        supported: CURRENT_VERSION,
+        capacity: 1,
+        offset_sums: warm.iter().map(|t| (t.clone(), 1000)).collect(),
+        active,
+        learner,
+        leaving,
+        ..Default::default()
+    };
+    let counts = |r: std::ops::Range<u32>| r.map(count).collect::<Vec<_>>();
+    let splits = |r: std::ops::Range<u32>| r.map(split).collect::<Vec<_>>();
+    let assign = |members: &BTreeMap<String, MemberMetadata>| {
+        let group = Group {
+            members: members.clone(),
+            tasks: tasks.clone(),
+            stateful: stateful.clone(),
+            end_offsets: end_offsets.clone(),
+            replicas: 0,
+        };
+        let out = Sticky.assign(&AssignorInput {
+            members,
+            tasks: &tasks,
+            stateful: &stateful,
+            end_offsets: &end_offsets,
+            standby_replicas: 0,
+            learners: LearnerPolicy {
+                max_learners: 8,
+                acceptable_lag: 100,
+            },
+        });
+        check_round(&group, &out);
+        out
+    };
+    // w2 drains. w0 runs five counts and still holds the state of all eight; w1 runs six
+    // splits and no count, so it has room for two: it learns two, w0 (caught up) the third.
+    let mut members: BTreeMap<String, MemberMetadata> = [
+        ("w0".to_string(), member(counts(0..5), vec![], counts(0..8), false)),
+        ("w1".to_string(), member(splits(0..6), vec![], vec![], false)),
+        (
+            "w2".to_string(),
+            member([counts(5..8), splits(6..8)].concat(), vec![], counts(5..8), true),
+        ),
+    ]
+    .into();
+    let out = assign(&members);
+    assert_eq!(out["w1"].learner, counts(5..7), "{out:?}");
+    assert_eq!(out["w0"].learner, vec![count(7)], "{out:?}");
+    assert_eq!(out["w2"].active, counts(5..7));
+    assert_eq!(out["w2"].revoked, vec![count(7), split(6), split(7)]);
+
+    // Next: count/7 goes to its learner, before the splits take w0's room; the splits go
+    // to w0 too (no splits there), not to w1 (above its share of them).
+    members.insert("w0".into(), member(counts(0..5), vec![count(7)], counts(0..8), false));
+    members.insert("w1".into(), member(splits(0..6), counts(5..7), vec![], false));
+    members.insert("w2".into(), member(counts(5..7), vec![], counts(5..7), true));
+    let out = assign(&members);
+    assert_eq!(
+        out["w0"].active,
+        [counts(0..5), vec![count(7)], splits(6..8)].concat(),
+        "{out:?}"
+    );
+    assert_eq!(out["w1"].learner, counts(5..7));
+
+    // w1 caught up: revoked from w2; then w2 is gone and w1 gets them.
+    let w0 = out["w0"].active.clone();
+    members.insert("w0".into(), member(w0.clone(), vec![], counts(0..8), false));
+    members.insert("w1".into(), member(splits(0..6), counts(5..7), counts(5..7), false));
+    let out = assign(&members);
+    assert_eq!(out["w2"].revoked, counts(5..7), "{out:?}");
+    members.remove("w2");
+    let out = assign(&members);
+    assert_eq!(out["w1"].active, [counts(5..7), splits(0..6)].concat(), "{out:?}");
+    assert_eq!(out["w0"].active, w0);
+}
