@@ -7,6 +7,13 @@
 //! at once). Pauses are measured from outside: for each input partition, the gaps between
 //! consecutive outputs as the bench's own consumer sees them. `--trace` prints, for the
 //! longest pause of each run, what every worker logged of the handover in one timeline.
+//!
+//! `--two-stage` runs the two-stage word count (`guests/word-totals`) instead: a stateless
+//! `split` task per input partition writes each word to the repartition topic, and a
+//! stateful `count` task per repartition partition (8) keeps the counts, so both kinds of
+//! task move. Upstream pauses are measured per input partition as before; downstream ones
+//! per output partition, which is the `count` task's (the output has as many partitions as
+//! the repartition topic and both are written by key with Java's partitioner).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -56,6 +63,80 @@ pub struct ScalingArgs {
     /// Keep the workers' logs and state (their directory is printed).
     #[arg(long)]
     keep: bool,
+    /// The component is the two-stage word count (`guests/word-totals`): measure the
+    /// upstream `split` tasks per input partition and the stateful downstream `count`
+    /// tasks per output partition.
+    #[arg(long)]
+    two_stage: bool,
+    /// The workers' processing guarantee (`at-least-once`, their default, or
+    /// `exactly-once`: outputs then show when their transaction commits).
+    #[arg(long, default_value = "at-least-once")]
+    processing_guarantee: String,
+}
+
+/// The repartition topic's partitions: `guests/word-totals` declares 8.
+const WORD_TOTALS_REPARTITION: i32 = 8;
+
+/// What the bench runs: which tasks there are and how an output names the task it measures.
+#[derive(Clone, Copy)]
+struct Layout {
+    two_stage: bool,
+    /// Input partitions: one (upstream) task each.
+    input: i32,
+}
+
+impl Layout {
+    /// Partitions of the stateful tasks: their changelog's, and the output's.
+    fn stateful(&self) -> i32 {
+        if self.two_stage {
+            WORD_TOTALS_REPARTITION
+        } else {
+            self.input
+        }
+    }
+
+    fn tasks(&self) -> usize {
+        self.input as usize + if self.two_stage { self.stateful() as usize } else { 0 }
+    }
+
+    /// The measures: (what, the task a partition of it names, how many partitions). The
+    /// first is per input partition; the two-stage layout adds one per output partition.
+    fn measures(&self) -> Vec<Measure> {
+        if self.two_stage {
+            vec![
+                Measure {
+                    name: "upstream",
+                    task: "split/",
+                    by_output: false,
+                    partitions: self.input,
+                },
+                Measure {
+                    name: "downstream",
+                    task: "count/",
+                    by_output: true,
+                    partitions: self.stateful(),
+                },
+            ]
+        } else {
+            vec![Measure {
+                name: "tasks",
+                task: "",
+                by_output: false,
+                partitions: self.input,
+            }]
+        }
+    }
+}
+
+/// One way of timing pauses from outside: per input partition (its word names it) or per
+/// output partition, each belonging to one task.
+#[derive(Clone, Copy)]
+struct Measure {
+    name: &'static str,
+    /// The task id of partition N, after `<topology>/`, is this followed by N.
+    task: &'static str,
+    by_output: bool,
+    partitions: i32,
 }
 
 fn config(bootstrap: &str) -> ClientConfig {
@@ -121,21 +202,40 @@ fn until_balanced(workers: &mut [Worker], tasks: usize, timeout: Duration) -> an
     }
 }
 
-/// What the output consumer saw: arrival times per input partition, outputs per word.
+/// What the output consumer saw: arrival times per input partition and per output
+/// partition, outputs per word.
 #[derive(Default)]
 struct Seen {
     arrivals: HashMap<i32, Vec<SystemTime>>,
+    arrivals_out: HashMap<i32, Vec<SystemTime>>,
     outputs: HashMap<String, u32>,
+}
+
+impl Seen {
+    fn times(&self, by_output: bool, partition: i32) -> &[SystemTime] {
+        let arrivals = if by_output { &self.arrivals_out } else { &self.arrivals };
+        arrivals.get(&partition).map(Vec::as_slice).unwrap_or(&[])
+    }
+}
+
+/// One measure's pauses in one run.
+#[derive(Clone)]
+struct Pauses {
+    measure: &'static str,
+    moved_max: f64,
+    moved_p99: f64,
+    unmoved_max: f64,
 }
 
 /// One policy's figures.
 struct Figures {
     policy: String,
-    /// The moved tasks' largest pause in each run (one run's figures have one).
+    /// The moved tasks' largest pause (over every measure) in each run (one run's figures
+    /// have one).
     runs: Vec<f64>,
+    /// The largest over every measure: what the median is taken of.
     moved_max: f64,
-    moved_p99: f64,
-    unmoved_max: f64,
+    pauses: Vec<Pauses>,
     to_balanced: Vec<f64>,
     rebalances: usize,
     lost: usize,
@@ -158,26 +258,45 @@ impl Figures {
 }
 
 pub async fn run(args: ScalingArgs) -> anyhow::Result<()> {
+    let layout = Layout {
+        two_stage: args.two_stage,
+        input: args.partitions,
+    };
     println!(
-        "scaling benchmark: word count, {} keys of state over {} partitions, {} records/s, 1 -> 2 -> 3 -> 2 -> 1 workers (SIGTERM stops), Kafka at {}",
-        args.keys, args.partitions, args.rate, args.bootstrap
+        "scaling benchmark: {}, {} keys of state over {} partitions, {} records/s, {}, 1 -> 2 -> 3 -> 2 -> 1 workers (SIGTERM stops), Kafka at {}",
+        if layout.two_stage {
+            format!(
+                "two-stage word count ({} split tasks -> repartition -> {} count tasks)",
+                layout.input,
+                layout.stateful()
+            )
+        } else {
+            "word count".to_string()
+        },
+        args.keys,
+        layout.stateful(),
+        args.rate,
+        args.processing_guarantee,
+        args.bootstrap
     );
     let mut all = Vec::new();
     for policy in &args.policies {
         let mut runs = Vec::new();
         for run in 0..args.runs.max(1) {
-            let figures = one_policy(&args, policy)
+            let figures = one_policy(&args, layout, policy)
                 .await
                 .with_context(|| format!("policy {policy}, run {}", run + 1))?;
             runs.push(figures);
         }
         let figures = Figures::median(runs);
+        for p in &figures.pauses {
+            println!(
+                "  {policy:<9} {:<10} moved tasks: largest pause {:.2} s, p99 {:.2} s; unmoved: largest {:.2} s",
+                p.measure, p.moved_max, p.moved_p99, p.unmoved_max
+            );
+        }
         println!(
-            "  {policy:<9} moved tasks: largest pause {:.2} s, p99 {:.2} s; unmoved: largest {:.2} s; \
-             to balanced after a start: {}; {} rebalances; {} lost, {} duplicated",
-            figures.moved_max,
-            figures.moved_p99,
-            figures.unmoved_max,
+            "  {policy:<9} to balanced after a start: {}; {} rebalances; {} lost, {} duplicated",
             figures
                 .to_balanced
                 .iter()
@@ -205,8 +324,9 @@ pub async fn run(args: ScalingArgs) -> anyhow::Result<()> {
     }
     println!();
     println!(
-        "  {:<9} {:>14} {:>12} {:>16} {:>22} {:>11} {:>5} {:>10}",
+        "  {:<9} {:<10} {:>14} {:>12} {:>16} {:>22} {:>11} {:>5} {:>10}",
         "policy",
+        "tasks",
         "moved max (s)",
         "moved p99",
         "unmoved max (s)",
@@ -216,26 +336,29 @@ pub async fn run(args: ScalingArgs) -> anyhow::Result<()> {
         "duplicated"
     );
     for f in &all {
-        println!(
-            "  {:<9} {:>14.2} {:>12.2} {:>16.2} {:>22} {:>11} {:>5} {:>10}",
-            f.policy,
-            f.moved_max,
-            f.moved_p99,
-            f.unmoved_max,
-            f.to_balanced
-                .iter()
-                .map(|s| format!("{s:.1}"))
-                .collect::<Vec<_>>()
-                .join(" / "),
-            f.rebalances,
-            f.lost,
-            f.duplicated
-        );
+        for p in &f.pauses {
+            println!(
+                "  {:<9} {:<10} {:>14.2} {:>12.2} {:>16.2} {:>22} {:>11} {:>5} {:>10}",
+                f.policy,
+                p.measure,
+                p.moved_max,
+                p.moved_p99,
+                p.unmoved_max,
+                f.to_balanced
+                    .iter()
+                    .map(|s| format!("{s:.1}"))
+                    .collect::<Vec<_>>()
+                    .join(" / "),
+                f.rebalances,
+                f.lost,
+                f.duplicated
+            );
+        }
     }
     Ok(())
 }
 
-async fn one_policy(args: &ScalingArgs, policy: &str) -> anyhow::Result<Figures> {
+async fn one_policy(args: &ScalingArgs, layout: Layout, policy: &str) -> anyhow::Result<Figures> {
     let policy_args: &[&str] = match policy {
         "eager" => &["--assignor", "eager", "--max-learner-tasks", "0"],
         "sticky" => &["--max-learner-tasks", "0"],
@@ -252,11 +375,14 @@ async fn one_policy(args: &ScalingArgs, policy: &str) -> anyhow::Result<Figures>
     );
     let changelog = format!("{name}-counts-changelog");
     let admin: AdminClient<DefaultClientContext> = config(&args.bootstrap).create()?;
-    let p = args.partitions;
+    let p = layout.input;
+    // The stateful tasks' partitions: the changelog's and the output's (in the two-stage
+    // layout, the output partition of a word is then its `count` task's).
+    let q = layout.stateful();
     let topics = [
         NewTopic::new(&input, p, TopicReplication::Fixed(1)),
-        NewTopic::new(&output, p, TopicReplication::Fixed(1)),
-        NewTopic::new(&changelog, p, TopicReplication::Fixed(1)).set("cleanup.policy", "compact"),
+        NewTopic::new(&output, q, TopicReplication::Fixed(1)),
+        NewTopic::new(&changelog, q, TopicReplication::Fixed(1)).set("cleanup.policy", "compact"),
     ];
     for r in admin.create_topics(&topics, &AdminOptions::new()).await? {
         r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
@@ -271,7 +397,7 @@ async fn one_policy(args: &ScalingArgs, policy: &str) -> anyhow::Result<Figures>
         let value = 1u64.to_be_bytes();
         loop {
             let record = BaseRecord::to(&changelog)
-                .partition((i % p as u64) as i32)
+                .partition((i % q as u64) as i32)
                 .key(&key)
                 .payload(&value[..]);
             match producer.send(record) {
@@ -306,6 +432,7 @@ async fn one_policy(args: &ScalingArgs, policy: &str) -> anyhow::Result<Figures>
             .arg("--state-dir")
             .arg(dir.join(format!("state-{n}")))
             .args(["--threads", "1", "--capacity", "1", "--session-timeout", "10s"])
+            .args(["--processing-guarantee", &args.processing_guarantee])
             .args(policy_args)
             .env(
                 "SLUICE_LOG",
@@ -328,7 +455,8 @@ async fn one_policy(args: &ScalingArgs, policy: &str) -> anyhow::Result<Figures>
     };
 
     // The output, read as it comes: the key is the word (`p<partition>x<sequence>`, one
-    // word as the guest splits text), which names its input partition.
+    // word as the guest splits text), which names its input partition; the partition it
+    // comes out of is its stateful task's.
     let seen: Arc<Mutex<Seen>> = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
     let reader = {
@@ -357,13 +485,14 @@ async fn one_policy(args: &ScalingArgs, policy: &str) -> anyhow::Result<Figures>
                 };
                 let mut seen = seen.lock().unwrap();
                 seen.arrivals.entry(partition).or_default().push(now);
+                seen.arrivals_out.entry(m.partition()).or_default().push(now);
                 *seen.outputs.entry(word.to_string()).or_default() += 1;
             }
         })
     };
 
     let mut workers = vec![start(0)?];
-    until_balanced(&mut workers, p as usize, Duration::from_secs(300))?;
+    until_balanced(&mut workers, layout.tasks(), Duration::from_secs(300))?;
     // Wait for the restore: the first outputs of every partition come after it.
     let sending = Arc::new(AtomicBool::new(true));
     let writer = {
@@ -392,7 +521,10 @@ async fn one_policy(args: &ScalingArgs, policy: &str) -> anyhow::Result<Figures>
     };
     // Every partition flowing before the first step.
     let deadline = Instant::now() + Duration::from_secs(300);
-    while seen.lock().unwrap().arrivals.len() < p as usize {
+    while {
+        let seen = seen.lock().unwrap();
+        seen.arrivals.len() < p as usize || seen.arrivals_out.len() < q as usize
+    } {
         if Instant::now() > deadline {
             bail!("not every partition produced output within 300 s");
         }
@@ -409,7 +541,7 @@ async fn one_policy(args: &ScalingArgs, policy: &str) -> anyhow::Result<Figures>
     for n in 1..3 {
         steps.push((format!("start worker {n}"), since(SystemTime::now())));
         workers.push(start(n)?);
-        let at = until_balanced(&mut workers, p as usize, Duration::from_secs(300))?;
+        let at = until_balanced(&mut workers, layout.tasks(), Duration::from_secs(300))?;
         to_balanced.push(at.duration_since(workers[n].started).as_secs_f64());
         std::thread::sleep(hold);
     }
@@ -430,7 +562,7 @@ async fn one_policy(args: &ScalingArgs, policy: &str) -> anyhow::Result<Figures>
             std::thread::sleep(Duration::from_millis(50));
         }
         stopped.push(w);
-        until_balanced(&mut workers, p as usize, Duration::from_secs(300))?;
+        until_balanced(&mut workers, layout.tasks(), Duration::from_secs(300))?;
         std::thread::sleep(hold);
     }
     let mut last = workers;
@@ -457,15 +589,16 @@ async fn one_policy(args: &ScalingArgs, policy: &str) -> anyhow::Result<Figures>
     logs.push(last[0].log());
     // Worker numbers in start order: the stopped ones were 2 then 1; the last one is 0.
     let log_names = ["worker 2", "worker 1", "worker 0"];
-    let mut starts: BTreeMap<i32, usize> = BTreeMap::new();
+    // Starts per task, by its id after `<topology>/` (`3`, or `split/3` and `count/3`).
+    let mut starts: BTreeMap<String, usize> = BTreeMap::new();
     for log in &logs {
         for line in log
             .lines()
             .filter(|l| l.contains(" started ") && !l.contains("standby"))
         {
             if let Some(task) = line.rsplit("task=").next() {
-                if let Some(partition) = task.strip_prefix(&format!("{name}/")).and_then(|p| p.parse().ok()) {
-                    *starts.entry(partition).or_default() += 1;
+                if let Some(id) = task.strip_prefix(&format!("{name}/")) {
+                    *starts.entry(id.trim().to_string()).or_default() += 1;
                 }
             }
         }
@@ -477,39 +610,54 @@ async fn one_policy(args: &ScalingArgs, policy: &str) -> anyhow::Result<Figures>
         .filter_map(|l| l.split(" generation=").nth(1)?.split(' ').next()?.parse().ok())
         .collect();
     let seen = seen.lock().unwrap();
-    let mut moved_gaps = Vec::new();
     let mut details = Vec::new();
-    let (mut moved_max, mut unmoved_max) = (0f64, 0f64);
-    // The longest pause: (seconds, partition, last output before it, first after it).
-    let mut longest = (0f64, 0i32, window_start, window_start);
-    for partition in 0..p {
-        let times = seen.arrivals.get(&partition).map(Vec::as_slice).unwrap_or(&[]);
-        let inside: Vec<SystemTime> = times
-            .iter()
-            .copied()
-            .filter(|t| *t >= window_start && *t <= window_end)
-            .collect();
-        let gaps: Vec<f64> = inside
-            .windows(2)
-            .map(|w| w[1].duration_since(w[0]).unwrap_or_default().as_secs_f64())
-            .collect();
-        let largest = gaps.iter().copied().fold(0.0, f64::max);
-        if let Some(i) = gaps.iter().position(|&g| g == largest) {
-            let at = since(inside[i]);
-            details.push(format!("p{partition} {largest:.2} s at +{at:.1} s"));
-            if largest > longest.0 {
-                longest = (largest, partition, inside[i], inside[i + 1]);
+    let mut pauses = Vec::new();
+    // The longest pause: (seconds, task, last output before it, first after it).
+    let mut longest = (0f64, String::new(), window_start, window_start);
+    for measure in layout.measures() {
+        let mut moved_gaps = Vec::new();
+        let (mut moved_max, mut unmoved_max) = (0f64, 0f64);
+        for partition in 0..measure.partitions {
+            let task = format!("{}{partition}", measure.task);
+            let inside: Vec<SystemTime> = seen
+                .times(measure.by_output, partition)
+                .iter()
+                .copied()
+                .filter(|t| *t >= window_start && *t <= window_end)
+                .collect();
+            let gaps: Vec<f64> = inside
+                .windows(2)
+                .map(|w| w[1].duration_since(w[0]).unwrap_or_default().as_secs_f64())
+                .collect();
+            let largest = gaps.iter().copied().fold(0.0, f64::max);
+            if let Some(i) = gaps.iter().position(|&g| g == largest) {
+                let at = since(inside[i]);
+                details.push(format!("{task} {largest:.2} s at +{at:.1} s"));
+                if largest > longest.0 {
+                    longest = (largest, task.clone(), inside[i], inside[i + 1]);
+                }
+            }
+            if starts.get(&task).copied().unwrap_or(0) > 1 {
+                moved_max = moved_max.max(largest);
+                moved_gaps.extend(gaps);
+            } else {
+                unmoved_max = unmoved_max.max(largest);
             }
         }
-        if starts.get(&partition).copied().unwrap_or(0) > 1 {
-            moved_max = moved_max.max(largest);
-            moved_gaps.extend(gaps);
-        } else {
-            unmoved_max = unmoved_max.max(largest);
-        }
+        moved_gaps.sort_by(|a, b| a.total_cmp(b));
+        let moved_p99 = moved_gaps
+            .get((moved_gaps.len() as f64 * 0.99) as usize)
+            .copied()
+            .unwrap_or(0.0);
+        pauses.push(Pauses {
+            measure: measure.name,
+            moved_max,
+            moved_p99,
+            unmoved_max,
+        });
     }
     println!(
-        "  {policy}: steps {}; largest pause per partition: {}",
+        "  {policy}: steps {}; largest pause per task: {}",
         steps
             .iter()
             .map(|(what, at)| format!("{what} at +{at:.1} s"))
@@ -520,11 +668,6 @@ async fn one_policy(args: &ScalingArgs, policy: &str) -> anyhow::Result<Figures>
     if args.trace && longest.0 > 0.0 {
         print_timeline(&name, longest, &logs, &log_names);
     }
-    moved_gaps.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let moved_p99 = moved_gaps
-        .get((moved_gaps.len() as f64 * 0.99) as usize)
-        .copied()
-        .unwrap_or(0.0);
     let lost = (0..sent)
         .filter(|s| !seen.outputs.contains_key(&format!("p{}x{s}", s % p as u64)))
         .count();
@@ -539,12 +682,12 @@ async fn one_policy(args: &ScalingArgs, policy: &str) -> anyhow::Result<Figures>
             dir.display()
         );
     }
+    let moved_max = pauses.iter().map(|p| p.moved_max).fold(0.0, f64::max);
     Ok(Figures {
         policy: policy.to_string(),
         runs: vec![moved_max],
         moved_max,
-        moved_p99,
-        unmoved_max,
+        pauses,
         to_balanced,
         rebalances: generations.len().saturating_sub(1),
         lost,
@@ -552,12 +695,12 @@ async fn one_policy(args: &ScalingArgs, policy: &str) -> anyhow::Result<Figures>
     })
 }
 
-/// Prints one pause as a timeline: the output consumer's last record of the partition
-/// before it and first after it, and between them every line the workers logged of the
+/// Prints one pause as a timeline: the output consumer's last record of the task before
+/// it and first after it, and between them every line the workers logged of the
 /// handover (the task's own lines and the group's), in milliseconds from the last output.
-fn print_timeline(topology: &str, pause: (f64, i32, SystemTime, SystemTime), logs: &[String], names: &[&str]) {
-    let (seconds, partition, last, first) = pause;
-    let task = format!("task={topology}/{partition}");
+fn print_timeline(topology: &str, pause: (f64, String, SystemTime, SystemTime), logs: &[String], names: &[&str]) {
+    let (seconds, id, last, first) = pause;
+    let task = format!("task={topology}/{id}");
     let mut lines: Vec<(f64, String)> = Vec::new();
     let from = last - Duration::from_millis(400);
     for (log, name) in logs.iter().zip(names) {
@@ -599,14 +742,14 @@ fn print_timeline(topology: &str, pause: (f64, i32, SystemTime, SystemTime), log
     }
     lines.push((
         0.0,
-        "output consumer: last record of the partition before the pause".to_string(),
+        "output consumer: last record of the task before the pause".to_string(),
     ));
     lines.push((
         seconds * 1e3,
-        "output consumer: first record of the partition after the pause".to_string(),
+        "output consumer: first record of the task after the pause".to_string(),
     ));
     lines.sort_by(|a, b| a.0.total_cmp(&b.0));
-    println!("  timeline of the longest pause: {topology}/{partition}, {seconds:.2} s");
+    println!("  timeline of the longest pause: {topology}/{id}, {seconds:.2} s");
     for (ms, what) in lines {
         println!("    {ms:>+8.1} ms  {what}");
     }
