@@ -72,6 +72,10 @@ pub struct ScalingArgs {
     /// `exactly-once`: outputs then show when their transaction commits).
     #[arg(long, default_value = "at-least-once")]
     processing_guarantee: String,
+    /// How often the workers' tasks commit (their `--commit-interval`; under exactly-once
+    /// an output shows when its transaction commits, so this is a floor on the gaps seen).
+    #[arg(long, default_value = "1s")]
+    commit_interval: String,
 }
 
 /// The repartition topic's partitions: `guests/word-totals` declares 8.
@@ -263,7 +267,7 @@ pub async fn run(args: ScalingArgs) -> anyhow::Result<()> {
         input: args.partitions,
     };
     println!(
-        "scaling benchmark: {}, {} keys of state over {} partitions, {} records/s, {}, 1 -> 2 -> 3 -> 2 -> 1 workers (SIGTERM stops), Kafka at {}",
+        "scaling benchmark: {}, {} keys of state over {} partitions, {} records/s, {}, commits every {}, 1 -> 2 -> 3 -> 2 -> 1 workers (SIGTERM stops), Kafka at {}",
         if layout.two_stage {
             format!(
                 "two-stage word count ({} split tasks -> repartition -> {} count tasks)",
@@ -277,6 +281,7 @@ pub async fn run(args: ScalingArgs) -> anyhow::Result<()> {
         layout.stateful(),
         args.rate,
         args.processing_guarantee,
+        args.commit_interval,
         args.bootstrap
     );
     let mut all = Vec::new();
@@ -433,6 +438,7 @@ async fn one_policy(args: &ScalingArgs, layout: Layout, policy: &str) -> anyhow:
             .arg(dir.join(format!("state-{n}")))
             .args(["--threads", "1", "--capacity", "1", "--session-timeout", "10s"])
             .args(["--processing-guarantee", &args.processing_guarantee])
+            .args(["--commit-interval", &args.commit_interval])
             .args(policy_args)
             .env(
                 "SLUICE_LOG",
