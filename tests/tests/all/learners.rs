@@ -286,7 +286,15 @@ async fn scale_down_timeout_forces_a_draining_worker_out() -> anyhow::Result<()>
             Some(&m),
             &cluster,
             n,
-            &["--drain-on-stop", "--scale-down-timeout", "1s", "--metrics", &metrics],
+            // Short: the second worker restores 1.2-1.5M records/s here, so in 1 s the
+            // learners sometimes caught up (600,000 records each) and nothing was forced.
+            &[
+                "--drain-on-stop",
+                "--scale-down-timeout",
+                "200ms",
+                "--metrics",
+                &metrics,
+            ],
         )
     };
     let mut first = start(0)?;
@@ -349,7 +357,7 @@ async fn scale_down_timeout_forces_a_draining_worker_out() -> anyhow::Result<()>
         log.contains("did not finish within the scale-down timeout"),
         "the worker left without the timeout forcing it:\n{log}"
     );
-    eprintln!("the draining worker was forced out {took:?} after SIGTERM (timeout 1s)");
+    eprintln!("the draining worker was forced out {took:?} after SIGTERM (timeout 200ms)");
     // The second worker owns both tasks and processes everything.
     let mut rest = vec![second];
     until_settled(&mut rest, 2).await?;
