@@ -302,12 +302,7 @@ pub async fn run(args: ScalingArgs) -> anyhow::Result<()> {
         }
         println!(
             "  {policy:<9} to balanced after a start: {}; {} rebalances; {} lost, {} duplicated",
-            figures
-                .to_balanced
-                .iter()
-                .map(|s| format!("{s:.1} s"))
-                .collect::<Vec<_>>()
-                .join(", "),
+            joined(&figures.to_balanced, 1, " s", ", "),
             figures.rebalances,
             figures.lost,
             figures.duplicated
@@ -315,12 +310,7 @@ pub async fn run(args: ScalingArgs) -> anyhow::Result<()> {
         if figures.runs.len() > 1 {
             println!(
                 "  {policy:<9} moved tasks' largest pause per run: {} (median {:.2} s, worst {:.2} s)",
-                figures
-                    .runs
-                    .iter()
-                    .map(|s| format!("{s:.2} s"))
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                joined(&figures.runs, 2, " s", ", "),
                 figures.moved_max,
                 figures.runs.iter().copied().fold(0.0, f64::max)
             );
@@ -349,11 +339,7 @@ pub async fn run(args: ScalingArgs) -> anyhow::Result<()> {
                 p.moved_max,
                 p.moved_p99,
                 p.unmoved_max,
-                f.to_balanced
-                    .iter()
-                    .map(|s| format!("{s:.1}"))
-                    .collect::<Vec<_>>()
-                    .join(" / "),
+                joined(&f.to_balanced, 1, "", " / "),
                 f.rebalances,
                 f.lost,
                 f.duplicated
@@ -361,6 +347,15 @@ pub async fn run(args: ScalingArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Seconds as a list: each with `decimals` decimals and `unit`, separated by `separator`.
+fn joined(seconds: &[f64], decimals: usize, unit: &str, separator: &str) -> String {
+    seconds
+        .iter()
+        .map(|s| format!("{s:.decimals$}{unit}"))
+        .collect::<Vec<_>>()
+        .join(separator)
 }
 
 async fn one_policy(args: &ScalingArgs, layout: Layout, policy: &str) -> anyhow::Result<Figures> {
