@@ -48,7 +48,15 @@ pub struct StateEnv {
     pub open: std::sync::Mutex<std::collections::HashMap<(String, i32, String), std::sync::Weak<DB>>>,
     /// The worker's global tables, by topic (filled by the state updater).
     pub globals: crate::state::global::GlobalTables,
+    /// Open databases a promoted learner (or standby) handed to the task that becomes
+    /// active here, by store path, with when they were parked. Closing a store and opening
+    /// it again cost up to 0.8 s of a handover on a busy machine (the close waits for
+    /// running compactions, the open reads every file's footer); the task takes it as is.
+    parked: std::sync::Mutex<std::collections::HashMap<PathBuf, (Arc<DB>, std::time::Instant)>>,
 }
+
+/// How long a parked store waits for its task before it is closed.
+const PARKED_FOR: Duration = Duration::from_secs(30);
 
 impl StateEnv {
     pub fn new(dir: PathBuf, memory: SharedMemory) -> StateEnv {
@@ -57,7 +65,51 @@ impl StateEnv {
             memory,
             open: Default::default(),
             globals: Default::default(),
+            parked: Default::default(),
         }
+    }
+
+    /// Keeps the open database of the store at `path` for whoever opens that store next
+    /// (see [`prepare_store`]).
+    pub fn park(&self, path: PathBuf, db: Arc<DB>) {
+        let mut parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
+        parked.insert(path, (db, std::time::Instant::now()));
+    }
+
+    /// The parked database of the store at `path`, if one is.
+    fn take_parked(&self, path: &Path) -> Option<Arc<DB>> {
+        let mut parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
+        parked.remove(path).map(|(db, _)| db)
+    }
+
+    /// Closes (in the background) parked stores that no task took within
+    /// [`PARKED_FOR`]: their task went elsewhere, or failed before it opened them.
+    pub fn close_stale_parked(&self) {
+        let stale: Vec<(PathBuf, Arc<DB>)> = {
+            let mut parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
+            let old: Vec<PathBuf> = parked
+                .iter()
+                .filter(|(_, (_, at))| at.elapsed() >= PARKED_FOR)
+                .map(|(path, _)| path.clone())
+                .collect();
+            old.into_iter()
+                .filter_map(|path| parked.remove(&path).map(|(db, _)| (path, db)))
+                .collect()
+        };
+        if stale.is_empty() {
+            return;
+        }
+        for (path, _) in &stale {
+            tracing::debug!(path = %path.display(), "closing a parked store no task took");
+        }
+        let _ = std::thread::Builder::new()
+            .name("close-parked".into())
+            .spawn(move || drop(stale));
+    }
+
+    /// How many stores are parked now.
+    pub fn parked_count(&self) -> usize {
+        self.parked.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     /// Keeps the global tables `topologies` read (and no others), each within the largest
@@ -119,7 +171,7 @@ pub fn open_store(
     let read_bounds = began.elapsed();
     let (db, from) = prepare_store(env, task, dir, changelog, partition, reader.bounds())?;
     tracing::debug!(
-        target: "handover", task, store = %changelog.store, bounds_ms = read_bounds.as_millis() as u64,
+        target: "handover", task = %task, store = %changelog.store, bounds_ms = read_bounds.as_millis() as u64,
         open_ms = (began.elapsed() - read_bounds).as_millis() as u64, "store opened"
     );
     reader.seek(from)?;
@@ -138,26 +190,33 @@ pub fn prepare_store(
     (low, high): (i64, i64),
 ) -> Result<(Arc<DB>, i64), String> {
     let path = dir.join(&changelog.store);
-    let mut db = rocks::open(&path, &env.memory)?;
+    let mut db = match env.take_parked(&path) {
+        Some(db) => db,
+        None => Arc::new(rocks::open(&path, &env.memory)?),
+    };
     let marker = rocks::read_marker(&db)?;
-    let distrust = distrust(
-        marker.as_ref(),
-        !rocks::is_empty(&db),
-        changelog,
-        partition,
-        (low, high),
-    );
+    // Whether it holds data matters only without a marker; looking costs an iterator over
+    // every file, which a store just written by a learner has many of.
+    let has_data = marker.is_none() && !rocks::is_empty(&db);
+    let distrust = distrust(marker.as_ref(), has_data, changelog, partition, (low, high));
     let from = match (&marker, &distrust) {
         (Some(m), None) => m.next_offset,
         _ => low,
     };
     if let Some(why) = distrust {
         tracing::warn!(task, store = %changelog.store, "wiping the local store and rebuilding it from the changelog: {why}");
+        if Arc::strong_count(&db) > 1 {
+            return Err(format!(
+                "store {} at {} is still open elsewhere",
+                changelog.store,
+                path.display()
+            ));
+        }
         drop(db);
         std::fs::remove_dir_all(&path).map_err(|e| format!("removing {}: {e}", path.display()))?;
-        db = rocks::open(&path, &env.memory)?;
+        db = Arc::new(rocks::open(&path, &env.memory)?);
     }
-    Ok((Arc::new(db), from))
+    Ok((db, from))
 }
 
 /// Why a store's local data cannot be trusted, if it cannot: `marker` is what the store says
@@ -288,7 +347,7 @@ impl TaskState {
         let state = TaskState { dir, changelogs };
         let hint = std::time::Instant::now();
         state.write_offsets_hint(&mut stores)?;
-        tracing::debug!(target: "handover", task, ms = hint.elapsed().as_millis() as u64, "offsets hint written");
+        tracing::debug!(target: "handover", task = %task, ms = hint.elapsed().as_millis() as u64, "offsets hint written");
         Ok(Opened::Ready(state, stores))
     }
 
@@ -399,5 +458,44 @@ mod tests {
         let mut other = marker("A", 5);
         other.topic = "elsewhere".into();
         assert!(why(Some(other), true, (0, 100)).contains("not \"t-counts-changelog\""));
+    }
+
+    #[test]
+    fn a_parked_store_is_taken_open_by_the_next_owner_and_closed_when_nobody_takes_it() {
+        let dir = std::env::temp_dir().join(format!("sluice-parked-{}", uuid::Uuid::new_v4().simple()));
+        let env = StateEnv::new(dir.clone(), rocks::SharedMemory::new(8 << 20, 8 << 20));
+        let c = changelog("A");
+        let path = dir.join(&c.store);
+        let db = Arc::new(rocks::open(&path, &env.memory).unwrap());
+        rocks::write_with_marker(&db, [(&b"k"[..], Some(&b"v"[..]))], &marker("A", 7), false).unwrap();
+        // Open elsewhere, the store is locked: opening it again fails.
+        let locked = prepare_store(&env, "t/0", &dir, &c, 0, (0, 10));
+        assert!(locked.is_err(), "RocksDB lets one opener hold a store");
+        env.park(path.clone(), db);
+        let (db, from) = prepare_store(&env, "t/0", &dir, &c, 0, (0, 10)).expect("the parked store is taken");
+        assert_eq!(from, 7, "read on from the parked store's marker");
+        assert_eq!(db.get(b"k").unwrap().as_deref(), Some(&b"v"[..]));
+        assert_eq!(Arc::strong_count(&db), 1, "nobody else holds it");
+        assert_eq!(env.parked_count(), 0);
+        // Parked again and not taken: closed once it is stale, so the store opens again.
+        env.park(path.clone(), db);
+        env.close_stale_parked();
+        assert_eq!(env.parked_count(), 1, "a store parked just now waits for its task");
+        {
+            let mut parked = env.parked.lock().unwrap();
+            parked.get_mut(&path).unwrap().1 -= PARKED_FOR;
+        }
+        env.close_stale_parked();
+        assert_eq!(env.parked_count(), 0);
+        let reopened = (0..100).find_map(|_| {
+            std::thread::sleep(Duration::from_millis(20));
+            prepare_store(&env, "t/0", &dir, &c, 0, (0, 10)).ok()
+        });
+        assert_eq!(
+            reopened.map(|(_, from)| from),
+            Some(7),
+            "closed in the background, then opened again"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

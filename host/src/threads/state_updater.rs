@@ -14,6 +14,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -37,14 +38,17 @@ const ROUND_RECORDS: usize = 50_000;
 /// Most bytes of keys and values one round holds before it applies them: a global topic
 /// is a tenant's, and 50,000 of its records may be a megabyte each.
 const ROUND_BYTES: usize = 16 << 20;
+/// How many records a round reads between looks at whether a removal waits.
+const URGENT_CHECK_EVERY: usize = 512;
 
 /// How stopping a standby ended: records it applied, or why it failed.
 type Removed = Result<u64, String>;
 
 enum Command {
     Add(Arc<DeployedTopology>, TaskId),
-    /// Checkpoint and close; the reply says how many records it applied.
-    Remove(TaskId, Sender<Result<u64, String>>),
+    /// Checkpoint and close, or (true) hand the open stores to the task that becomes
+    /// active here; the reply says how many records it applied.
+    Remove(TaskId, bool, Sender<Result<u64, String>>),
     /// Make what was applied durable now (a learner that caught up: its promotion then
     /// flushes only what arrives until the handover).
     Checkpoint(TaskId),
@@ -59,6 +63,9 @@ pub struct StandbyUpdater {
     commands: Option<Sender<Command>>,
     thread: Option<std::thread::JoinHandle<()>>,
     positions: Positions,
+    /// Set while a removal waits: the thread cuts its round short (a round of 50,000
+    /// records held a promoted learner's handover up for 0.16 s).
+    urgent: Arc<AtomicBool>,
 }
 
 impl StandbyUpdater {
@@ -91,6 +98,8 @@ impl StandbyUpdater {
         let (tx, rx) = mpsc::channel();
         let positions = Positions::default();
         let shared = positions.clone();
+        let urgent = Arc::new(AtomicBool::new(false));
+        let urgent_here = urgent.clone();
         let thread = std::thread::Builder::new().name("standbys".into()).spawn(move || {
             Updater {
                 consumer,
@@ -102,6 +111,7 @@ impl StandbyUpdater {
                 waiting: Vec::new(),
                 assigned: HashSet::new(),
                 positions: shared,
+                urgent: urgent_here,
             }
             .run(rx)
         })?;
@@ -109,6 +119,7 @@ impl StandbyUpdater {
             commands: Some(tx),
             thread: Some(thread),
             positions,
+            urgent,
         })
     }
 
@@ -135,9 +146,10 @@ impl StandbyUpdater {
     }
 
     /// Stops standbys: their progress is checkpointed and their stores closed before this
-    /// returns (the tasks may become active here next). Per task, records applied or why
-    /// it failed. All are asked at once, so the thread stops them in one go.
-    pub fn remove(&self, tasks: &[TaskId]) -> Vec<(TaskId, Result<u64, String>)> {
+    /// returns, except those of the tasks in `active_next`, which are parked open for the
+    /// active task (see `StateEnv::park`). Per task, records applied or why it failed. All
+    /// are asked at once, so the thread stops them in one go.
+    pub fn remove(&self, tasks: &[TaskId], active_next: &[TaskId]) -> Vec<(TaskId, Result<u64, String>)> {
         let ended = || Err("the standby thread has ended".to_string());
         let Some(commands) = &self.commands else {
             return tasks.iter().map(|t| (t.clone(), Ok(0))).collect();
@@ -146,10 +158,16 @@ impl StandbyUpdater {
             .iter()
             .map(|task| {
                 let (tx, rx) = mpsc::channel();
-                let sent = commands.send(Command::Remove(task.clone(), tx)).is_ok();
+                let hand_over = active_next.contains(task);
+                let sent = commands.send(Command::Remove(task.clone(), hand_over, tx)).is_ok();
                 (task.clone(), sent.then_some(rx))
             })
             .collect();
+        // After the sends: the thread clears the flag before it takes commands, so one
+        // set now is seen either by that take or by the round after it.
+        if !tasks.is_empty() {
+            self.urgent.store(true, Ordering::Release);
+        }
         replies
             .into_iter()
             .map(|(task, rx)| {
@@ -244,12 +262,17 @@ struct Updater {
     waiting: Vec<(Arc<GlobalTable>, Instant)>,
     assigned: HashSet<(String, i32)>,
     positions: Positions,
+    /// A removal waits: end the round early (see [`StandbyUpdater`]).
+    urgent: Arc<AtomicBool>,
 }
 
 impl Updater {
     fn run(mut self, commands: Receiver<Command>) {
         loop {
             self.follow_globals();
+            // Cleared before the commands are taken: a removal sent after this is seen by
+            // the next round.
+            self.urgent.store(false, Ordering::Release);
             loop {
                 let command = if self.standbys.is_empty() && self.globals.is_empty() {
                     match commands.recv_timeout(Duration::from_millis(100)) {
@@ -266,7 +289,7 @@ impl Updater {
                         Err(mpsc::TryRecvError::Disconnected) => {
                             let all: Vec<TaskId> = self.standbys.keys().cloned().collect();
                             for task in all {
-                                let _ = self.remove(&task);
+                                let _ = self.remove(&task, false);
                             }
                             let topics: Vec<String> = self.globals.keys().cloned().collect();
                             for topic in topics {
@@ -282,8 +305,8 @@ impl Updater {
                             tracing::warn!(%task, "standby failed to start: {e}");
                         }
                     }
-                    Command::Remove(task, reply) => {
-                        let _ = reply.send(self.remove(&task));
+                    Command::Remove(task, hand_over, reply) => {
+                        let _ = reply.send(self.remove(&task, hand_over));
                     }
                     Command::Checkpoint(task) => {
                         if let Some(standby) = self.standbys.get_mut(&task).filter(|s| s.failed.is_none()) {
@@ -364,7 +387,7 @@ impl Updater {
         Ok(())
     }
 
-    fn remove(&mut self, task: &TaskId) -> Result<u64, String> {
+    fn remove(&mut self, task: &TaskId, hand_over: bool) -> Result<u64, String> {
         let Some(mut standby) = self.standbys.remove(task) else {
             return Ok(0);
         };
@@ -380,9 +403,16 @@ impl Updater {
         }
         self.apply(&mut standby)?;
         checkpoint_standby(&self.consumer, &mut standby)?;
-        tracing::info!(task = %task, applied = standby.applied, "standby stopped");
+        if hand_over {
+            for store in &standby.stores {
+                self.env
+                    .park(standby.dir.join(&store.changelog.store), store.db.clone());
+            }
+        }
+        tracing::info!(task = %task, applied = standby.applied, handed_over = hand_over, "standby stopped");
         Ok(standby.applied)
-        // The stores close here, before the reply: the task may be opened as active next.
+        // The stores not parked close here, before the reply: the task may be opened as
+        // active next.
     }
 
     /// Reads what the changelogs hold (up to a round) and applies it to the stores.
@@ -397,6 +427,9 @@ impl Updater {
         let mut run = Run::default();
         let mut bytes = 0;
         while read < ROUND_RECORDS && bytes < ROUND_BYTES {
+            if read % URGENT_CHECK_EVERY == 0 && read > 0 && self.urgent.load(Ordering::Acquire) {
+                break;
+            }
             let Some(polled) = self.consumer.poll(wait) else { break };
             wait = Duration::ZERO;
             read += 1;

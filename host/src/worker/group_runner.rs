@@ -354,7 +354,7 @@ pub async fn run(
                 ms = revoke_began.elapsed().as_millis() as u64, "revoked tasks stopped"
             );
         }
-        tokio::task::block_in_place(|| runner.stop_standbys(&stop_standby));
+        tokio::task::block_in_place(|| runner.stop_standbys(&stop_standby, &a.active));
         for (t, lag) in &promoted {
             let lag = lag.map_or("unknown".to_string(), |l| l.to_string());
             tracing::info!(task = %t, lag = %lag, "learner promoted: the task is active here now");
@@ -424,7 +424,7 @@ pub async fn run(
                     if let Kept::Lost(why) = heartbeats.wait_for(&mut membership, &mut runner, stopping).await? {
                         lose_membership(&mut runner, &why).await;
                     }
-                    tokio::task::block_in_place(|| runner.stop_standbys(&standbys));
+                    tokio::task::block_in_place(|| runner.stop_standbys(&standbys, &[]));
                     for name in &change.remove {
                         runner.remove_topology(name);
                     }

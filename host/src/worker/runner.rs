@@ -417,7 +417,7 @@ impl TaskRunner {
             ));
         }
         let standbys = self.standbys();
-        self.stop_standbys(&standbys);
+        self.stop_standbys(&standbys, &[]);
         self.finished
     }
 
@@ -495,7 +495,7 @@ impl TaskRunner {
     pub fn set_standbys(&mut self, standbys: &[TaskId], learners: &[TaskId]) -> anyhow::Result<()> {
         let wanted: std::collections::BTreeSet<&TaskId> = standbys.iter().chain(learners).collect();
         let stop: Vec<TaskId> = self.standbys.iter().filter(|t| !wanted.contains(t)).cloned().collect();
-        self.stop_standbys(&stop);
+        self.stop_standbys(&stop, &[]);
         self.learners = learners
             .iter()
             .filter(|t| !self.running.contains_key(*t))
@@ -525,8 +525,11 @@ impl TaskRunner {
         self.updater.checkpoint(tasks);
     }
 
-    /// Stops standbys; their progress is checkpointed and their stores closed on return.
-    pub fn stop_standbys(&mut self, tasks: &[TaskId]) {
+    /// Stops standbys; their progress is checkpointed and their stores closed on return,
+    /// except those of `active_next` (tasks about to start here as active), which are kept
+    /// open for them.
+    pub fn stop_standbys(&mut self, tasks: &[TaskId], active_next: &[TaskId]) {
+        self.state.close_stale_parked();
         let mut stopping = Vec::new();
         for task in tasks {
             self.learners.remove(task);
@@ -534,7 +537,7 @@ impl TaskRunner {
                 stopping.push(task.clone());
             }
         }
-        for (task, result) in self.updater.remove(&stopping) {
+        for (task, result) in self.updater.remove(&stopping, active_next) {
             if let Err(e) = result {
                 tracing::warn!(%task, "standby failed: {e}");
             }
