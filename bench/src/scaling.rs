@@ -229,6 +229,9 @@ struct Pauses {
     moved_max: f64,
     moved_p99: f64,
     unmoved_max: f64,
+    /// The largest gap of any partition in steady state, before the first step: what an
+    /// unmoved task's pause compares with.
+    steady_max: f64,
 }
 
 /// One policy's figures.
@@ -296,8 +299,9 @@ pub async fn run(args: ScalingArgs) -> anyhow::Result<()> {
         let figures = Figures::median(runs);
         for p in &figures.pauses {
             println!(
-                "  {policy:<9} {:<10} moved tasks: largest pause {:.2} s, p99 {:.2} s; unmoved: largest {:.2} s",
-                p.measure, p.moved_max, p.moved_p99, p.unmoved_max
+                "  {policy:<9} {:<10} moved tasks: largest pause {:.2} s, p99 {:.2} s; unmoved: largest {:.2} s; \
+                 steady state (before the first step): largest gap {:.2} s",
+                p.measure, p.moved_max, p.moved_p99, p.unmoved_max, p.steady_max
             );
         }
         println!(
@@ -319,12 +323,13 @@ pub async fn run(args: ScalingArgs) -> anyhow::Result<()> {
     }
     println!();
     println!(
-        "  {:<9} {:<10} {:>14} {:>12} {:>16} {:>22} {:>11} {:>5} {:>10}",
+        "  {:<9} {:<10} {:>14} {:>12} {:>16} {:>15} {:>22} {:>11} {:>5} {:>10}",
         "policy",
         "tasks",
         "moved max (s)",
         "moved p99",
         "unmoved max (s)",
+        "steady max (s)",
         "start -> balanced (s)",
         "rebalances",
         "lost",
@@ -333,12 +338,13 @@ pub async fn run(args: ScalingArgs) -> anyhow::Result<()> {
     for f in &all {
         for p in &f.pauses {
             println!(
-                "  {:<9} {:<10} {:>14.2} {:>12.2} {:>16.2} {:>22} {:>11} {:>5} {:>10}",
+                "  {:<9} {:<10} {:>14.2} {:>12.2} {:>16.2} {:>15.2} {:>22} {:>11} {:>5} {:>10}",
                 f.policy,
                 p.measure,
                 p.moved_max,
                 p.moved_p99,
                 p.unmoved_max,
+                p.steady_max,
                 joined(&f.to_balanced, 1, "", " / "),
                 f.rebalances,
                 f.lost,
@@ -531,7 +537,10 @@ async fn one_policy(args: &ScalingArgs, layout: Layout, policy: &str) -> anyhow:
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    std::thread::sleep(Duration::from_secs(2));
+    // Steady state first: the gaps before any step are what a task's output normally
+    // shows (its batches, the commit interval), for the unmoved tasks' pauses to compare with.
+    let steady_start = SystemTime::now() + Duration::from_millis(500);
+    std::thread::sleep(Duration::from_secs(3));
     let window_start = SystemTime::now();
     let since = |at: SystemTime| at.duration_since(window_start).unwrap_or_default().as_secs_f64();
     let hold = Duration::from_secs(args.hold_secs);
@@ -617,9 +626,18 @@ async fn one_policy(args: &ScalingArgs, layout: Layout, policy: &str) -> anyhow:
     let mut longest = (0f64, String::new(), window_start, window_start);
     for measure in layout.measures() {
         let mut moved_gaps = Vec::new();
-        let (mut moved_max, mut unmoved_max) = (0f64, 0f64);
+        let (mut moved_max, mut unmoved_max, mut steady_max) = (0f64, 0f64, 0f64);
         for partition in 0..measure.partitions {
             let task = format!("{}{partition}", measure.task);
+            let steady: Vec<SystemTime> = seen
+                .times(measure.by_output, partition)
+                .iter()
+                .copied()
+                .filter(|t| *t >= steady_start && *t <= window_start)
+                .collect();
+            for w in steady.windows(2) {
+                steady_max = steady_max.max(w[1].duration_since(w[0]).unwrap_or_default().as_secs_f64());
+            }
             let inside: Vec<SystemTime> = seen
                 .times(measure.by_output, partition)
                 .iter()
@@ -655,6 +673,7 @@ async fn one_policy(args: &ScalingArgs, layout: Layout, policy: &str) -> anyhow:
             moved_max,
             moved_p99,
             unmoved_max,
+            steady_max,
         });
     }
     println!(

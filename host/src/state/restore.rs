@@ -13,7 +13,11 @@ use super::rocks::{self, Marker};
 /// Reads one changelog partition from an offset on. Reads committed data only: under
 /// exactly-once, aborted changelog writes (a fenced zombie's) are never restored.
 pub struct ChangelogReader {
-    consumer: BaseConsumer,
+    kafka: crate::kafka::KafkaSettings,
+    /// Created when there is something to read: a promoted learner's store is usually at the
+    /// end already, and a new client costs its connections (and, on a busy machine, up to
+    /// most of a second).
+    consumer: Option<BaseConsumer>,
     topic: String,
     partition: i32,
     /// Next offset to read.
@@ -53,29 +57,30 @@ impl Progress {
 }
 
 impl ChangelogReader {
-    /// Opens the changelog partition and looks up its bounds; [`seek`](Self::seek) picks
-    /// where to read from (until then: the beginning).
+    /// Opens the changelog partition and looks up its bounds on a client of its own; see
+    /// [`with_bounds`](Self::with_bounds).
     pub fn new(kafka: &crate::kafka::KafkaSettings, topic: &str, partition: i32) -> Result<Self, String> {
-        let consumer: BaseConsumer = kafka
-            .client()
-            // Named after the changelog, so broker quotas and logs can tell restorations apart.
-            .set("client.id", format!("sluice-restore-{topic}"))
-            .set("group.id", "sluice.restore")
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("auto.offset.reset", "earliest")
-            .set("isolation.level", "read_committed")
-            .set("fetch.max.bytes", "52428800")
-            .set("max.partition.fetch.bytes", "10485760")
-            // A full queue is fetched again after 10 ms, not librdkafka's default second.
-            .set("fetch.queue.backoff.ms", "10")
-            .create()
-            .map_err(|e| format!("creating the restore consumer: {e}"))?;
-        let (low, high) = consumer
+        let consumer = restore_consumer(kafka, topic)?;
+        let bounds = consumer
             .fetch_watermarks(topic, partition, Duration::from_secs(15))
             .map_err(|e| format!("reading the offsets of changelog {topic}/{partition}: {e}"))?;
-        let mut reader = ChangelogReader {
-            consumer,
+        let mut reader = ChangelogReader::with_bounds(kafka, topic, partition, bounds);
+        reader.consumer = Some(consumer);
+        Ok(reader)
+    }
+
+    /// A reader of the changelog partition whose first offset and end are `bounds` (read
+    /// on a long-lived client: `StateEnv::changelog_bounds`); [`seek`](Self::seek) picks
+    /// where to read from (until then: the beginning).
+    pub fn with_bounds(
+        kafka: &crate::kafka::KafkaSettings,
+        topic: &str,
+        partition: i32,
+        (low, high): (i64, i64),
+    ) -> Self {
+        ChangelogReader {
+            kafka: kafka.clone(),
+            consumer: None,
             topic: topic.to_string(),
             partition,
             position: low,
@@ -83,9 +88,7 @@ impl ChangelogReader {
             end: high,
             last_warning: None,
             assigned: false,
-        };
-        reader.seek(low)?;
-        Ok(reader)
+        }
     }
 
     /// Reads from `offset` on (it must lie within [`bounds`](Self::bounds)).
@@ -97,12 +100,19 @@ impl ChangelogReader {
         Ok(())
     }
 
+    fn consumer(&mut self) -> Result<&BaseConsumer, String> {
+        if self.consumer.is_none() {
+            self.consumer = Some(restore_consumer(&self.kafka, &self.topic)?);
+        }
+        Ok(self.consumer.as_ref().expect("created above"))
+    }
+
     fn assign(&mut self) -> Result<(), String> {
-        let (topic, partition) = (&self.topic, self.partition);
+        let (topic, partition) = (self.topic.clone(), self.partition);
         let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(topic, partition, Offset::Offset(self.position))
+        tpl.add_partition_offset(&topic, partition, Offset::Offset(self.position))
             .map_err(|e| format!("changelog {topic}/{partition}: {e}"))?;
-        self.consumer
+        self.consumer()?
             .assign(&tpl)
             .map_err(|e| format!("assigning changelog {topic}/{partition}: {e}"))?;
         self.assigned = true;
@@ -126,9 +136,10 @@ impl ChangelogReader {
 
     /// Records between the position and the end of the changelog (refreshed).
     pub fn lag(&mut self) -> Result<i64, String> {
+        let (topic, partition) = (self.topic.clone(), self.partition);
         let (_, high) = self
-            .consumer
-            .fetch_watermarks(&self.topic, self.partition, Duration::from_secs(15))
+            .consumer()?
+            .fetch_watermarks(&topic, partition, Duration::from_secs(15))
             .map_err(|e| format!("reading the end of changelog {}/{}: {e}", self.topic, self.partition))?;
         self.end = high;
         Ok((high - self.position).max(0))
@@ -141,10 +152,11 @@ impl ChangelogReader {
         if !self.assigned {
             self.assign()?;
         }
+        let consumer = self.consumer.as_ref().expect("assigned above");
         let mut out = Vec::new();
         let mut wait = timeout;
         while out.len() < max {
-            match self.consumer.poll(wait) {
+            match consumer.poll(wait) {
                 None => break,
                 Some(Err(e)) => {
                     if self.last_warning.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
@@ -165,7 +177,7 @@ impl ChangelogReader {
         if out.is_empty() {
             // Offsets can have gaps (compaction, transaction markers); the consumer's
             // position says where it is.
-            if let Ok(tpl) = self.consumer.position() {
+            if let Ok(tpl) = consumer.position() {
                 if let Some(Offset::Offset(p)) = tpl.find_partition(&self.topic, self.partition).map(|p| p.offset()) {
                     self.position = self.position.max(p);
                 }
@@ -175,8 +187,9 @@ impl ChangelogReader {
     }
 
     /// Applies the changelog up to its end (as it was when the reader started) to `db`, in
-    /// large write batches without the WAL, each with the marker of how far it got; flushes
-    /// `db` at the end so the result is durable. Returns none if `stop` said to stop first
+    /// large write batches without the WAL, each with the marker of how far it got; starts
+    /// flushing `db` at the end (without waiting: [`rocks::flush`] waits for it, and so does
+    /// a task's first commit) so the result becomes durable. Returns none if `stop` said to stop first
     /// (what was applied is kept, vouched for by its marker). `progress` is called about once
     /// a second and at the end.
     pub fn restore_into(
@@ -196,6 +209,7 @@ impl ChangelogReader {
         };
         let mut last_report = Instant::now();
         let mut idle_since = Instant::now();
+        let from = self.position;
         while self.position < self.end {
             if stop() {
                 rocks::flush(db)?;
@@ -230,10 +244,15 @@ impl ChangelogReader {
                 last_report = Instant::now();
             }
         }
-        // Gaps at the end (a compacted tail, a transaction marker) leave no record to write.
-        rocks::write_with_marker(db, std::iter::empty(), &self.marker(topic_id), false)?;
-        // The WAL was off: make the restored state durable before anyone relies on it.
-        rocks::flush(db)?;
+        if self.position != from {
+            // Gaps at the end (a compacted tail, a transaction marker) leave no record to write.
+            rocks::write_with_marker(db, std::iter::empty(), &self.marker(topic_id), false)?;
+            // The WAL was off: the restored state becomes durable with this flush. The task
+            // does not wait for it to start; its first commit does (`RocksStore::commit`). (A
+            // store already at the end has nothing to flush: one flushing already, a learner's
+            // handed over, would make a second flush wait for it.)
+            rocks::flush_in_background(db)?;
+        }
         state.elapsed = started.elapsed();
         progress(state);
         Ok(Some(state))
@@ -251,3 +270,22 @@ impl ChangelogReader {
 
 /// How long a restoration may see no data before it counts as stuck.
 const RESTORE_STALL: Duration = Duration::from_secs(120);
+
+/// A consumer that reads one changelog partition, committed data only.
+fn restore_consumer(kafka: &crate::kafka::KafkaSettings, topic: &str) -> Result<BaseConsumer, String> {
+    kafka
+        .client()
+        // Named after the changelog, so broker quotas and logs can tell restorations apart.
+        .set("client.id", format!("sluice-restore-{topic}"))
+        .set("group.id", "sluice.restore")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("isolation.level", "read_committed")
+        .set("fetch.max.bytes", "52428800")
+        .set("max.partition.fetch.bytes", "10485760")
+        // A full queue is fetched again after 10 ms, not librdkafka's default second.
+        .set("fetch.queue.backoff.ms", "10")
+        .create()
+        .map_err(|e| format!("creating the restore consumer: {e}"))
+}

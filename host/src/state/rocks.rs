@@ -149,13 +149,27 @@ pub fn size_of(db: &DB) -> u64 {
         .sum()
 }
 
-/// Flushes data and marker together (after writes without the WAL).
+/// Flushes data and marker together (after writes without the WAL), and waits until it is
+/// done (with nothing to flush, at once).
 pub fn flush(db: &DB) -> Result<(), String> {
+    flush_with(db, true)
+}
+
+/// Starts flushing data and marker together without waiting for it: the memtables written
+/// so far are sealed and written out by RocksDB's background threads. Until that is done,
+/// they are not durable; [`flush`] waits for it (see [`RocksStore::commit`]).
+pub fn flush_in_background(db: &DB) -> Result<(), String> {
+    flush_with(db, false)
+}
+
+fn flush_with(db: &DB, wait: bool) -> Result<(), String> {
     let default = db
         .cf_handle(rocksdb::DEFAULT_COLUMN_FAMILY_NAME)
         .expect("the default column family");
     let meta = db.cf_handle(META_CF).expect("opened with the meta column family");
-    db.flush_cfs_opt(&[&default, &meta], &FlushOptions::default())
+    let mut options = FlushOptions::default();
+    options.set_wait(wait);
+    db.flush_cfs_opt(&[&default, &meta], &options)
         .map_err(|e| format!("flushing state: {e}"))
 }
 
@@ -183,6 +197,9 @@ pub struct RocksStore {
     /// Bytes held in `call` and `dirty` (keys, values and a per-entry overhead).
     call_bytes: usize,
     dirty_bytes: usize,
+    /// Whether writes without the WAL (a restore's, a learner's) may still sit in memtables:
+    /// see [`RocksStore::commit`].
+    unlogged: bool,
 }
 
 /// Roughly what one layer entry costs beyond its key and value (map node, vectors).
@@ -211,6 +228,7 @@ impl RocksStore {
             dirty: Layer::new(),
             call_bytes: 0,
             dirty_bytes: 0,
+            unlogged: true,
         }
     }
 
@@ -239,7 +257,17 @@ impl RocksStore {
 
     /// Moves the writes since the last commit into RocksDB with the marker that now vouches
     /// for them (one batch, WAL on).
+    ///
+    /// The store may have been restored, or handed over by a learner, with the WAL off and
+    /// only a background flush started ([`flush_in_background`]), so that the task did not
+    /// wait for it. A write with the WAL on top of unflushed unlogged writes would survive a
+    /// crash that they do not (the marker would vouch for data that is gone): the first
+    /// commit waits for that flush before it writes (by then it is done, or nearly).
     pub fn commit(&mut self, marker: &Marker) -> Result<(), String> {
+        if self.unlogged {
+            flush(&self.db).map_err(|e| format!("store {}: {e}", self.name))?;
+            self.unlogged = false;
+        }
         write_with_marker(&self.db, self.changes(), marker, true).map_err(|e| format!("store {}: {e}", self.name))?;
         self.dirty.clear();
         self.dirty_bytes = 0;
@@ -524,6 +552,55 @@ mod tests {
         let db = open(&dir, &memory).unwrap();
         assert_eq!(read_marker(&db).unwrap(), Some(marker(42)));
         assert_eq!(dump(&db).unwrap(), vec![(b"k".to_vec(), b"v".to_vec())]);
+        drop(db);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A store restored (or handed over by a learner) with the WAL off, whose first commit
+    /// writes with the WAL on, and a process that dies right after (SIGABRT: nothing is
+    /// closed or flushed on the way out). The commit must have made the unlogged writes
+    /// durable first: otherwise the WAL brings back the commit's marker without the state
+    /// it vouches for.
+    #[test]
+    fn a_crash_after_the_first_commit_keeps_what_was_restored_without_the_wal() {
+        const CHILD: &str = "SLUICE_TEST_CRASHING_STORE";
+        if let Ok(dir) = std::env::var(CHILD) {
+            // The child: restore, commit once, die.
+            let memory = SharedMemory::new(8 << 20, 8 << 20);
+            let db = Arc::new(open(std::path::Path::new(&dir), &memory).unwrap());
+            let restored = vec![(b"restored".to_vec(), Some(b"r".to_vec()))];
+            write_with_marker(&db, as_slices(&restored), &marker(10), false).unwrap();
+            let mut store = RocksStore::new("s", db.clone());
+            store.put(b"processed".to_vec(), b"p".to_vec()).unwrap();
+            store.end_call(true);
+            store.commit(&marker(11)).unwrap();
+            std::process::abort();
+        }
+        let dir = std::env::temp_dir().join(format!("sluice-rocks-crash-{}", uuid::Uuid::new_v4().simple()));
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "state::rocks::tests::a_crash_after_the_first_commit_keeps_what_was_restored_without_the_wal",
+                "--test-threads",
+                "1",
+            ])
+            .env(CHILD, &dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(!status.success(), "the child was to die");
+        let memory = SharedMemory::new(8 << 20, 8 << 20);
+        let db = open(&dir, &memory).unwrap();
+        assert_eq!(read_marker(&db).unwrap(), Some(marker(11)), "the commit survived");
+        assert_eq!(
+            dump(&db).unwrap(),
+            vec![
+                (b"processed".to_vec(), b"p".to_vec()),
+                (b"restored".to_vec(), b"r".to_vec())
+            ],
+            "the marker of the commit vouches for the restored state too"
+        );
         drop(db);
         let _ = std::fs::remove_dir_all(&dir);
     }

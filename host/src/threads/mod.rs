@@ -1,5 +1,5 @@
 //! The threads a worker's tasks run on: a few stream threads (about one per core), not one
-//! per task; two starter threads that open tasks; and one state-updater thread for the
+//! per task; four starter threads that open tasks; and one state-updater thread for the
 //! standbys and learners.
 //!
 //! Each stream thread (`stream`) owns one consumer for the source partitions of all its

@@ -40,6 +40,12 @@ const ROUND_RECORDS: usize = 50_000;
 const ROUND_BYTES: usize = 16 << 20;
 /// How many records a round reads between looks at whether a removal waits.
 const URGENT_CHECK_EVERY: usize = 512;
+/// How long a promoted learner reads its changelogs' tail before it hands its stores over
+/// (what is left then, the task restores itself), and how many records at a time.
+const CATCH_UP_FOR: Duration = Duration::from_secs(2);
+const CATCH_UP_RECORDS: usize = 5_000;
+/// How long a catch-up sees nothing before it wakes the fetcher again.
+const CATCH_UP_NUDGE: Duration = Duration::from_millis(25);
 
 /// How stopping a standby ended: records it applied, or why it failed.
 type Removed = Result<u64, String>;
@@ -47,8 +53,8 @@ type Removed = Result<u64, String>;
 enum Command {
     Add(Arc<DeployedTopology>, TaskId),
     /// Checkpoint and close, or (true) hand the open stores to the task that becomes
-    /// active here; the reply says how many records it applied.
-    Remove(TaskId, bool, Sender<Result<u64, String>>),
+    /// active here; the reply (if one is waited for) says how many records it applied.
+    Remove(TaskId, bool, Option<Sender<Result<u64, String>>>),
     /// Make what was applied durable now (a learner that caught up: its promotion then
     /// flushes only what arrives until the handover).
     Checkpoint(TaskId),
@@ -66,6 +72,7 @@ pub struct StandbyUpdater {
     /// Set while a removal waits: the thread cuts its round short (a round of 50,000
     /// records held a promoted learner's handover up for 0.16 s).
     urgent: Arc<AtomicBool>,
+    env: Arc<StateEnv>,
 }
 
 impl StandbyUpdater {
@@ -86,6 +93,10 @@ impl StandbyUpdater {
             .set("auto.offset.reset", "earliest")
             .set("enable.partition.eof", "false")
             .set("isolation.level", "read_committed")
+            // A partition added (a new learner) is fetched only with the next request, once
+            // the one in flight returns: a broker holds an empty fetch this long (500 ms by
+            // default), which a promoted learner's catch-up and a new learner would wait for.
+            .set("fetch.wait.max.ms", "20")
             .create()?;
         // Changelog bounds are read on a connection of their own: on the tailing consumer's
         // they would queue behind its long-polling fetch (half a second per standby).
@@ -100,16 +111,18 @@ impl StandbyUpdater {
         let shared = positions.clone();
         let urgent = Arc::new(AtomicBool::new(false));
         let urgent_here = urgent.clone();
+        let env_here = env.clone();
         let thread = std::thread::Builder::new().name("standbys".into()).spawn(move || {
             Updater {
                 consumer,
                 bounds,
-                env,
+                env: env_here,
                 standbys: HashMap::new(),
                 routes: HashMap::new(),
                 globals: HashMap::new(),
                 waiting: Vec::new(),
                 assigned: HashSet::new(),
+                known_topics: HashSet::new(),
                 positions: shared,
                 urgent: urgent_here,
             }
@@ -120,6 +133,7 @@ impl StandbyUpdater {
             thread: Some(thread),
             positions,
             urgent,
+            env,
         })
     }
 
@@ -145,11 +159,31 @@ impl StandbyUpdater {
         }
     }
 
+    /// Stops learners (or standbys) whose tasks become active here, without waiting: each
+    /// reads its changelogs' tail, then hands its open stores over (`StateEnv::park`), and
+    /// the task's start waits for that (`StateEnv::wait_for_handover`), not the group: the
+    /// worker rejoins meanwhile, so the next step of a migration does not wait for this one.
+    pub fn hand_over(&self, tasks: &[TaskId]) {
+        let Some(commands) = &self.commands else {
+            return;
+        };
+        for task in tasks {
+            let dir = task_dir(&self.env.dir, task);
+            self.env.expect_handover(dir.clone());
+            if commands.send(Command::Remove(task.clone(), true, None)).is_err() {
+                self.env.handed_over(&dir);
+            }
+        }
+        if !tasks.is_empty() {
+            self.urgent.store(true, Ordering::Release);
+        }
+    }
+
     /// Stops standbys: their progress is checkpointed and their stores closed before this
-    /// returns, except those of the tasks in `active_next`, which are parked open for the
-    /// active task (see `StateEnv::park`). Per task, records applied or why it failed. All
-    /// are asked at once, so the thread stops them in one go.
-    pub fn remove(&self, tasks: &[TaskId], active_next: &[TaskId]) -> Vec<(TaskId, Result<u64, String>)> {
+    /// returns (for those whose tasks become active here, see [`hand_over`](Self::hand_over)).
+    /// Per task, records applied or why it failed. All are asked at once, so the thread stops
+    /// them in one go.
+    pub fn remove(&self, tasks: &[TaskId]) -> Vec<(TaskId, Result<u64, String>)> {
         let ended = || Err("the standby thread has ended".to_string());
         let Some(commands) = &self.commands else {
             return tasks.iter().map(|t| (t.clone(), Ok(0))).collect();
@@ -158,8 +192,7 @@ impl StandbyUpdater {
             .iter()
             .map(|task| {
                 let (tx, rx) = mpsc::channel();
-                let hand_over = active_next.contains(task);
-                let sent = commands.send(Command::Remove(task.clone(), hand_over, tx)).is_ok();
+                let sent = commands.send(Command::Remove(task.clone(), false, Some(tx))).is_ok();
                 (task.clone(), sent.then_some(rx))
             })
             .collect();
@@ -261,6 +294,8 @@ struct Updater {
     /// Tables that could not be started yet (their topic's offsets unread): tried again.
     waiting: Vec<(Arc<GlobalTable>, Instant)>,
     assigned: HashSet<(String, i32)>,
+    /// Topics whose metadata the consumer has read (see [`Updater::assign`]).
+    known_topics: HashSet<String>,
     positions: Positions,
     /// A removal waits: end the round early (see [`StandbyUpdater`]).
     urgent: Arc<AtomicBool>,
@@ -291,6 +326,7 @@ impl Updater {
                             for task in all {
                                 let _ = self.remove(&task, false);
                             }
+                            self.env.handed_over_all();
                             let topics: Vec<String> = self.globals.keys().cloned().collect();
                             for topic in topics {
                                 self.remove_global(&topic);
@@ -306,12 +342,21 @@ impl Updater {
                         }
                     }
                     Command::Remove(task, hand_over, reply) => {
-                        let _ = reply.send(self.remove(&task, hand_over));
+                        let result = self.remove(&task, hand_over);
+                        if hand_over {
+                            // Parked, or closed (a failure): the task may open its stores now.
+                            self.env.handed_over(&task_dir(&self.env.dir, &task));
+                        }
+                        if let Some(reply) = reply {
+                            let _ = reply.send(result);
+                        } else if let Err(e) = result {
+                            tracing::warn!(%task, "learner failed: {e}; the task restores its state itself");
+                        }
                     }
                     Command::Checkpoint(task) => {
                         if let Some(standby) = self.standbys.get_mut(&task).filter(|s| s.failed.is_none()) {
                             let result =
-                                apply_standby(standby).and_then(|()| checkpoint_standby(&self.consumer, standby));
+                                apply_standby(standby).and_then(|()| checkpoint_standby(&self.consumer, standby, true));
                             if let Err(e) = result {
                                 tracing::warn!(%task, "standby failed: {e}");
                                 standby.failed = Some(e);
@@ -368,9 +413,12 @@ impl Updater {
             }
         }
         if fresh.count() > 0 {
-            self.consumer
-                .incremental_assign(&fresh)
-                .map_err(|e| format!("assigning changelogs: {e}"))?;
+            self.assign(&fresh).map_err(|e| format!("assigning changelogs: {e}"))?;
+        }
+        if fresh.count() < stores.len() {
+            // Sought and resumed: see `crate::kafka::wake_fetcher`.
+            let (topic, partition) = (&stores[0].changelog.topic, partition);
+            crate::kafka::wake_fetcher(&self.consumer, topic, partition);
         }
         tracing::info!(task = %task, stores = stores.len(), "standby started");
         self.standbys.insert(
@@ -388,6 +436,11 @@ impl Updater {
     }
 
     fn remove(&mut self, task: &TaskId, hand_over: bool) -> Result<u64, String> {
+        let began = Instant::now();
+        // A promoted learner reads what the old owner wrote since its last round on this
+        // thread's consumer (connected, the partition fetched already), so the task starts
+        // on a store at the changelog's end instead of restoring the tail on a new client.
+        let caught_up = if hand_over { self.catch_up(task) } else { 0 };
         let Some(mut standby) = self.standbys.remove(task) else {
             return Ok(0);
         };
@@ -402,7 +455,9 @@ impl Updater {
             return Err(e);
         }
         self.apply(&mut standby)?;
-        checkpoint_standby(&self.consumer, &mut standby)?;
+        // Handed over, the stores are flushed in the background: the task's first commit
+        // waits for that flush (`RocksStore::commit`), its start does not.
+        checkpoint_standby(&self.consumer, &mut standby, !hand_over)?;
         if hand_over {
             for store in &standby.stores {
                 self.env
@@ -410,6 +465,12 @@ impl Updater {
             }
         }
         tracing::info!(task = %task, applied = standby.applied, handed_over = hand_over, "standby stopped");
+        if hand_over {
+            tracing::debug!(
+                target: "handover", task = %task, caught_up, ms = began.elapsed().as_millis() as u64,
+                "learner handed over"
+            );
+        }
         Ok(standby.applied)
         // The stores not parked close here, before the reply: the task may be opened as
         // active next.
@@ -419,15 +480,24 @@ impl Updater {
     fn round(&mut self) {
         // Short: commands (a learner promoted, whose task waits to open its stores) are
         // taken between rounds.
-        let mut wait = Duration::from_millis(20);
+        self.read(ROUND_RECORDS, Duration::from_millis(20), true);
+        self.apply_all();
+        self.publish_positions();
+    }
+
+    /// Reads what the changelogs hold for their standbys and tables, up to `max` records
+    /// (and [`ROUND_BYTES`]), waiting up to `wait` for the first; stops early for a waiting
+    /// removal if `yield_to_removals`. What is read waits in the stores' pending writes.
+    fn read(&mut self, max: usize, wait: Duration, yield_to_removals: bool) {
+        let mut wait = wait;
         let mut read = 0;
         // Records come in runs of one partition: they collect in `run` and go to their
         // store when the partition changes, so routing costs a lookup per run, not per
         // record (per record it was most of this thread's time).
         let mut run = Run::default();
         let mut bytes = 0;
-        while read < ROUND_RECORDS && bytes < ROUND_BYTES {
-            if read % URGENT_CHECK_EVERY == 0 && read > 0 && self.urgent.load(Ordering::Acquire) {
+        while read < max && bytes < ROUND_BYTES {
+            if yield_to_removals && read % URGENT_CHECK_EVERY == 0 && read > 0 && self.urgent.load(Ordering::Acquire) {
                 break;
             }
             let Some(polled) = self.consumer.poll(wait) else { break };
@@ -457,6 +527,10 @@ impl Updater {
             }
         }
         end_run(&mut self.standbys, &mut self.globals, &mut run);
+    }
+
+    /// Applies what was read to the tables and standbys (checkpointing those due).
+    fn apply_all(&mut self) {
         self.apply_globals();
         let tasks: Vec<TaskId> = self.standbys.keys().cloned().collect();
         for task in tasks {
@@ -466,14 +540,119 @@ impl Updater {
             }
             let mut result = apply_standby(standby);
             if result.is_ok() && standby.last_checkpoint.elapsed() >= CHECKPOINT_EVERY {
-                result = checkpoint_standby(&self.consumer, standby);
+                result = checkpoint_standby(&self.consumer, standby, true);
             }
             if let Err(e) = result {
                 tracing::warn!(%task, "standby failed: {e}");
                 standby.failed = Some(e);
             }
         }
-        self.publish_positions();
+    }
+
+    /// Reads `task`'s changelogs up to where they end now (or for at most [`CATCH_UP_FOR`]);
+    /// returns how many records that took. Called when the task becomes active here: its
+    /// old owner has made its last commit, so the end read now is the task's whole state.
+    fn catch_up(&mut self, task: &TaskId) -> u64 {
+        let Some(standby) = self.standbys.get(task).filter(|s| s.failed.is_none()) else {
+            return 0;
+        };
+        let partition = standby.partition;
+        let mut targets = Vec::new();
+        for store in &standby.stores {
+            let topic = &store.changelog.topic;
+            match self.bounds.fetch_watermarks(topic, partition, Duration::from_secs(5)) {
+                Ok((_, end)) => targets.push((topic.clone(), end)),
+                Err(e) => {
+                    // The task restores what is missing itself.
+                    tracing::debug!(%task, "reading where changelog {topic}/{partition} ends: {e}");
+                    return 0;
+                }
+            }
+        }
+        let applied = |s: &Self| s.standbys.get(task).map_or(0, |s| s.applied);
+        let pending = |s: &Self| {
+            s.standbys
+                .get(task)
+                .map_or(0, |s| s.stores.iter().map(|w| w.pending.len() as u64).sum::<u64>())
+        };
+        let before = applied(self) + pending(self);
+        // The other partitions wait meanwhile: learners restoring in bulk fill the consumer's
+        // queue, and the tail would come only after everything queued ahead of it (0.2 s
+        // with three learners restoring). Pausing drops what they have queued; resumed, they
+        // fetch it again from where they were read up to.
+        let mut others = TopicPartitionList::new();
+        for (topic, p) in self.routes.keys() {
+            if *p != partition || !targets.iter().any(|(t, _)| t == topic) {
+                let _ = others.add_partition(topic, *p);
+            }
+        }
+        let _ = self.consumer.pause(&others);
+        let deadline = Instant::now() + CATCH_UP_FOR;
+        let mut last = (before, Instant::now());
+        while !self.reached(task, &targets) && Instant::now() < deadline {
+            self.read(CATCH_UP_RECORDS, Duration::from_millis(5), false);
+            let now = applied(self) + pending(self);
+            if now != last.0 {
+                last = (now, Instant::now());
+            } else if last.1.elapsed() >= CATCH_UP_NUDGE {
+                // Nothing came: the fetcher may be asleep (see `crate::kafka::wake_fetcher`).
+                if let Some((topic, _)) = targets.first() {
+                    crate::kafka::wake_fetcher(&self.consumer, topic, partition);
+                }
+                last.1 = Instant::now();
+            }
+            // Everyone's reads are applied as they come, so that nothing waits unbounded.
+            self.apply_all();
+        }
+        let _ = self.consumer.resume(&others);
+        if let Some(p) = others.elements().first() {
+            crate::kafka::wake_fetcher(&self.consumer, p.topic(), p.partition());
+        }
+        (applied(self) + pending(self)).saturating_sub(before)
+    }
+
+    /// Adds partitions to the consumer. A topic it has no metadata for would be fetched only
+    /// after librdkafka's next metadata refresh, about a second later (a promoted learner
+    /// that had just started waited for it): one metadata request per topic first.
+    fn assign(&mut self, fresh: &TopicPartitionList) -> rdkafka::error::KafkaResult<()> {
+        for e in fresh.elements() {
+            let topic = e.topic();
+            if !self.known_topics.contains(topic) {
+                match self.consumer.fetch_metadata(Some(topic), Duration::from_secs(5)) {
+                    Ok(_) => {
+                        self.known_topics.insert(topic.to_string());
+                    }
+                    Err(e) => tracing::debug!(%topic, "reading the topic's metadata before fetching it: {e}"),
+                }
+            }
+        }
+        self.consumer.incremental_assign(fresh)
+    }
+
+    /// Whether `task`'s stores have read their changelogs up to `targets` (topic, end).
+    /// Offsets can have gaps (compaction, transaction markers): the consumer's position says
+    /// how far a partition has been read.
+    fn reached(&self, task: &TaskId, targets: &[(String, i64)]) -> bool {
+        let Some(standby) = self.standbys.get(task).filter(|s| s.failed.is_none()) else {
+            return true;
+        };
+        let positions = self.consumer.position().ok();
+        targets.iter().all(|(topic, end)| {
+            let stored = standby
+                .stores
+                .iter()
+                .find(|w| &w.changelog.topic == topic)
+                .map_or(0, |w| w.position);
+            let consumed = positions
+                .as_ref()
+                .and_then(|tpl| tpl.find_partition(topic, standby.partition))
+                .and_then(|p| match p.offset() {
+                    Offset::Offset(o) => Some(o),
+                    _ => None,
+                })
+                .unwrap_or(0);
+            stored.max(consumed) >= *end
+        })
     }
 
     /// Shares how far each standby has read. Offsets can have gaps (compaction,
@@ -593,8 +772,7 @@ impl Updater {
             }
         }
         if fresh.count() > 0 {
-            self.consumer
-                .incremental_assign(&fresh)
+            self.assign(&fresh)
                 .map_err(|e| format!("assigning topic {topic:?}: {e}"))?;
         }
         tracing::info!(topic = %topic, partitions = partitions.len(), to_read = total, "global table started");
@@ -786,7 +964,7 @@ fn marker(store: &WarmStore) -> Marker {
 /// Flushes data and markers together and updates the offsets hint the worker reports.
 /// Offsets can have gaps (compaction, transaction markers): the consumer's position says
 /// how far a partition has been read.
-fn checkpoint_standby(consumer: &BaseConsumer, standby: &mut Standby) -> Result<(), String> {
+fn checkpoint_standby(consumer: &BaseConsumer, standby: &mut Standby, wait: bool) -> Result<(), String> {
     let positions = consumer.position().ok();
     let mut hint = Checkpoint::new();
     for store in &mut standby.stores {
@@ -798,7 +976,12 @@ fn checkpoint_standby(consumer: &BaseConsumer, standby: &mut Standby) -> Result<
             store.position = store.position.max(p);
         }
         rocks::write_with_marker(&store.db, std::iter::empty(), &marker(store), false)?;
-        rocks::flush(&store.db).map_err(|e| format!("standby store {}: {e}", store.changelog.store))?;
+        if wait {
+            rocks::flush(&store.db)
+        } else {
+            rocks::flush_in_background(&store.db)
+        }
+        .map_err(|e| format!("standby store {}: {e}", store.changelog.store))?;
         hint.insert(store.changelog.store.clone(), store.position);
     }
     standby.last_checkpoint = Instant::now();

@@ -149,7 +149,7 @@ const SATURATION_WINDOW: Duration = Duration::from_millis(500);
 const FAIR_QUANTUM: Duration = ROUND;
 
 pub(super) struct StreamThread {
-    consumer: BaseConsumer<ConsumerEvents>,
+    consumer: Arc<StreamConsumer>,
     tasks: ThreadTasks,
 }
 
@@ -168,6 +168,9 @@ struct ThreadTasks {
     entry: Duration,
     /// Raised when one of its tasks is asked to stop: the round ends at once.
     attention: Arc<AtomicBool>,
+    /// Partitions resumed, for the thread that wakes the consumer's fetcher for them
+    /// (`crate::kafka::wake_fetcher`; off this thread, which must not wait for a fetch).
+    waker: std::sync::mpsc::Sender<(String, i32)>,
     /// Thread time charged since `window` began, and whether the last window was saturated
     /// (charged at least half of it): shares are enforced only then.
     charged: Duration,
@@ -177,9 +180,12 @@ struct ThreadTasks {
 
 impl StreamThread {
     pub(super) fn new(consumer: BaseConsumer<ConsumerEvents>, env: KafkaEnv, load: Arc<AtomicUsize>) -> StreamThread {
+        let consumer = Arc::new(consumer);
+        let waker = spawn_waker(consumer.clone());
         StreamThread {
             consumer,
             tasks: ThreadTasks {
+                waker,
                 env,
                 load,
                 running: Vec::new(),
@@ -218,6 +224,13 @@ impl StreamThread {
             // as busy, not idle, when the turns are taken.
             self.poll_round();
             self.tasks.share();
+            // Tasks asked to stop go first: their new owners wait for their final commits,
+            // which would otherwise wait for the others' batches and commits of this round.
+            for i in 0..self.tasks.running.len() {
+                if self.tasks.running[i].as_ref().is_some_and(|r| r.task.stop_requested()) {
+                    self.tasks.turn(&self.consumer, i);
+                }
+            }
             for i in 0..self.tasks.running.len() {
                 self.tasks.turn(&self.consumer, i);
             }
@@ -394,6 +407,7 @@ impl ThreadTasks {
                         .seek(&topic, partition, offset, Duration::from_secs(10))
                         .and_then(|()| consumer.resume(&one(&topic, partition)))
                 });
+                let _ = self.waker.send((topic.clone(), partition));
             } else {
                 let _ = fresh.add_partition_offset(&topic, partition, offset);
                 self.assigned.insert((topic, partition));
@@ -504,6 +518,9 @@ impl ThreadTasks {
                     running.paused = false;
                     let partitions = self.partitions_of(index);
                     let _ = consumer.resume(&partitions);
+                    for p in partitions.elements() {
+                        let _ = self.waker.send((p.topic().to_string(), p.partition()));
+                    }
                 }
             }
             Ok(Some(end)) => self.end(consumer, index, Some(end)),
@@ -539,11 +556,39 @@ impl ThreadTasks {
             }
         }
         self.load.fetch_sub(1, Ordering::Relaxed);
-        // The task's stores close before its end is told: the worker may exit right after.
-        let Running { task, slot, .. } = running;
-        drop(task);
+        // Its stores stay open, parked for whoever opens them next here, and the rest of it
+        // (guest instance, producer) is dropped on another thread: its end is told at once.
+        // The worker closes what is parked and waits for those drops before it exits
+        // (`StateEnv::settle`).
+        let started = Instant::now();
+        let Running { mut task, slot, .. } = running;
+        task.park_stores();
+        let (env, id) = (task.state_env(), task.id().to_string());
+        env.drop_later(task);
+        tracing::debug!(target: "handover", task = %id, ms = started.elapsed().as_millis() as u64, "off its stream thread");
         slot.end(outcome);
     }
+}
+
+/// Starts the thread that wakes `consumer`'s fetcher for partitions sent to it (see
+/// `crate::kafka::wake_fetcher`): once per partition of what waits, then it waits again. It
+/// ends with the stream thread (the sender dropped).
+fn spawn_waker(consumer: Arc<StreamConsumer>) -> std::sync::mpsc::Sender<(String, i32)> {
+    let (tx, rx) = std::sync::mpsc::channel::<(String, i32)>();
+    let spawned = std::thread::Builder::new().name("fetch-waker".into()).spawn(move || {
+        while let Ok(first) = rx.recv() {
+            let mut waiting: HashSet<(String, i32)> = HashSet::from([first]);
+            waiting.extend(rx.try_iter());
+            for (topic, partition) in waiting {
+                crate::kafka::wake_fetcher(&consumer, &topic, partition);
+            }
+        }
+    });
+    if let Err(e) = spawned {
+        // Without it, a resumed partition is fetched at librdkafka's next tick (a second).
+        tracing::warn!("starting a stream thread's fetch waker: {e}");
+    }
+    tx
 }
 
 fn one(topic: &str, partition: i32) -> TopicPartitionList {

@@ -176,6 +176,7 @@ impl Worker {
             config.state_dir.clone(),
             crate::state::rocks::SharedMemory::new(config.state_block_cache, config.state_write_buffers),
         ));
+        state.connect(&config.kafka);
         Ok(Worker {
             config,
             registry,

@@ -238,6 +238,7 @@ impl TaskRunner {
     /// Collects tasks that ended on their own and restarts transient failures whose
     /// backoff has passed (only while the lease holds).
     pub fn reap(&mut self) -> anyhow::Result<Reaped> {
+        self.state.close_stale_parked();
         let mut reaped = Reaped::default();
         let ended: Vec<TaskId> = self
             .running
@@ -418,6 +419,8 @@ impl TaskRunner {
         }
         let standbys = self.standbys();
         self.stop_standbys(&standbys, &[]);
+        // What ended tasks left behind: their stores (parked) and their drops.
+        self.state.settle();
         self.finished
     }
 
@@ -526,18 +529,27 @@ impl TaskRunner {
     }
 
     /// Stops standbys; their progress is checkpointed and their stores closed on return,
-    /// except those of `active_next` (tasks about to start here as active), which are kept
-    /// open for them.
+    /// except those of `active_next` (tasks about to start here as active): they read their
+    /// changelogs' tail and hand their open stores over in the background, and the tasks'
+    /// starts wait for that (`StateEnv::wait_for_handover`).
     pub fn stop_standbys(&mut self, tasks: &[TaskId], active_next: &[TaskId]) {
         self.state.close_stale_parked();
         let mut stopping = Vec::new();
+        let mut handing_over = Vec::new();
         for task in tasks {
             self.learners.remove(task);
             if self.standbys.remove(task) {
-                stopping.push(task.clone());
+                if active_next.contains(task) {
+                    handing_over.push(task.clone());
+                } else {
+                    stopping.push(task.clone());
+                }
             }
         }
-        for (task, result) in self.updater.remove(&stopping, active_next) {
+        // Those becoming active here hand over while the worker goes on (rejoins); their
+        // starts wait for it.
+        self.updater.hand_over(&handing_over);
+        for (task, result) in self.updater.remove(&stopping) {
             if let Err(e) = result {
                 tracing::warn!(%task, "standby failed: {e}");
             }
