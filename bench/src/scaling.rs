@@ -207,11 +207,15 @@ fn until_balanced(workers: &mut [Worker], tasks: usize, timeout: Duration) -> an
 }
 
 /// What the output consumer saw: arrival times per input partition and per output
-/// partition, outputs per word.
+/// partition, the broker's append times likewise (the output topic has
+/// `message.timestamp.type=LogAppendTime`, so a stall of this process cannot show as a
+/// pause there), outputs per word.
 #[derive(Default)]
 struct Seen {
     arrivals: HashMap<i32, Vec<SystemTime>>,
     arrivals_out: HashMap<i32, Vec<SystemTime>>,
+    appended: HashMap<i32, Vec<SystemTime>>,
+    appended_out: HashMap<i32, Vec<SystemTime>>,
     outputs: HashMap<String, u32>,
 }
 
@@ -219,6 +223,11 @@ impl Seen {
     fn times(&self, by_output: bool, partition: i32) -> &[SystemTime] {
         let arrivals = if by_output { &self.arrivals_out } else { &self.arrivals };
         arrivals.get(&partition).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    fn append_times(&self, by_output: bool, partition: i32) -> &[SystemTime] {
+        let appended = if by_output { &self.appended_out } else { &self.appended };
+        appended.get(&partition).map(Vec::as_slice).unwrap_or(&[])
     }
 }
 
@@ -232,6 +241,9 @@ struct Pauses {
     /// The largest gap of any partition in steady state, before the first step: what an
     /// unmoved task's pause compares with.
     steady_max: f64,
+    /// The same three as the broker appended the outputs (LogAppendTime): what a stall of the
+    /// bench's own consumer cannot add to.
+    appended: (f64, f64, f64),
 }
 
 /// One policy's figures.
@@ -240,6 +252,8 @@ struct Figures {
     /// The moved tasks' largest pause (over every measure) in each run (one run's figures
     /// have one).
     runs: Vec<f64>,
+    /// The same as the broker appended the outputs.
+    runs_appended: Vec<f64>,
     /// The largest over every measure: what the median is taken of.
     moved_max: f64,
     pauses: Vec<Pauses>,
@@ -253,11 +267,13 @@ impl Figures {
     /// The run with the median largest pause of the moved tasks, with every run's pause.
     fn median(mut runs: Vec<Figures>) -> Figures {
         let pauses: Vec<f64> = runs.iter().map(|f| f.moved_max).collect();
+        let appended: Vec<f64> = runs.iter().flat_map(|f| f.runs_appended.iter().copied()).collect();
         runs.sort_by(|a, b| a.moved_max.total_cmp(&b.moved_max));
         let lost = runs.iter().map(|f| f.lost).sum();
         let duplicated = runs.iter().map(|f| f.duplicated).sum();
         let mut median = runs.swap_remove(runs.len() / 2);
         median.runs = pauses;
+        median.runs_appended = appended;
         median.lost = lost;
         median.duplicated = duplicated;
         median
@@ -303,6 +319,10 @@ pub async fn run(args: ScalingArgs) -> anyhow::Result<()> {
                  steady state (before the first step): largest gap {:.2} s",
                 p.measure, p.moved_max, p.moved_p99, p.unmoved_max, p.steady_max
             );
+            println!(
+                "  {policy:<9} {:<10} as the broker appended them: moved {:.2} s, unmoved {:.2} s, steady {:.2} s",
+                p.measure, p.appended.0, p.appended.1, p.appended.2
+            );
         }
         println!(
             "  {policy:<9} to balanced after a start: {}; {} rebalances; {} lost, {} duplicated",
@@ -317,6 +337,14 @@ pub async fn run(args: ScalingArgs) -> anyhow::Result<()> {
                 joined(&figures.runs, 2, " s", ", "),
                 figures.moved_max,
                 figures.runs.iter().copied().fold(0.0, f64::max)
+            );
+            let mut appended = figures.runs_appended.clone();
+            appended.sort_by(f64::total_cmp);
+            println!(
+                "  {policy:<9} the same as the broker appended the outputs: {} (median {:.2} s, worst {:.2} s)",
+                joined(&figures.runs_appended, 2, " s", ", "),
+                appended[appended.len() / 2],
+                appended.last().copied().unwrap_or(0.0)
             );
         }
         all.push(figures);
@@ -387,7 +415,7 @@ async fn one_policy(args: &ScalingArgs, layout: Layout, policy: &str) -> anyhow:
     let q = layout.stateful();
     let topics = [
         NewTopic::new(&input, p, TopicReplication::Fixed(1)),
-        NewTopic::new(&output, q, TopicReplication::Fixed(1)),
+        NewTopic::new(&output, q, TopicReplication::Fixed(1)).set("message.timestamp.type", "LogAppendTime"),
         NewTopic::new(&changelog, q, TopicReplication::Fixed(1)).set("cleanup.policy", "compact"),
     ];
     for r in admin.create_topics(&topics, &AdminOptions::new()).await? {
@@ -490,9 +518,14 @@ async fn one_policy(args: &ScalingArgs, layout: Layout, policy: &str) -> anyhow:
                 else {
                     continue;
                 };
+                let appended = m.timestamp().to_millis().map_or(now, |ms| {
+                    SystemTime::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64)
+                });
                 let mut seen = seen.lock().unwrap();
                 seen.arrivals.entry(partition).or_default().push(now);
                 seen.arrivals_out.entry(m.partition()).or_default().push(now);
+                seen.appended.entry(partition).or_default().push(appended);
+                seen.appended_out.entry(m.partition()).or_default().push(appended);
                 *seen.outputs.entry(word.to_string()).or_default() += 1;
             }
         })
@@ -627,8 +660,29 @@ async fn one_policy(args: &ScalingArgs, layout: Layout, policy: &str) -> anyhow:
     for measure in layout.measures() {
         let mut moved_gaps = Vec::new();
         let (mut moved_max, mut unmoved_max, mut steady_max) = (0f64, 0f64, 0f64);
+        let mut appended = (0f64, 0f64, 0f64);
         for partition in 0..measure.partitions {
             let task = format!("{}{partition}", measure.task);
+            let moved = starts.get(&task).copied().unwrap_or(0) > 1;
+            // As appended: (moved, unmoved, steady) largest gaps.
+            let times = seen.append_times(measure.by_output, partition);
+            // A task's outputs go to several output partitions, so they arrive out of append
+            // order: sorted first.
+            let largest_within = |from: SystemTime, to: SystemTime| {
+                let mut inside: Vec<SystemTime> = times.iter().copied().filter(|t| *t >= from && *t <= to).collect();
+                inside.sort();
+                inside
+                    .windows(2)
+                    .map(|w| w[1].duration_since(w[0]).unwrap_or_default().as_secs_f64())
+                    .fold(0.0, f64::max)
+            };
+            let during = largest_within(window_start, window_end);
+            if moved {
+                appended.0 = appended.0.max(during);
+            } else {
+                appended.1 = appended.1.max(during);
+            }
+            appended.2 = appended.2.max(largest_within(steady_start, window_start));
             let steady: Vec<SystemTime> = seen
                 .times(measure.by_output, partition)
                 .iter()
@@ -656,7 +710,7 @@ async fn one_policy(args: &ScalingArgs, layout: Layout, policy: &str) -> anyhow:
                     longest = (largest, task.clone(), inside[i], inside[i + 1]);
                 }
             }
-            if starts.get(&task).copied().unwrap_or(0) > 1 {
+            if moved {
                 moved_max = moved_max.max(largest);
                 moved_gaps.extend(gaps);
             } else {
@@ -674,6 +728,7 @@ async fn one_policy(args: &ScalingArgs, layout: Layout, policy: &str) -> anyhow:
             moved_p99,
             unmoved_max,
             steady_max,
+            appended,
         });
     }
     println!(
@@ -706,6 +761,7 @@ async fn one_policy(args: &ScalingArgs, layout: Layout, policy: &str) -> anyhow:
     Ok(Figures {
         policy: policy.to_string(),
         runs: vec![moved_max],
+        runs_appended: vec![pauses.iter().map(|p| p.appended.0).fold(0.0, f64::max)],
         moved_max,
         pauses,
         to_balanced,

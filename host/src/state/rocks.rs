@@ -38,6 +38,14 @@ pub struct SharedMemory {
 
 impl SharedMemory {
     pub fn new(block_cache_bytes: usize, write_buffer_bytes: usize) -> SharedMemory {
+        // Compactions are background work: RocksDB's threads for them (its process-wide
+        // low-priority pool) yield the CPU to stream threads. Flushes keep their priority
+        // (a first commit waits for one).
+        static LOWERED: std::sync::Once = std::sync::Once::new();
+        LOWERED.call_once(|| match rocksdb::Env::new() {
+            Ok(mut env) => env.lower_thread_pool_cpu_priority(),
+            Err(e) => tracing::warn!("lowering the priority of RocksDB's compactions: {e}"),
+        });
         let cache = Cache::new_lru_cache(block_cache_bytes);
         // Memtable memory is charged to the block cache, so the two budgets add up to one.
         let write_buffers =

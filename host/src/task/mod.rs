@@ -292,10 +292,10 @@ impl Task {
         self.ctx.control.wake_with(flag);
     }
 
-    /// Whether the worker asked it to stop or abort: its stream thread gives it its turn
-    /// before the others', since its new owner waits for its final commit.
-    pub fn stop_requested(&self) -> bool {
-        self.ctx.control.request() != Request::Run
+    /// Whether the worker asked it to stop (cleanly, with its final commits): its stream
+    /// thread hands it to a finisher thread, since its new owner waits for those commits.
+    pub fn asked_to_stop(&self) -> bool {
+        self.ctx.control.request() == Request::Stop
     }
 
     /// Hands the open databases of its stores to the worker's [`StateEnv`] (see

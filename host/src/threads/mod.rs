@@ -11,12 +11,14 @@
 //! Starting a task — fencing the previous owner (exactly-once), restoring its state,
 //! instantiating the guest, looking up committed offsets — can take long, so it happens
 //! on the starter threads; a task reaches its stream thread ready to process, and a
-//! restore never holds up the tasks already running. How a task ends is told to its
-//! [`TaskSlot`], which the worker waits on.
+//! restore never holds up the tasks already running. A task asked to stop leaves its
+//! stream thread for a finisher thread (`finishers`), which makes its final commits. How a
+//! task ends is told to its [`TaskSlot`], which the worker waits on.
 //!
 //! Standbys and learners replay changelogs on the state updater (`state_updater`), with a
 //! consumer of its own, so restoring never blocks processing.
 
+mod finishers;
 mod slot;
 mod starters;
 pub mod state_updater;
@@ -58,16 +60,18 @@ impl StreamThreads {
         let count = count.max(1);
         let mut threads = Vec::with_capacity(count);
         let mut streams = Vec::new();
+        let finishers = finishers::start(kafka)?;
         for i in 0..count {
             let (tx, rx) = mpsc::channel();
             let load = Arc::new(AtomicUsize::new(0));
             let consumer = stream_consumer(kafka, prefetch_bytes / count)?;
             let env = KafkaEnv::new(kafka)?;
             let load2 = load.clone();
+            let finishers = finishers.clone();
             streams.push(
                 std::thread::Builder::new()
                     .name(format!("stream-{i}"))
-                    .spawn(move || StreamThread::new(consumer, env, load2).run(rx))?,
+                    .spawn(move || StreamThread::new(consumer, env, load2, finishers).run(rx))?,
             );
             threads.push((tx, load));
         }

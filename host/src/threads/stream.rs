@@ -171,6 +171,8 @@ struct ThreadTasks {
     /// Partitions resumed, for the thread that wakes the consumer's fetcher for them
     /// (`crate::kafka::wake_fetcher`; off this thread, which must not wait for a fetch).
     waker: std::sync::mpsc::Sender<(String, i32)>,
+    /// Where a task asked to stop goes for its final commits (`threads::finishers`).
+    finishers: std::sync::mpsc::Sender<super::finishers::Finishing>,
     /// Thread time charged since `window` began, and whether the last window was saturated
     /// (charged at least half of it): shares are enforced only then.
     charged: Duration,
@@ -179,13 +181,19 @@ struct ThreadTasks {
 }
 
 impl StreamThread {
-    pub(super) fn new(consumer: BaseConsumer<ConsumerEvents>, env: KafkaEnv, load: Arc<AtomicUsize>) -> StreamThread {
+    pub(super) fn new(
+        consumer: BaseConsumer<ConsumerEvents>,
+        env: KafkaEnv,
+        load: Arc<AtomicUsize>,
+        finishers: std::sync::mpsc::Sender<super::finishers::Finishing>,
+    ) -> StreamThread {
         let consumer = Arc::new(consumer);
         let waker = spawn_waker(consumer.clone());
         StreamThread {
             consumer,
             tasks: ThreadTasks {
                 waker,
+                finishers,
                 env,
                 load,
                 running: Vec::new(),
@@ -226,8 +234,9 @@ impl StreamThread {
             self.tasks.share();
             // Tasks asked to stop go first: their new owners wait for their final commits,
             // which would otherwise wait for the others' batches and commits of this round.
+            // They leave the thread and make them on a finisher thread, side by side.
             for i in 0..self.tasks.running.len() {
-                if self.tasks.running[i].as_ref().is_some_and(|r| r.task.stop_requested()) {
+                if self.tasks.running[i].as_ref().is_some_and(|r| r.task.asked_to_stop()) {
                     self.tasks.turn(&self.consumer, i);
                 }
             }
@@ -482,11 +491,16 @@ impl ThreadTasks {
         running.task.push(source, message);
     }
 
-    /// A task's turn: refill from what waited, then the task's own step.
+    /// A task's turn: refill from what waited, then the task's own step; or, asked to stop,
+    /// off to a finisher thread.
     fn turn(&mut self, consumer: &StreamConsumer, index: usize) {
         let Some(running) = self.running[index].as_mut() else {
             return;
         };
+        if running.task.asked_to_stop() {
+            self.hand_off(consumer, index);
+            return;
+        }
         let mut used = Duration::ZERO;
         let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mut end = running.task.step(&mut self.env);
@@ -541,13 +555,11 @@ impl ThreadTasks {
         tpl
     }
 
-    /// A task ended: its partitions are paused and forgotten, its slot told.
-    fn end(&mut self, consumer: &StreamConsumer, index: usize, outcome: Outcome) {
+    /// Takes a task off the thread: its partitions are paused and forgotten.
+    fn detach(&mut self, consumer: &StreamConsumer, index: usize) -> Option<Running> {
         let partitions = self.partitions_of(index);
         let _ = consumer.pause(&partitions);
-        let Some(running) = self.running[index].take() else {
-            return;
-        };
+        let running = self.running[index].take()?;
         for (topic, partition, _) in running.task.sources() {
             if let Some(p) = self.routes.get_mut(&topic) {
                 if p.get(&partition).is_some_and(|(i, _)| *i == index) {
@@ -556,6 +568,27 @@ impl ThreadTasks {
             }
         }
         self.load.fetch_sub(1, Ordering::Relaxed);
+        Some(running)
+    }
+
+    /// A task asked to stop leaves the thread for a finisher thread, which makes its final
+    /// commits and tells its slot (here, if no finisher runs any more).
+    fn hand_off(&mut self, consumer: &StreamConsumer, index: usize) {
+        let Some(running) = self.detach(consumer, index) else {
+            return;
+        };
+        let Running { task, slot, .. } = running;
+        tracing::debug!(target: "handover", task = %task.id(), "to a finisher");
+        if let Err(std::sync::mpsc::SendError((task, slot))) = self.finishers.send((task, slot)) {
+            super::finishers::finish(task, &slot, &mut self.env);
+        }
+    }
+
+    /// A task ended: its partitions are paused and forgotten, its slot told.
+    fn end(&mut self, consumer: &StreamConsumer, index: usize, outcome: Outcome) {
+        let Some(running) = self.detach(consumer, index) else {
+            return;
+        };
         // Its stores stay open, parked for whoever opens them next here, and the rest of it
         // (guest instance, producer) is dropped on another thread: its end is told at once.
         // The worker closes what is parked and waits for those drops before it exits
