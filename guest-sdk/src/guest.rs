@@ -213,7 +213,8 @@ pub mod __private {
     /// [`crate::Store`]; only the repository's hostile test guests speak WIT directly.
     pub mod bindings {
         wit_bindgen::generate!({
-            world: "topology",
+            // `topology` and the optional `introspection` export (operators, for people).
+            world: "described-topology",
             // A copy of the repository's `wit/`, inside the crate so that it builds as a
             // dependency anywhere (the host checks that the two are the same).
             path: "wit",
@@ -225,13 +226,14 @@ pub mod __private {
         });
     }
 
+    pub use self::bindings::exports::sluice::topology0_2_0::introspection::Guest as IntrospectionGuest;
     pub use self::bindings::exports::sluice::topology0_2_0::processor::Guest;
     pub use self::bindings::sluice::topology0_1_0::types::GuestError;
     pub use self::bindings::sluice::topology0_2_0::types::{
         Description as WitDescription, GlobalStore as WitGlobalStore, InternalTopic as WitInternalTopic,
         Subtopology as WitSubtopology, TaskInfo as WitTaskInfo,
     };
-    pub use super::{close, describe, init, process, punctuate, Slot};
+    pub use super::{close, describe, describe_operators, init, process, punctuate, Slot};
 }
 
 #[doc(hidden)]
@@ -272,6 +274,11 @@ pub fn describe<T: Processor>() -> wit::Description {
 }
 
 #[doc(hidden)]
+pub fn describe_operators<T: Processor>() -> Vec<(String, Vec<String>)> {
+    T::operators()
+}
+
+#[doc(hidden)]
 pub fn init<T: Processor>(slot: &Slot<T>, task: wit::TaskInfo) -> Result<(), wit_types::GuestError> {
     let description = T::describe();
     let info = TaskInfo {
@@ -308,6 +315,11 @@ pub fn process<T: Processor>(slot: &Slot<T>, batch: Vec<u8>) -> Result<Vec<u8>, 
         ctx,
     } = state;
     let records = wire::inputs(&batch).map_err(|e| guest_error(None, e.to_string()))?;
+    if let Err(e) = processor.batch_started() {
+        ctx.out.clear();
+        ctx.violation = None;
+        return Err(guest_error(None, e.0));
+    }
     for (index, raw) in records.enumerate() {
         let index = index as u32;
         let failed = |message: String, ctx: &mut Context| {
@@ -336,6 +348,11 @@ pub fn process<T: Processor>(slot: &Slot<T>, batch: Vec<u8>) -> Result<Vec<u8>, 
         if let Err(e) = result {
             return failed(e.0, ctx);
         }
+    }
+    let done = processor.batch_done(ctx);
+    if let Some(message) = ctx.violation.take().or_else(|| done.err().map(|e| e.0)) {
+        ctx.out.clear();
+        return Err(guest_error(None, message));
     }
     Ok(ctx.out.take())
 }
@@ -405,6 +422,12 @@ macro_rules! export {
             }
             fn close() -> ::core::result::Result<::std::vec::Vec<u8>, $crate::__private::GuestError> {
                 $crate::__private::close(&__SLUICE_SLOT)
+            }
+        }
+
+        impl $crate::__private::IntrospectionGuest for __SluiceTopology {
+            fn describe_operators() -> ::std::vec::Vec<(::std::string::String, ::std::vec::Vec<::std::string::String>)> {
+                $crate::__private::describe_operators::<$processor>()
             }
         }
 

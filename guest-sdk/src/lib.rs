@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod codec;
+pub mod dsl;
 mod guest;
 mod store;
 
@@ -137,6 +138,23 @@ pub trait Processor: Sized + 'static {
     /// the manifest's `on-error` says, skips it or sends it to the dead-letter topic.
     fn process(&mut self, record: &Record<'_>, ctx: &mut Context) -> Result<(), Error>;
 
+    /// Called before the records of each batch (one call from the host; records come in
+    /// batches of up to `--batch-size`). The host commits only between batches, and when a
+    /// batch fails it drops what the batch wrote to stores and emitted, then processes its
+    /// records again. So state kept in memory across records — a running maximum, a cache
+    /// — should be read from a store here and written back in [`Processor::batch_done`]:
+    /// then it always agrees with what the stores hold, at a commit and after a failure.
+    fn batch_started(&mut self) -> Result<(), Error> {
+        Ok(())
+    }
+
+    /// Called after the last record of each batch, before the host takes what it emitted:
+    /// write back what [`Processor::batch_started`] read. An error fails the batch as an
+    /// error in `process` does, without a record to blame.
+    fn batch_done(&mut self, _ctx: &mut Context) -> Result<(), Error> {
+        Ok(())
+    }
+
     /// Called as time advances, for work that is due by time rather than by a record:
     /// closing windows, expiring state, periodic summaries.
     ///
@@ -168,5 +186,12 @@ pub trait Processor: Sized + 'static {
     /// Called once when the task ends cleanly.
     fn close(&mut self, _ctx: &mut Context) -> Result<(), Error> {
         Ok(())
+    }
+
+    /// What each sub-topology does, operator by operator, for people: `sluice topologies
+    /// describe` prints it. By sub-topology name (the topology's name for one without
+    /// sub-topologies), one line per operator. None by default; the DSL fills it in.
+    fn operators() -> Vec<(String, Vec<String>)> {
+        Vec::new()
     }
 }

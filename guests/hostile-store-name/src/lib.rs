@@ -36,4 +36,10 @@ impl Guest for Hostile {
     }
 }
 
+impl sluice_guest::__private::IntrospectionGuest for Hostile {
+    fn describe_operators() -> Vec<(String, Vec<String>)> {
+        Vec::new()
+    }
+}
+
 sluice_guest::__private::bindings::__export_topology!(Hostile with_types_in sluice_guest::__private::bindings);

@@ -23,7 +23,8 @@
 //! | `big-value:N`      | puts 900 KiB of zeros under key N (a changelog record fits)   |
 //! | `scan-all`         | scans the whole store with `next-page(10000)`                 |
 //!
-//! `init` traps when the topology's deployed name contains `init-trap`.
+//! `init` traps when the topology's deployed name contains `init-trap`. What it says of its
+//! operators (`introspection`) is an escape sequence, a 100 KB line and 10,000 more lines.
 
 use std::hint::black_box;
 use std::sync::Mutex;
@@ -216,6 +217,16 @@ impl Guest for Hostile {
 
     fn close() -> Result<Vec<u8>, GuestError> {
         Ok(Writer::new().take())
+    }
+}
+
+/// What it says of its operators is hostile too: a terminal escape sequence that would
+/// clear the screen of whoever describes it, a line of 100 KB and 10,000 more lines.
+impl sluice_guest::__private::IntrospectionGuest for Hostile {
+    fn describe_operators() -> Vec<(String, Vec<String>)> {
+        let mut lines = vec!["\u{1b}[2J\u{1b}[Hcleared".to_string(), "x".repeat(100_000)];
+        lines.extend((0..10_000).map(|i| format!("operator_{i}")));
+        vec![("hostile".to_string(), lines)]
     }
 }
 

@@ -397,22 +397,28 @@ pub(super) async fn upload(
     let checked = tokio::task::spawn_blocking(move || check(&st, manifest, &component).map(|d| (d, component)))
         .await
         .map_err(internal)?;
-    let ((description, stages), component) = checked?;
+    let ((description, stages, operators), component) = checked?;
+    let operators_of = |sub: &str| -> Vec<String> {
+        operators
+            .iter()
+            .find(|(name, _)| name == sub)
+            .map(|(_, lines)| lines.clone())
+            .unwrap_or_default()
+    };
     let partitions: u32 = stages.iter().map(|s| s.partitions as u32).sum();
     let subtopologies: Vec<registry::SubtopologyEntry> = stages
         .iter()
         .filter_map(|s| {
             let name = s.sub.as_deref()?.to_string();
-            let stores = description
-                .subtopologies
-                .iter()
-                .find(|d| d.name == name)
-                .map(|d| d.stores.clone())
-                .unwrap_or_default();
+            let declared = description.subtopologies.iter().find(|d| d.name == name);
+            let field = |f: fn(&sluice_wire::Subtopology) -> &Vec<String>| declared.map(f).cloned().unwrap_or_default();
             Some(registry::SubtopologyEntry {
                 partitions: s.partitions as u32,
+                stores: field(|d| &d.stores),
+                sources: field(|d| &d.sources),
+                sinks: field(|d| &d.sinks),
+                operators: operators_of(&name),
                 name,
-                stores,
             })
         })
         .collect();
@@ -469,6 +475,12 @@ pub(super) async fn upload(
         sources: description.sources,
         sinks: description.sinks,
         stores: description.stores,
+        // With one sub-topology, what it says of its operators is the topology's.
+        operators: if stages.len() == 1 && stages[0].sub.is_none() {
+            operators.into_iter().next().map(|(_, lines)| lines).unwrap_or_default()
+        } else {
+            Vec::new()
+        },
         tenant: who.name().to_string(),
         caps: match &who {
             Caller::Tenant(tenant) => tenant.caps,
@@ -486,12 +498,19 @@ pub(super) async fn upload(
 
 /// Checks an upload as its worker would before running it (see
 /// [`crate::worker::WorkerHandle::check`]); each failure gets its own status and kind.
-/// Returns its description and stages.
+/// Returns its description, its stages and what it says of its operators.
 fn check(
     state: &AdminState,
     manifest: Manifest,
     component: &[u8],
-) -> Result<(sluice_wire::Description, Vec<crate::topology::Stage>), ApiError> {
+) -> Result<
+    (
+        sluice_wire::Description,
+        Vec<crate::topology::Stage>,
+        crate::runtime::Operators,
+    ),
+    ApiError,
+> {
     let checked = state
         .worker
         .check(&manifest, component, Duration::from_secs(2))
@@ -525,5 +544,5 @@ fn check(
             };
             ApiError::new(status, kind, e.to_string())
         })?;
-    Ok((checked.description, checked.stages))
+    Ok((checked.description, checked.stages, checked.operators))
 }

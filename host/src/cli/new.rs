@@ -1,5 +1,6 @@
 //! `sluice new NAME`: a guest project of its own (outside any repository) that builds a
-//! topology component and deploys with `sluice deploy`.
+//! topology component and deploys with `sluice deploy`; `--dsl` writes it with the SDK's
+//! stream DSL instead of the Processor API.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -16,6 +17,10 @@ pub struct NewArgs {
     /// from, when it is still there).
     #[arg(long, value_name = "DIR")]
     sdk: Option<PathBuf>,
+    /// Write the topology with the SDK's stream DSL (a word count: streams, a repartition,
+    /// a counting store), with a unit test, instead of the Processor API.
+    #[arg(long)]
+    dsl: bool,
 }
 
 /// Where this build's guest SDK is (next to the host in its repository).
@@ -82,7 +87,97 @@ panic = "abort"
         ),
         (
             "src/lib.rs",
-            r#"//! A topology: upper-cases every value and counts the records of each key in a store.
+            if args.dsl {
+                DSL_LIB.replace("NAME", &name)
+            } else {
+                PROCESSOR_LIB.replace("NAME", &name)
+            },
+        ),
+        (
+            &format!("{name}.toml"),
+            if args.dsl {
+                format!(
+                    r#"# The topology's manifest: its name in the cluster and the topics it is bound to.
+name = "{name}"
+component = "target/wasm32-wasip2/release/{artifact}.wasm"
+
+[sources]
+lines = "{name}-lines"
+
+[sinks]
+totals = "{name}-totals"
+"#
+                )
+            } else {
+                format!(
+                    r#"# The topology's manifest: its name in the cluster and the topics it is bound to.
+name = "{name}"
+component = "target/wasm32-wasip2/release/{artifact}.wasm"
+
+[sources]
+input = "{name}-in"
+
+[sinks]
+output = "{name}-out"
+"#
+                )
+            },
+        ),
+        (
+            "README.md",
+            if args.dsl {
+                format!(
+                    r#"# {name}
+
+A Sluice topology written with the stream DSL: a word count. Build it (a WebAssembly
+component) and deploy it to a cluster:
+
+```sh
+cargo build --release
+sluice topics create --partitions 4 {name}-lines {name}-totals      # once
+sluice deploy target/wasm32-wasip2/release/{artifact}.wasm --manifest {name}.toml --admin HOST:PORT
+sluice topologies describe {name} --admin HOST:PORT                  # its sub-topologies and operators
+sluice query {name} counts SOME-WORD --admin HOST:PORT
+```
+
+Its unit test runs natively (the DSL's `TestDriver`, no broker):
+`cargo test --target $(rustc -vV | sed -n 's/host: //p')`.
+
+`rustup target add wasm32-wasip2` if the target is missing.
+"#
+                )
+            } else {
+                format!(
+                    r#"# {name}
+
+A Sluice topology. Build it (a WebAssembly component) and deploy it to a cluster:
+
+```sh
+cargo build --release
+sluice topics create --partitions 4 {name}-in {name}-out      # once
+sluice deploy target/wasm32-wasip2/release/{artifact}.wasm --manifest {name}.toml --admin HOST:PORT
+sluice query {name} seen SOME-KEY --admin HOST:PORT
+```
+
+`rustup target add wasm32-wasip2` if the target is missing.
+"#
+                )
+            },
+        ),
+    ];
+    for (file, text) in &files {
+        let path = args.path.join(file);
+        std::fs::create_dir_all(path.parent().expect("a file in the project"))?;
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    println!("created {} (topology {name}); next:", args.path.display());
+    println!("  cd {} && cargo build --release", args.path.display());
+    println!("  sluice deploy target/wasm32-wasip2/release/{artifact}.wasm --manifest {name}.toml --admin HOST:PORT");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The Processor API scaffold.
+const PROCESSOR_LIB: &str = r#"//! A topology: upper-cases every value and counts the records of each key in a store.
 
 use sluice_guest::{export, Context, Description, Error, Processor, Record, Store, TaskInfo};
 
@@ -112,50 +207,40 @@ impl Processor for Topology {
 }
 
 export!(Topology);
-"#
-            .replace("NAME", &name),
-        ),
-        (
-            &format!("{name}.toml"),
-            format!(
-                r#"# The topology's manifest: its name in the cluster and the topics it is bound to.
-name = "{name}"
-component = "target/wasm32-wasip2/release/{artifact}.wasm"
+"#;
 
-[sources]
-input = "{name}-in"
+/// The DSL scaffold: a word count in two stages, and its unit test.
+const DSL_LIB: &str = r#"//! A topology written with the stream DSL: a word count. Lines are split into words, each
+//! word goes (through a repartition topic the host creates) to the task that counts it,
+//! and every new count goes to `totals`. `sluice topologies describe NAME` shows the two
+//! sub-topologies this compiles to, and their operators.
 
-[sinks]
-output = "{name}-out"
-"#
-            ),
-        ),
-        (
-            "README.md",
-            format!(
-                r#"# {name}
+use sluice_guest::dsl::StreamsBuilder;
 
-A Sluice topology. Build it (a WebAssembly component) and deploy it to a cluster:
-
-```sh
-cargo build --release
-sluice topics create --partitions 4 {name}-in {name}-out      # once
-sluice deploy target/wasm32-wasip2/release/{artifact}.wasm --manifest {name}.toml --admin HOST:PORT
-sluice query {name} seen SOME-KEY --admin HOST:PORT
-```
-
-`rustup target add wasm32-wasip2` if the target is missing.
-"#
-            ),
-        ),
-    ];
-    for (file, text) in &files {
-        let path = args.path.join(file);
-        std::fs::create_dir_all(path.parent().expect("a file in the project"))?;
-        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
-    }
-    println!("created {} (topology {name}); next:", args.path.display());
-    println!("  cd {} && cargo build --release", args.path.display());
-    println!("  sluice deploy target/wasm32-wasip2/release/{artifact}.wasm --manifest {name}.toml --admin HOST:PORT");
-    Ok(ExitCode::SUCCESS)
+fn topology(b: &mut StreamsBuilder) {
+    b.stream::<(), String>("lines") // keys ignored, values UTF-8 text
+        .flat_map_values(|line| line.split_whitespace().map(str::to_lowercase).collect::<Vec<_>>())
+        .group_by(|_, word| word.clone()) // a new key: repartitioned through "words"
+        .named("words")
+        .count("counts") // the store "counts": word -> count, queryable
+        .to_stream()
+        .to("totals");
 }
+
+sluice_guest::export_dsl!("NAME", topology);
+
+#[cfg(test)]
+mod tests {
+    use sluice_guest::dsl::testing::TestDriver;
+
+    #[test]
+    fn counts_every_word() {
+        let mut driver = TestDriver::new("NAME", super::topology).unwrap();
+        driver.pipe("lines", (), "the cat and the hat".to_string(), 1_000).unwrap();
+        let counts = driver.store::<String, u64>("counts").unwrap();
+        assert!(counts.contains(&("the".to_string(), 2)), "{counts:?}");
+        let totals = driver.read::<String, Option<u64>>("totals").unwrap();
+        assert_eq!(totals.len(), 5, "one update per word");
+    }
+}
+"#;

@@ -278,6 +278,7 @@ pub async fn topologies(args: TopologiesArgs) -> anyhow::Result<ExitCode> {
             println!("sources:    {}", list(&json["sources"]));
             println!("sinks:      {}", list(&json["sinks"]));
             println!("stores:     {}", list(&json["stores"]));
+            print_subtopologies(&json);
             println!("manifest:");
             for line in json["manifest"].as_str().unwrap_or("").lines() {
                 println!("  {line}");
@@ -319,6 +320,73 @@ pub async fn topologies(args: TopologiesArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The sub-topologies of a described topology, with their internal topics by the names
+/// the host gives them, and what the component says of its operators (in the manner of
+/// Kafka Streams' `Topology#describe()`).
+fn print_subtopologies(json: &Value) {
+    let name = json["name"].as_str().unwrap_or("?");
+    let internal: Vec<&str> = json["internal_topics"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    // A logical name, and the topic an internal one is (`<topology>-<name>-repartition`).
+    let topic = |logical: &str| {
+        if internal.contains(&logical) {
+            format!(
+                "{logical} (internal: {})",
+                sluice::manifest::repartition_topic(name, logical)
+            )
+        } else {
+            logical.to_string()
+        }
+    };
+    let topics = |v: &Value| -> String {
+        let items: Vec<String> = v
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .map(topic)
+            .collect();
+        if items.is_empty() {
+            "-".to_string()
+        } else {
+            items.join(", ")
+        }
+    };
+    let operators = |v: &Value| {
+        for line in v.as_array().into_iter().flatten().filter_map(Value::as_str) {
+            println!("      {line}");
+        }
+    };
+    match json["subtopologies"].as_array().filter(|s| !s.is_empty()) {
+        Some(subs) => {
+            println!("sub-topologies:");
+            for sub in subs {
+                println!(
+                    "  {} ({} tasks)",
+                    sub["name"].as_str().unwrap_or("?"),
+                    sub["partitions"]
+                );
+                println!("    reads:  {}", topics(&sub["sources"]));
+                println!("    writes: {}", topics(&sub["sinks"]));
+                println!("    stores: {}", list(&sub["stores"]));
+                if sub["operators"].as_array().is_some_and(|o| !o.is_empty()) {
+                    println!("    operators:");
+                    operators(&sub["operators"]);
+                }
+            }
+        }
+        None if json["operators"].as_array().is_some_and(|o| !o.is_empty()) => {
+            println!("operators:");
+            operators(&json["operators"]);
+        }
+        None => {}
+    }
 }
 
 fn list(v: &Value) -> String {

@@ -98,6 +98,10 @@ pub struct Entry {
     pub sinks: Vec<String>,
     #[serde(default)]
     pub stores: Vec<String>,
+    /// What the component says of its operators, when it has one sub-topology (see
+    /// [`SubtopologyEntry::operators`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub operators: Vec<String>,
     /// Who uploaded it: a tenant's name, or `admin`.
     #[serde(default = "admin")]
     pub tenant: String,
@@ -120,13 +124,21 @@ fn admin() -> String {
     tenants::ADMIN.to_string()
 }
 
-/// A sub-topology of an uploaded topology of several: its partition count and stores.
+/// A sub-topology of an uploaded topology of several: its partition count, what it reads,
+/// writes and keeps (logical names, as the component declares them), and what the component
+/// says of its operators (for people: shown by `sluice topologies describe`, never acted on).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SubtopologyEntry {
     pub name: String,
     pub partitions: u32,
     #[serde(default)]
     pub stores: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sources: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sinks: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub operators: Vec<String>,
 }
 
 impl Entry {

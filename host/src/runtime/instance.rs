@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use wasmtime::component::Instance;
 use wasmtime::{Store, Trap};
 
 use super::bindings::exports::sluice::topology0_2_0::processor as wit;
@@ -35,12 +36,73 @@ pub(super) enum Pre {
 }
 
 impl Pre {
-    fn instantiate(&self, store: &mut Store<TaskData>) -> wasmtime::Result<Exports> {
+    /// The instance, and its `processor` export typed by version.
+    fn instantiate(&self, store: &mut Store<TaskData>) -> wasmtime::Result<(Exports, Instance)> {
         Ok(match self {
-            Pre::V2(pre) => Exports::V2(pre.instantiate(store)?),
-            Pre::V1(pre) => Exports::V1(pre.instantiate(store)?),
+            Pre::V2(pre) => {
+                let instance = pre.instance_pre().instantiate(&mut *store)?;
+                (Exports::V2(bindings::Topology::new(&mut *store, &instance)?), instance)
+            }
+            Pre::V1(pre) => {
+                let instance = pre.instance_pre().instantiate(&mut *store)?;
+                (
+                    Exports::V1(bindings_v1::Topology::new(&mut *store, &instance)?),
+                    instance,
+                )
+            }
         })
     }
+}
+
+/// What a topology says of its operators: per sub-topology (by name), one line per operator.
+pub type Operators = Vec<(String, Vec<String>)>;
+
+/// The optional interface a topology describes its operators through (for people).
+const INTROSPECTION: &str = "sluice:topology/introspection@0.2.0";
+
+/// Most text a topology's operator description may hold, lines longer than this are cut,
+/// and more lines than this are dropped: it is shown to people, never acted on.
+pub const MAX_OPERATOR_TEXT: usize = 64 << 10;
+pub const MAX_OPERATOR_LINE: usize = 1_000;
+pub const MAX_OPERATOR_LINES: usize = 2_000;
+
+/// What a guest said of its operators, made fit to show: bounded in size, one line per
+/// operator, control characters (a terminal's escape sequences) replaced.
+pub fn bounded_operators(said: Operators) -> Operators {
+    let clean = |text: &str| -> String {
+        let mut out: String = text
+            .chars()
+            .map(|c| if c.is_control() { '?' } else { c })
+            .take(MAX_OPERATOR_LINE)
+            .collect();
+        if text.chars().count() > MAX_OPERATOR_LINE {
+            out.push('…');
+        }
+        out
+    };
+    let (mut bytes, mut lines) = (0usize, 0usize);
+    let mut out = Vec::new();
+    for (sub, operators) in said {
+        let sub = clean(&sub);
+        bytes += sub.len();
+        let mut kept = Vec::new();
+        for line in operators {
+            let line = clean(&line);
+            if bytes + line.len() > MAX_OPERATOR_TEXT || lines >= MAX_OPERATOR_LINES {
+                kept.push("(more operators, not shown: the description is over its size limit)".to_string());
+                out.push((sub, kept));
+                return out;
+            }
+            bytes += line.len();
+            lines += 1;
+            kept.push(line);
+        }
+        out.push((sub, kept));
+        if bytes > MAX_OPERATOR_TEXT {
+            break;
+        }
+    }
+    out
 }
 
 /// An instance of a topology for one task. After a fault it refuses further calls: a
@@ -48,6 +110,7 @@ impl Pre {
 pub struct TaskInstance {
     store: Store<TaskData>,
     topology: Exports,
+    instance: Instance,
     timeout: Duration,
     deadline_ticks: u64,
     faulted: bool,
@@ -119,8 +182,8 @@ impl TaskInstance {
         store.epoch_deadline_trap();
         let deadline_ticks = timeout.as_nanos().div_ceil(EPOCH_TICK.as_nanos()).max(1) as u64;
         store.set_epoch_deadline(deadline_ticks);
-        let topology = match topology.pre.instantiate(&mut store) {
-            Ok(topology) => topology,
+        let (topology, instance) = match topology.pre.instantiate(&mut store) {
+            Ok(instantiated) => instantiated,
             // A start function can trap like any call; anything else is the host's problem
             // (e.g. the pooling allocator has no free slot).
             Err(e) if e.downcast_ref::<Trap>().is_some() => return Err(classify(&mut store, e, timeout)),
@@ -140,6 +203,7 @@ impl TaskInstance {
         Ok(TaskInstance {
             store,
             topology,
+            instance,
             timeout,
             deadline_ticks,
             faulted: false,
@@ -196,6 +260,27 @@ impl TaskInstance {
                 }
             })
         })
+    }
+
+    /// What the topology says of its operators (`introspection.describe-operators`), made
+    /// fit to show ([`bounded_operators`]); none if it does not export that (a topology
+    /// written without the SDK's DSL, or with an SDK before it).
+    pub fn describe_operators(&mut self) -> Result<Operators, GuestFault> {
+        let instance = self.instance;
+        let Some(interface) = instance.get_export_index(&mut self.store, None, INTROSPECTION) else {
+            return Ok(Vec::new());
+        };
+        let Some(index) = instance.get_export_index(&mut self.store, Some(&interface), "describe-operators") else {
+            return Ok(Vec::new());
+        };
+        type Said = (Operators,);
+        let Ok(func) = instance.get_typed_func::<(), Said>(&mut self.store, &index) else {
+            // Not the function this host knows: nothing to show.
+            return Ok(Vec::new());
+        };
+        let (said,) = self.call(|_, s| func.call(&mut *s, ()))?;
+        self.end_call(true);
+        Ok(bounded_operators(said))
     }
 
     pub fn init(&mut self, task: &TaskInfo) -> Result<(), GuestFault> {
@@ -371,6 +456,32 @@ fn classify(store: &mut Store<TaskData>, e: wasmtime::Error, timeout: Duration) 
 
 #[cfg(test)]
 mod tests {
+    use super::bounded_operators;
+    use super::{MAX_OPERATOR_LINE, MAX_OPERATOR_LINES, MAX_OPERATOR_TEXT};
+
+    #[test]
+    fn what_a_guest_says_of_its_operators_is_bounded_and_cleaned() {
+        let mut lines = vec!["a\u{1b}[2Jb\n".to_string(), "x".repeat(5_000)];
+        lines.extend((0..5_000).map(|i| format!("op_{i}")));
+        let shown = bounded_operators(vec![("s\u{7}ub".into(), lines)]);
+        assert_eq!(shown.len(), 1);
+        let (sub, lines) = &shown[0];
+        assert_eq!(sub, "s?ub");
+        assert_eq!(lines[0], "a?[2Jb?");
+        assert_eq!(lines[1].chars().count(), MAX_OPERATOR_LINE + 1, "cut, with a mark");
+        assert_eq!(lines.len(), MAX_OPERATOR_LINES + 1);
+        assert!(lines.last().unwrap().contains("not shown"));
+        let bytes: usize = lines.iter().map(String::len).sum();
+        assert!(bytes <= MAX_OPERATOR_TEXT + 200, "{bytes}");
+        // Many sub-topologies: the total is bounded too.
+        let many: Vec<(String, Vec<String>)> = (0..1_000)
+            .map(|i| (format!("s{i}"), vec!["y".repeat(900); 3]))
+            .collect();
+        let shown = bounded_operators(many);
+        let bytes: usize = shown.iter().flat_map(|(_, l)| l).map(String::len).sum();
+        assert!(bytes <= MAX_OPERATOR_TEXT + 1_000, "{bytes}");
+    }
+
     use super::*;
 
     /// Four bytes claiming four billion records: refused before anything is allocated for

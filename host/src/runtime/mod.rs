@@ -33,7 +33,7 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 
 pub use fault::GuestFault;
 pub use host::TaskData;
-pub use instance::{CallOutput, TaskInstance};
+pub use instance::{CallOutput, Operators, TaskInstance};
 pub use state_host::NamedStore;
 
 /// Generated from `wit/`; kept private behind the types of this module. The world is
@@ -252,6 +252,7 @@ impl Runtime {
         let topology = LoadedTopology {
             pre,
             description: Default::default(),
+            operators: Vec::new(),
             engine: self.engine.clone(),
             config: self.config.clone(),
             from_cache,
@@ -261,7 +262,7 @@ impl Runtime {
             path: path.clone(),
             detail,
         })?;
-        let description = topology.describe().map_err(|fault| match fault {
+        let (description, operators) = topology.describe().map_err(|fault| match fault {
             // The component makes more core instances, memories or tables than a task may.
             GuestFault::Instantiate { detail } if detail.contains("count too high") => LoadError::TooLarge {
                 path: path.clone(),
@@ -280,6 +281,7 @@ impl Runtime {
         description::check(&description).map_err(|detail| LoadError::BadDescription { path, detail })?;
         Ok(LoadedTopology {
             description,
+            operators,
             ..topology
         })
     }
@@ -521,6 +523,9 @@ fn is_component(bytes: &[u8]) -> bool {
 pub struct LoadedTopology {
     pre: instance::Pre,
     description: sluice_wire::Description,
+    /// What it says of its operators, per sub-topology (for people; see
+    /// [`TaskInstance::describe_operators`]).
+    operators: Operators,
     engine: Engine,
     config: RuntimeConfig,
     from_cache: bool,
@@ -534,6 +539,12 @@ impl LoadedTopology {
 
     pub fn description(&self) -> &sluice_wire::Description {
         &self.description
+    }
+
+    /// What the topology says of its operators, per sub-topology: lines for people, bounded
+    /// and cleaned; empty if it says nothing.
+    pub fn operators(&self) -> &[(String, Vec<String>)] {
+        &self.operators
     }
 
     /// The same topology with a manifest's limits applied. A manifest may only lower the
@@ -588,9 +599,19 @@ impl LoadedTopology {
         &self.config
     }
 
-    fn describe(&self) -> Result<sluice_wire::Description, GuestFault> {
+    /// Its description and what it says of its operators. A topology whose operator
+    /// description faults is described without one (it is only shown, never acted on).
+    fn describe(&self) -> Result<(sluice_wire::Description, Operators), GuestFault> {
         let mut instance = TaskInstance::new(self, "(describe)", Vec::new(), Vec::new())?;
-        instance.describe()
+        let description = instance.describe()?;
+        let operators = match instance.describe_operators() {
+            Ok(operators) => operators,
+            Err(fault) => {
+                tracing::warn!(topology = %description.name, "describing its operators: {fault}");
+                Vec::new()
+            }
+        };
+        Ok((description, operators))
     }
 
     /// A fresh instance for one task; `label` tags its log lines. `stores` are the task's

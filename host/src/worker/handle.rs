@@ -54,6 +54,8 @@ pub struct DeployCheck {
     pub description: sluice_wire::Description,
     /// Its stages (sub-topologies), with their partition counts.
     pub stages: Vec<crate::topology::Stage>,
+    /// What it says of its operators, per sub-topology (for people; may be empty).
+    pub operators: crate::runtime::Operators,
 }
 
 impl DeployCheck {
@@ -164,6 +166,7 @@ impl WorkerHandle {
         Ok(DeployCheck {
             description: description.clone(),
             stages,
+            operators: loaded.operators().to_vec(),
         })
     }
 }

@@ -609,3 +609,195 @@ async fn a_deploy_reprocesses_from_an_offset_or_a_timestamp() -> anyhow::Result<
     assert!(workers[0].terminate(Duration::from_secs(60))?.success());
     Ok(())
 }
+
+/// `sluice topologies describe` prints a topology's sub-topologies as Kafka Streams'
+/// `Topology#describe()` does: what each reads and writes (internal topics by the names the
+/// host gives them), its stores, and — from a component built with the SDK's DSL — its
+/// operators. A Processor API topology has no operators to show, and says none.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dsl_topology_is_described_sub_topology_by_sub_topology_with_its_operators() -> anyhow::Result<()> {
+    let kafka = kafka();
+    let (lines, totals) = (unique_name("describe-lines"), unique_name("describe-totals"));
+    kafka.create_topic(&lines, 4).await?;
+    kafka.create_topic(&totals, 4).await?;
+    let dir = TempDir::new("describe");
+    let cluster = unique_name("describe");
+    let port = free_port();
+    let mut w = worker(&dir, &cluster, 0, port, &[])?;
+    w.wait_for_line(&[" assignment "], Duration::from_secs(60))?;
+    let name = unique_name("dslwc");
+    let m = dir.write(
+        "wc.toml",
+        &manifest(&name, &[("lines", &lines)], &[("totals", &totals)], ""),
+    );
+    let (ok, _, err) = deploy(port, &guest("dsl-word-count"), &m)?;
+    assert!(ok, "deploy failed: {err}");
+    let (ok, text, err) = cli(&["topologies", "describe", &name, "--admin", &format!("127.0.0.1:{port}")])?;
+    assert!(ok, "{err}");
+    let section: Vec<&str> = text
+        .lines()
+        .skip_while(|l| *l != "sub-topologies:")
+        .take_while(|l| *l != "manifest:")
+        .collect();
+    let shown = section.join("\n");
+    // Two sub-topologies: `lines` (4 tasks, like its source) writes the repartition topic
+    // `words`, which `words` reads and counts into the store `counts`.
+    let repartition = format!("words (internal: {name}-words-repartition)");
+    assert!(section.contains(&"  lines (4 tasks)"), "{text}");
+    assert!(shown.contains(&format!("    writes: {repartition}")), "{text}");
+    assert!(section.iter().any(|l| l.starts_with("  words (")), "{text}");
+    assert!(shown.contains(&format!("    reads:  {repartition}")), "{text}");
+    assert!(shown.contains("    stores: counts"), "{text}");
+    // The operators, each in its sub-topology, linked to its neighbours.
+    let operator = |needles: &[&str]| {
+        section
+            .iter()
+            .any(|l| l.starts_with("      ") && needles.iter().all(|n| l.contains(n)))
+    };
+    assert!(operator(&["(reads source lines)", "-->"]), "{text}");
+    assert!(operator(&["flat_map_values", "<--", "-->"]), "{text}");
+    assert!(operator(&["count_", "(stores: [counts])", "<--"]), "{text}");
+    assert!(operator(&["(writes sink totals)", "<--"]), "{text}");
+
+    // A Processor API topology (one sub-topology, no DSL) shows no operators.
+    let (input, output) = (unique_name("describe-in"), unique_name("describe-out"));
+    kafka.create_topic(&input, 2).await?;
+    kafka.create_topic(&output, 2).await?;
+    let plain = unique_name("plain");
+    let m = dir.write(
+        "plain.toml",
+        &manifest(&plain, &[("input", &input)], &[("output", &output)], ""),
+    );
+    let (ok, _, err) = deploy(port, &guest("uppercase"), &m)?;
+    assert!(ok, "deploy failed: {err}");
+    let (ok, text, err) = cli(&[
+        "topologies",
+        "describe",
+        &plain,
+        "--admin",
+        &format!("127.0.0.1:{port}"),
+    ])?;
+    assert!(ok, "{err}");
+    assert!(
+        !text.contains("operators:") && !text.contains("sub-topologies:"),
+        "{text}"
+    );
+
+    // What a hostile component says of its operators is shown bounded and cleaned: no
+    // escape sequence reaches the terminal, no line is endless, and there is an end.
+    let hostile = unique_name("hostile");
+    let m = dir.write(
+        "hostile.toml",
+        &manifest(&hostile, &[("input", &input)], &[("output", &output)], ""),
+    );
+    let (ok, _, err) = deploy(port, &guest("hostile"), &m)?;
+    assert!(ok, "deploy failed: {err}");
+    let (ok, text, err) = cli(&[
+        "topologies",
+        "describe",
+        &hostile,
+        "--admin",
+        &format!("127.0.0.1:{port}"),
+    ])?;
+    assert!(ok, "{err}");
+    assert!(!text.contains('\u{1b}'), "an escape sequence reached the output");
+    let operators: Vec<&str> = text
+        .lines()
+        .skip_while(|l| *l != "operators:")
+        .skip(1)
+        .take_while(|l| l.starts_with("      "))
+        .collect();
+    assert!(operators[0].contains("?[2J?[Hcleared"), "{:?}", &operators[..2]);
+    assert!(
+        operators.iter().all(|l| l.chars().count() <= 1_010),
+        "a line of {} characters",
+        operators.iter().map(|l| l.len()).max().unwrap_or(0)
+    );
+    assert!(
+        operators.len() <= 2_001 && operators.last().is_some_and(|l| l.contains("not shown")),
+        "{} operator lines, the last: {:?}",
+        operators.len(),
+        operators.last()
+    );
+    assert!(w.terminate(Duration::from_secs(60))?.success(), "{}", w.log());
+    Ok(())
+}
+
+/// `sluice new --dsl`: a word count written with the stream DSL, built as its users would,
+/// deployed, counting exactly, its store queryable and its operators described.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dsl_scaffold_builds_deploys_and_counts_words() -> anyhow::Result<()> {
+    let kafka = kafka();
+    let dir = TempDir::new("scaffold-dsl");
+    let name = format!("dsl-{}", &unique_name("x")[2..10]);
+    let project = dir.path().join(&name);
+    let (ok, _, err) = cli(&["new", "--dsl", project.to_str().unwrap()])?;
+    assert!(ok, "sluice new --dsl failed: {err}");
+    let target = sluice_tests::worker::target_dir();
+    let build = std::process::Command::new("cargo")
+        .args(["build", "--release"])
+        .current_dir(&project)
+        .env("CARGO_TARGET_DIR", &target)
+        .output()?;
+    assert!(
+        build.status.success(),
+        "building the DSL scaffold failed:\n{}",
+        String::from_utf8_lossy(&build.stderr)
+    );
+    let component = target
+        .join("wasm32-wasip2/release")
+        .join(format!("{}.wasm", name.replace('-', "_")));
+    for topic in ["lines", "totals"] {
+        kafka.create_topic(&format!("{name}-{topic}"), 4).await?;
+    }
+    let cluster = unique_name("c");
+    let port = free_port();
+    let mut w = worker(&dir, &cluster, 0, port, &[])?;
+    w.wait_for_line(&[" assignment "], Duration::from_secs(60))?;
+    let (ok, _, err) = deploy(port, &component, &project.join(format!("{name}.toml")))?;
+    assert!(ok, "{err}");
+    // 100 lines of "apple banana apple": 200 apples, 100 bananas, whichever partition.
+    let lines: Vec<(Vec<u8>, Vec<u8>)> = (0..100)
+        .map(|i| (format!("l{i}").into_bytes(), b"Apple banana apple".to_vec()))
+        .collect();
+    kafka.produce(&format!("{name}-lines"), &lines).await?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let (ok, out, _) = cli(&[
+            "query",
+            &name,
+            "counts",
+            "apple",
+            "--admin",
+            &format!("127.0.0.1:{port}"),
+            "--output",
+            "json",
+        ])?;
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+        // 200, as the DSL's u64 codec writes it: 8 bytes, big-endian.
+        if ok && v["entries"][0]["value_hex"] == "00000000000000c8" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "apple was not counted 200 times: {out}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let totals = kafka.read_all(&format!("{name}-totals"), Duration::from_secs(30))?;
+    let bananas: Vec<&Vec<u8>> = totals
+        .iter()
+        .filter(|r| r.key.as_deref() == Some(&b"banana"[..]))
+        .filter_map(|r| r.value.as_ref())
+        .collect();
+    assert_eq!(bananas.len(), 100, "one update per banana");
+    assert!(
+        bananas.contains(&&100u64.to_be_bytes().to_vec()),
+        "the last banana count is 100"
+    );
+    let (ok, text, err) = cli(&["topologies", "describe", &name, "--admin", &format!("127.0.0.1:{port}")])?;
+    assert!(ok, "{err}");
+    assert!(text.contains("(stores: [counts])"), "{text}");
+    assert!(w.terminate(Duration::from_secs(60))?.success(), "{}", w.log());
+    Ok(())
+}

@@ -1,0 +1,221 @@
+//! Grouped streams and their aggregations (count, reduce, aggregate): the aggregate per
+//! key lives in a store (key → aggregate, in their codecs), and each update goes on as a
+//! table change.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use super::builder::{decode_stored, encode, repartition, Materialized};
+use super::data::Data;
+use super::graph::{Build, GraphNode};
+use super::runtime::{built, BuildCx, Change, Cx, Downstream, Node, NodeRef, Rec};
+use super::state::KeyValueStore;
+use super::stream::KStream;
+use super::table::{store_getter, KTable};
+use super::windows::{WindowedBy, Windows};
+use crate::Error;
+
+/// A stream grouped by key, ready for an aggregation (Kafka Streams' `KGroupedStream`).
+pub struct KGroupedStream<K, V> {
+    pub(crate) stream: KStream<K, V>,
+    pub(crate) repartition: bool,
+    pub(crate) name: Option<String>,
+    pub(crate) partitions: Option<u32>,
+}
+
+impl<K: Data, V: Data> KGroupedStream<K, V> {
+    pub(crate) fn new(stream: KStream<K, V>, repartition: bool) -> Self {
+        KGroupedStream {
+            stream,
+            repartition,
+            name: None,
+            partitions: None,
+        }
+    }
+
+    /// Names the repartition topic, if one is needed (Kafka Streams' `Grouped.as`): the
+    /// host creates `<topology>-<name>-repartition`. By default it is named after the
+    /// aggregation's store.
+    pub fn named(mut self, name: &str) -> Self {
+        self.name = Some(name.to_string());
+        self
+    }
+
+    /// The partition count of the repartition topic, if one is needed (by default the host
+    /// picks the largest partition count of the sources upstream).
+    pub fn partitions(mut self, partitions: u32) -> Self {
+        self.partitions = Some(partitions);
+        self
+    }
+
+    /// The stream an aggregation keeping `store` reads: repartitioned by key if needed.
+    pub(crate) fn input(&self, store: &str) -> KStream<K, V> {
+        if self.repartition {
+            let topic = self.name.clone().unwrap_or_else(|| store.to_string());
+            repartition(&self.stream, &topic, self.partitions)
+        } else {
+            self.stream.clone()
+        }
+    }
+
+    /// The number of records per key, kept in the store `materialized` (key → `u64`).
+    pub fn count(&self, materialized: impl Into<Materialized>) -> KTable<K, u64> {
+        self.aggregate_with(
+            "count",
+            materialized.into(),
+            |_key: &K, _value: V, count: Option<u64>| count.unwrap_or(0) + 1,
+        )
+    }
+
+    /// Each key's values combined by `reducer` (the first value as it is).
+    pub fn reduce(
+        &self,
+        mut reducer: impl FnMut(V, V) -> V + 'static,
+        materialized: impl Into<Materialized>,
+    ) -> KTable<K, V> {
+        self.aggregate_with(
+            "reduce",
+            materialized.into(),
+            move |_key: &K, value: V, agg: Option<V>| match agg {
+                Some(agg) => reducer(agg, value),
+                None => value,
+            },
+        )
+    }
+
+    /// Each key's values folded by `aggregator` into an aggregate that starts as
+    /// `initializer()`.
+    pub fn aggregate<VA: Data>(
+        &self,
+        mut initializer: impl FnMut() -> VA + 'static,
+        mut aggregator: impl FnMut(&K, V, VA) -> VA + 'static,
+        materialized: impl Into<Materialized>,
+    ) -> KTable<K, VA> {
+        self.aggregate_with(
+            "aggregate",
+            materialized.into(),
+            move |key: &K, value: V, agg: Option<VA>| {
+                let agg = agg.unwrap_or_else(&mut initializer);
+                aggregator(key, value, agg)
+            },
+        )
+    }
+
+    fn aggregate_with<VA: Data>(
+        &self,
+        kind: &str,
+        materialized: Materialized,
+        step: impl FnMut(&K, V, Option<VA>) -> VA + 'static,
+    ) -> KTable<K, VA> {
+        let store = materialized.or(self.stream.graph.borrow().next_name(kind));
+        let input = self.input(&store);
+        let mut g = input.graph.borrow_mut();
+        let name = g.next_name(kind);
+        let build = {
+            let (name, store) = (name.clone(), store.clone());
+            Build::Node(Box::new(
+                move |cx: &mut BuildCx<'_>, children: &[Rc<dyn std::any::Any>]| {
+                    let node: NodeRef<K, V> = Rc::new(RefCell::new(StreamAggregate {
+                        down: Downstream::from_built(&name, children)?,
+                        store: cx.store(&store)?,
+                        name,
+                        step,
+                        key_buf: Vec::new(),
+                        value_buf: Vec::new(),
+                        _input: std::marker::PhantomData,
+                    }));
+                    Ok(built(node))
+                },
+            ))
+        };
+        let mut node = GraphNode::new(name, vec![input.node], build);
+        node.stores.push(store.clone());
+        let id = g.add(node);
+        KTable::new(
+            input.graph.clone(),
+            id,
+            store_getter::<K, VA>(store.clone()),
+            vec![store],
+        )
+    }
+
+    /// Windows the groups: `.windowed_by(TimeWindows::tumbling(60_000))`, a
+    /// [`SessionWindows`](super::SessionWindows) or [`SlidingWindows`](super::SlidingWindows).
+    pub fn windowed_by<W: Windows>(&self, windows: W) -> WindowedBy<K, V, W> {
+        WindowedBy::new(self.clone_grouped(), windows)
+    }
+
+    pub(crate) fn clone_grouped(&self) -> Self {
+        KGroupedStream {
+            stream: self.stream.clone(),
+            repartition: self.repartition,
+            name: self.name.clone(),
+            partitions: self.partitions,
+        }
+    }
+}
+
+/// Reads the aggregate of `key` from `store`.
+pub(crate) fn read_aggregate<VA: Data>(
+    operator: &str,
+    store: &dyn KeyValueStore,
+    raw_key: &[u8],
+) -> Result<Option<VA>, Error> {
+    store
+        .get(raw_key)?
+        .map(|bytes| decode_stored::<VA>(operator, "aggregate", store.name(), &bytes))
+        .transpose()
+}
+
+/// Writes the aggregate of `key` (a null deletes it).
+pub(crate) fn write_aggregate<VA: Data>(
+    operator: &str,
+    store: &dyn KeyValueStore,
+    raw_key: &[u8],
+    agg: Option<&VA>,
+    buf: &mut Vec<u8>,
+) -> Result<(), Error> {
+    match agg {
+        Some(agg) => match encode(operator, "aggregate", agg, buf)? {
+            Some(raw) => store.put(raw_key, raw),
+            None => store.delete(raw_key),
+        },
+        None => store.delete(raw_key),
+    }
+}
+
+/// A stream aggregation: the store holds key → aggregate.
+struct StreamAggregate<K, V, VA, F> {
+    name: String,
+    store: Rc<dyn KeyValueStore>,
+    step: F,
+    down: Downstream<K, Change<VA>>,
+    key_buf: Vec<u8>,
+    value_buf: Vec<u8>,
+    _input: std::marker::PhantomData<fn(V)>,
+}
+
+impl<K, V, VA, F> Node<K, V> for StreamAggregate<K, V, VA, F>
+where
+    K: Data,
+    V: Data,
+    VA: Data,
+    F: FnMut(&K, V, Option<VA>) -> VA,
+{
+    fn process(&mut self, rec: Rec<K, V>, cx: &mut Cx<'_>) -> Result<(), Error> {
+        let Some(raw_key) = encode(&self.name, "key", &rec.key, &mut self.key_buf)? else {
+            return Ok(()); // null keys are dropped, as Kafka Streams does
+        };
+        let old: Option<VA> = read_aggregate(&self.name, &*self.store, raw_key)?;
+        let new = (self.step)(&rec.key, rec.value, old.clone());
+        write_aggregate(&self.name, &*self.store, raw_key, Some(&new), &mut self.value_buf)?;
+        self.down.forward(
+            Rec {
+                key: rec.key,
+                value: Change { new: Some(new), old },
+                ts: rec.ts,
+            },
+            cx,
+        )
+    }
+}

@@ -1,0 +1,518 @@
+//! Stream-stream joins within a time window (inner, left, outer), as Kafka Streams 3.x
+//! has them: a record of one side joins every record of the other side with the same key
+//! whose time is within the window; with a left or outer join, a record that found no
+//! partner goes out alone (`None` for the other side) once no partner can come any more.
+//!
+//! Both sides share a stream time `T` (the largest timestamp either has seen, kept in the
+//! `<join>_this` store under the empty key, so it survives restarts). With a window of
+//! `before` and `after` (a left record at `t` joins right records in `[t - before,
+//! t + after]`) and a grace period:
+//!
+//! - a left record at `t` is late (dropped) when `t + after + grace < T`; a right one when
+//!   `t + before + grace < T`;
+//! - an unmatched record at `t` goes out alone once `T > t + before + after + grace`: from
+//!   then on no record that could join it is on time (so it never goes out both joined and
+//!   alone);
+//! - records are kept while `t >= T - (before + after + grace)`.
+//!
+//! Each side's records are kept in a store keyed by `(segment, key, time, id)` (a segment
+//! is a span of time, so expiring is a range deletion of the oldest segments, and a lookup
+//! scans the few segments the window covers); unmatched records wait in `<join>_outer`,
+//! keyed by `(time, side, key, id)`, so emitting them is a range scan. The id is the input
+//! record's (source, offset, n-th record it made): processing the same input again after a
+//! failure writes the same entries.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use super::builder::{decode, encode, repartition};
+use super::data::{pop_ordered, push_ordered, Data};
+use super::graph::{Build, GraphNode};
+use super::runtime::{built, BuildCx, Cx, Downstream, Node, NodeRef, Punctuate, Rec};
+use super::state::KeyValueStore;
+use super::stream::{add_fn_node, KStream};
+use super::windows::{millis, StreamTime};
+use crate::Error;
+
+/// The window of a stream-stream join: a left record at `t` joins right records in
+/// `[t - before, t + after]`, both ends included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JoinWindows {
+    pub(crate) before: i64,
+    pub(crate) after: i64,
+    pub(crate) grace: i64,
+}
+
+impl JoinWindows {
+    /// Records at most `difference` apart join, with no grace period (Kafka Streams'
+    /// `JoinWindows.ofTimeDifferenceWithNoGrace`).
+    pub fn of(difference: Duration) -> Self {
+        let d = millis(difference);
+        JoinWindows {
+            before: d,
+            after: d,
+            grace: 0,
+        }
+    }
+
+    /// How far before a left record a right record may be.
+    pub fn before(mut self, before: Duration) -> Self {
+        self.before = millis(before);
+        self
+    }
+
+    /// How far after a left record a right record may be.
+    pub fn after(mut self, after: Duration) -> Self {
+        self.after = millis(after);
+        self
+    }
+
+    /// How long out-of-order records are still taken after their window has passed.
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.grace = millis(grace);
+        self
+    }
+
+    /// How long a record is kept: the window and the grace period.
+    fn retention(&self) -> i64 {
+        self.before.saturating_add(self.after).saturating_add(self.grace)
+    }
+}
+
+/// A record of either side, on its way into the join.
+#[derive(Debug, Clone)]
+enum Side<A, B> {
+    This(A),
+    Other(B),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Inner,
+    Left,
+    Outer,
+}
+
+impl<K: Data, V: Data> KStream<K, V> {
+    /// Each record joined with every record of `other` with the same key within `windows`
+    /// (Kafka Streams' `KStream.join(KStream, …, JoinWindows)`). After a key change a side
+    /// is repartitioned first.
+    pub fn join_stream<V2: Data, VR: Data>(
+        &self,
+        other: &KStream<K, V2>,
+        mut joiner: impl FnMut(&V, &V2) -> VR + 'static,
+        windows: JoinWindows,
+    ) -> KStream<K, VR> {
+        self.join_streams(other, Kind::Inner, windows, move |a, b| Some(joiner(a?, b?)))
+    }
+
+    /// As [`KStream::join_stream`], and each record of this stream that joins nothing goes
+    /// out with `None` once its window and grace period have passed.
+    pub fn left_join_stream<V2: Data, VR: Data>(
+        &self,
+        other: &KStream<K, V2>,
+        mut joiner: impl FnMut(&V, Option<&V2>) -> VR + 'static,
+        windows: JoinWindows,
+    ) -> KStream<K, VR> {
+        self.join_streams(other, Kind::Left, windows, move |a, b| Some(joiner(a?, b)))
+    }
+
+    /// As [`KStream::left_join_stream`], for the records of both streams.
+    pub fn outer_join_stream<V2: Data, VR: Data>(
+        &self,
+        other: &KStream<K, V2>,
+        mut joiner: impl FnMut(Option<&V>, Option<&V2>) -> VR + 'static,
+        windows: JoinWindows,
+    ) -> KStream<K, VR> {
+        self.join_streams(other, Kind::Outer, windows, move |a, b| Some(joiner(a, b)))
+    }
+
+    fn join_streams<V2: Data, VR: Data>(
+        &self,
+        other: &KStream<K, V2>,
+        kind: Kind,
+        windows: JoinWindows,
+        joiner: impl FnMut(Option<&V>, Option<&V2>) -> Option<VR> + 'static,
+    ) -> KStream<K, VR> {
+        let op = match kind {
+            Kind::Inner => "join_stream",
+            Kind::Left => "left_join_stream",
+            Kind::Outer => "outer_join_stream",
+        };
+        let base = self.graph.borrow().next_name(op);
+        if windows.before < 0 || windows.after < 0 || windows.grace < 0 {
+            self.graph.borrow_mut().error(format!(
+                "join windows of {op}: before, after and grace must not be negative"
+            ));
+        }
+        let this = if self.key_changed {
+            repartition(self, &format!("{base}_left"), None)
+        } else {
+            self.clone()
+        };
+        let that = if other.key_changed {
+            repartition(other, &format!("{base}_right"), None)
+        } else {
+            other.clone()
+        };
+        let this_side = add_fn_node(
+            &self.graph,
+            vec![this.node],
+            &format!("{op}_this"),
+            |rec: Rec<K, V>, down: &Downstream<K, Side<V, V2>>, cx: &mut Cx<'_>| {
+                down.forward(
+                    Rec {
+                        key: rec.key,
+                        value: Side::This(rec.value),
+                        ts: rec.ts,
+                    },
+                    cx,
+                )
+            },
+        );
+        let other_side = add_fn_node(
+            &self.graph,
+            vec![that.node],
+            &format!("{op}_other"),
+            |rec: Rec<K, V2>, down: &Downstream<K, Side<V, V2>>, cx: &mut Cx<'_>| {
+                down.forward(
+                    Rec {
+                        key: rec.key,
+                        value: Side::Other(rec.value),
+                        ts: rec.ts,
+                    },
+                    cx,
+                )
+            },
+        );
+        let stores = [format!("{base}_this"), format!("{base}_other"), format!("{base}_outer")];
+        let mut g = self.graph.borrow_mut();
+        let name = g.next_name(op);
+        let build = {
+            let (name, stores) = (name.clone(), stores.clone());
+            Build::Node(Box::new(
+                move |cx: &mut BuildCx<'_>, children: &[Rc<dyn std::any::Any>]| {
+                    let this_store = cx.store(&stores[0])?;
+                    let outer = if kind == Kind::Inner {
+                        None
+                    } else {
+                        Some(cx.store(&stores[2])?)
+                    };
+                    let node = Rc::new(RefCell::new(StreamStreamJoin {
+                        time: StreamTime::load(&name, &*this_store)?,
+                        down: Downstream::<K, VR>::from_built(&name, children)?,
+                        stores: [this_store, cx.store(&stores[1])?],
+                        outer,
+                        windows,
+                        kind,
+                        joiner,
+                        segment: (windows.retention() / 2).max(1),
+                        expired_below: i64::MIN,
+                        bufs: Default::default(),
+                        name,
+                        _types: std::marker::PhantomData,
+                    }));
+                    cx.punctuate(node.clone());
+                    let node: NodeRef<K, Side<V, V2>> = node;
+                    Ok(built(node))
+                },
+            ))
+        };
+        let mut node = GraphNode::new(name, vec![this_side, other_side], build);
+        let kept = if kind == Kind::Inner { 2 } else { 3 };
+        node.stores = stores[..kept].to_vec();
+        let id = g.add(node);
+        KStream::new(self.graph.clone(), id, false)
+    }
+}
+
+struct StreamStreamJoin<K, V, V2, VR, F> {
+    name: String,
+    /// The records of this side and of the other side.
+    stores: [Rc<dyn KeyValueStore>; 2],
+    /// Unmatched records waiting for their window to pass (left and outer joins).
+    outer: Option<Rc<dyn KeyValueStore>>,
+    windows: JoinWindows,
+    kind: Kind,
+    joiner: F,
+    down: Downstream<K, VR>,
+    time: StreamTime,
+    /// Milliseconds per segment of the window stores.
+    segment: i64,
+    /// What was older than this went out or was expired at the last punctuation.
+    expired_below: i64,
+    bufs: [Vec<u8>; 4],
+    _types: std::marker::PhantomData<fn(V, V2)>,
+}
+
+/// Side numbers in keys: this side 0, the other side 1.
+const THIS: u8 = 0;
+const OTHER: u8 = 1;
+
+type Id = (u32, i64, u32);
+
+fn push_id(out: &mut Vec<u8>, id: Id) {
+    push_ordered(out, &id.0);
+    push_ordered(out, &id.1);
+    push_ordered(out, &id.2);
+}
+
+impl<K, V, V2, VR, F> StreamStreamJoin<K, V, V2, VR, F>
+where
+    K: Data,
+    V: Data,
+    V2: Data,
+    VR: Data,
+    F: FnMut(Option<&V>, Option<&V2>) -> Option<VR>,
+{
+    fn window_key(&self, out: &mut Vec<u8>, key: &[u8], ts: i64, id: Id) {
+        out.clear();
+        push_ordered(out, &ts.div_euclid(self.segment));
+        push_ordered(out, key);
+        push_ordered(out, &ts);
+        push_id(out, id);
+    }
+
+    fn outer_key(out: &mut Vec<u8>, ts: i64, side: u8, key: &[u8], id: Id) {
+        out.clear();
+        push_ordered(out, &ts);
+        push_ordered(out, &side);
+        push_ordered(out, key);
+        push_id(out, id);
+    }
+
+    /// The other side's records of `key` with times in `[from, to]`: (time, id, value).
+    fn partners(&self, side: u8, key: &[u8], from: i64, to: i64) -> Result<Vec<(i64, Id, Vec<u8>)>, Error> {
+        let store = &self.stores[usize::from(1 - side)];
+        let mut found = Vec::new();
+        let (mut lower, mut upper) = (Vec::new(), Vec::new());
+        for segment in from.div_euclid(self.segment)..=to.div_euclid(self.segment) {
+            lower.clear();
+            push_ordered(&mut lower, &segment);
+            push_ordered(&mut lower, key);
+            upper.clone_from(&lower);
+            push_ordered(&mut lower, &from);
+            // Every entry at `to` is (…, to, 16 bytes of id): below (…, to, 17 × 0xFF).
+            push_ordered(&mut upper, &to);
+            upper.extend_from_slice(&[0xFF; 17]);
+            for entry in store.range(Some(&lower), Some(&upper))? {
+                let (raw_key, value) = entry?;
+                let mut rest = &raw_key[..];
+                let parsed = (|| {
+                    let _segment: i64 = pop_ordered(&mut rest)?;
+                    let _key: Vec<u8> = pop_ordered(&mut rest)?;
+                    let ts: i64 = pop_ordered(&mut rest)?;
+                    let id: Id = (
+                        pop_ordered(&mut rest)?,
+                        pop_ordered(&mut rest)?,
+                        pop_ordered(&mut rest)?,
+                    );
+                    Ok::<_, crate::CodecError>((ts, id))
+                })();
+                let (ts, id) = parsed.map_err(|e| {
+                    Error::msg(format!(
+                        "operator {}: a key in store {:?}: {e}",
+                        self.name,
+                        store.name()
+                    ))
+                })?;
+                found.push((ts, id, value));
+            }
+        }
+        Ok(found)
+    }
+
+    fn joined(&mut self, side: u8, mine: &[u8], theirs: &[u8]) -> Result<Option<VR>, Error> {
+        let (this, other) = if side == THIS { (mine, theirs) } else { (theirs, mine) };
+        let this = decode::<V>(&self.name, "left value", Some(this))?;
+        let other = decode::<V2>(&self.name, "right value", Some(other))?;
+        Ok((self.joiner)(Some(&this), Some(&other)))
+    }
+
+    fn keeps_unmatched(&self, side: u8) -> bool {
+        match self.kind {
+            Kind::Inner => false,
+            Kind::Left => side == THIS,
+            Kind::Outer => true,
+        }
+    }
+
+    fn add(&mut self, key: K, side: u8, value: Vec<u8>, ts: i64, cx: &mut Cx<'_>) -> Result<(), Error> {
+        let mut raw_key = std::mem::take(&mut self.bufs[0]);
+        let result = self.add_keyed(key, &mut raw_key, side, value, ts, cx);
+        self.bufs[0] = raw_key;
+        result
+    }
+
+    fn add_keyed(
+        &mut self,
+        key: K,
+        raw_key: &mut Vec<u8>,
+        side: u8,
+        value: Vec<u8>,
+        ts: i64,
+        cx: &mut Cx<'_>,
+    ) -> Result<(), Error> {
+        if encode(&self.name, "key", &key, raw_key)?.is_none() {
+            return Ok(()); // null keys are dropped
+        }
+        let w = self.windows;
+        // A left record at t joins right records in [t - before, t + after]; a right record
+        // at t joins left records in [t - after, t + before].
+        let (reach_back, reach_ahead) = if side == THIS {
+            (w.before, w.after)
+        } else {
+            (w.after, w.before)
+        };
+        self.time.observe(ts);
+        if ts.saturating_add(reach_ahead).saturating_add(w.grace) < self.time.now {
+            return Ok(()); // late: its window and grace period have passed
+        }
+        let id = cx.next_id();
+        let mut entry_key = std::mem::take(&mut self.bufs[1]);
+        self.window_key(&mut entry_key, raw_key, ts, id);
+        self.stores[usize::from(side)].put(&entry_key, &value)?;
+        self.bufs[1] = entry_key;
+        let partners = self.partners(
+            side,
+            raw_key,
+            ts.saturating_sub(reach_back),
+            ts.saturating_add(reach_ahead),
+        )?;
+        for (their_ts, their_id, theirs) in &partners {
+            // The partner may be waiting alone: it is matched now.
+            if self.keeps_unmatched(1 - side) {
+                if let Some(outer) = &self.outer {
+                    let mut k = std::mem::take(&mut self.bufs[2]);
+                    Self::outer_key(&mut k, *their_ts, 1 - side, raw_key, *their_id);
+                    if outer.get(&k)?.is_some() {
+                        outer.delete(&k)?;
+                    }
+                    self.bufs[2] = k;
+                }
+            }
+            if let Some(value) = self.joined(side, &value, theirs)? {
+                let rec = Rec {
+                    key: key.clone(),
+                    value,
+                    ts: ts.max(*their_ts),
+                };
+                self.down.forward(rec, cx)?;
+            }
+        }
+        if partners.is_empty() && self.keeps_unmatched(side) {
+            if let Some(outer) = &self.outer {
+                let mut k = std::mem::take(&mut self.bufs[2]);
+                Self::outer_key(&mut k, ts, side, raw_key, id);
+                outer.put(&k, &value)?;
+                self.bufs[2] = k;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<K, V, V2, VR, F> Node<K, Side<V, V2>> for StreamStreamJoin<K, V, V2, VR, F>
+where
+    K: Data,
+    V: Data,
+    V2: Data,
+    VR: Data,
+    F: FnMut(Option<&V>, Option<&V2>) -> Option<VR>,
+{
+    fn process(&mut self, rec: Rec<K, Side<V, V2>>, cx: &mut Cx<'_>) -> Result<(), Error> {
+        if rec.key.is_null() {
+            return Ok(());
+        }
+        // Stored as bytes: the value goes into the side's store, and is decoded again for
+        // each partner it joins (a joiner takes references).
+        let mut buf = std::mem::take(&mut self.bufs[3]);
+        let (side, encoded) = match &rec.value {
+            Side::This(v) => (THIS, encode(&self.name, "value", v, &mut buf)?.is_some()),
+            Side::Other(v) => (OTHER, encode(&self.name, "value", v, &mut buf)?.is_some()),
+        };
+        if !encoded {
+            self.bufs[3] = buf;
+            return Ok(()); // a null value joins nothing
+        }
+        let value = buf.clone();
+        self.bufs[3] = buf;
+        self.add(rec.key, side, value, rec.ts, cx)
+    }
+}
+
+impl<K, V, V2, VR, F> Punctuate for StreamStreamJoin<K, V, V2, VR, F>
+where
+    K: Data,
+    V: Data,
+    V2: Data,
+    VR: Data,
+    F: FnMut(Option<&V>, Option<&V2>) -> Option<VR>,
+{
+    fn batch_started(&mut self) -> Result<(), Error> {
+        self.time = StreamTime::load(&self.name, &*self.stores[0])?;
+        Ok(())
+    }
+
+    fn batch_done(&mut self) -> Result<(), Error> {
+        self.time.save(&*self.stores[0])
+    }
+
+    fn punctuate(&mut self, _time: i64, cx: &mut Cx<'_>) -> Result<(), Error> {
+        if self.time.now == i64::MIN {
+            return Ok(());
+        }
+        // Unmatched records whose window and grace period have passed: t < T - retention.
+        let cut = self.time.now.saturating_sub(self.windows.retention());
+        if cut == self.expired_below {
+            return self.time.save(&*self.stores[0]); // stream time has not moved
+        }
+        self.expired_below = cut;
+        let (mut lower, mut upper) = (Vec::new(), Vec::new());
+        push_ordered(&mut lower, &i64::MIN);
+        push_ordered(&mut upper, &cut);
+        if let Some(outer) = &self.outer {
+            for entry in outer.range(Some(&lower), Some(&upper))? {
+                let (raw, value) = entry?;
+                let mut rest = &raw[..];
+                let parsed = (|| {
+                    let ts: i64 = pop_ordered(&mut rest)?;
+                    let side: u8 = pop_ordered(&mut rest)?;
+                    let key: Vec<u8> = pop_ordered(&mut rest)?;
+                    Ok::<_, crate::CodecError>((ts, side, key))
+                })();
+                let (ts, side, key) = parsed.map_err(|e| {
+                    Error::msg(format!(
+                        "operator {}: a key in store {:?}: {e}",
+                        self.name,
+                        outer.name()
+                    ))
+                })?;
+                let key = decode::<K>(&self.name, "key of an unmatched record", Some(&key))?;
+                let value = if side == THIS {
+                    let v = decode::<V>(&self.name, "left value", Some(&value))?;
+                    (self.joiner)(Some(&v), None)
+                } else {
+                    let v = decode::<V2>(&self.name, "right value", Some(&value))?;
+                    (self.joiner)(None, Some(&v))
+                };
+                if let Some(value) = value {
+                    self.down.forward(Rec { key, value, ts }, cx)?;
+                }
+            }
+            outer.delete_range(Some(&lower), Some(&upper))?;
+        }
+        // Records no on-time record can join any more, a segment at a time.
+        let mut first_kept = Vec::new();
+        push_ordered(&mut first_kept, &cut.div_euclid(self.segment));
+        for store in &self.stores {
+            store.delete_range(Some(&lower), Some(&first_kept))?;
+        }
+        self.time.save(&*self.stores[0])
+    }
+
+    fn close(&mut self, _cx: &mut Cx<'_>) -> Result<(), Error> {
+        self.time.save(&*self.stores[0])
+    }
+}
