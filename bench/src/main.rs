@@ -58,6 +58,8 @@ enum Command {
     /// The two-stage word count end to end on a broker (repartition topic, state store and
     /// changelog included), beside the same job in Kafka Streams' DSL when given its classpath.
     WordCount(state::WordCountArgs),
+    /// Events counted per user in tumbling windows: Sluice's DSL beside Kafka Streams' DSL.
+    WindowedCount(state::WindowedCountArgs),
     /// The two-stage word count over millions of words: how much its repartition topic holds
     /// as they flow (the host deletes what the counting tasks committed).
     Repartition(state::RepartitionArgs),
@@ -91,6 +93,7 @@ fn main() -> anyhow::Result<()> {
         Command::E2e(args) => tokio::runtime::Runtime::new()?.block_on(e2e::run(args)),
         Command::Restore(args) => tokio::runtime::Runtime::new()?.block_on(state::restore(args)),
         Command::WordCount(args) => tokio::runtime::Runtime::new()?.block_on(state::word_count(args)),
+        Command::WindowedCount(args) => tokio::runtime::Runtime::new()?.block_on(state::windowed_count(args)),
         Command::Repartition(args) => tokio::runtime::Runtime::new()?.block_on(state::repartition(args)),
         Command::Density(args) => tokio::runtime::Runtime::new()?.block_on(density::run(args)),
         Command::Scaling(args) => tokio::runtime::Runtime::new()?.block_on(scaling::run(args)),

@@ -1,6 +1,7 @@
 //! State benchmarks on a real broker: restoring a store from its changelog, and word count
 //! end to end.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -44,6 +45,31 @@ pub struct WordCountArgs {
     /// Runs of each system, alternating; the median is reported.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
+    /// The word count written with the SDK's stream DSL (`guests/dsl-word-count`): when
+    /// given, it runs too, against Kafka Streams' DSL word count as its users write it
+    /// (flatMap, groupByKey: a repartition topic of the input's partition count, count).
+    #[arg(long)]
+    dsl_component: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct WindowedCountArgs {
+    #[arg(long, env = "KAFKA_BOOTSTRAP")]
+    bootstrap: String,
+    /// The DSL windowed count (`guests/dsl-windowed-count`).
+    #[arg(long)]
+    component: PathBuf,
+    /// Events, keyed by one of `--users`, a millisecond of event time apart.
+    #[arg(long, default_value_t = 1_000_000)]
+    events: usize,
+    #[arg(long, default_value_t = 10_000)]
+    users: usize,
+    /// Class path of bench/kafka-streams: when given, Kafka Streams' DSL windowed count
+    /// (groupByKey, windowedBy, count) runs too, alternating with Sluice.
+    #[arg(long)]
+    kafka_streams_classpath: Option<String>,
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
 }
 
 #[derive(Debug, Args)]
@@ -84,6 +110,15 @@ fn produce_all(
     topic: &str,
     records: impl Iterator<Item = (Vec<u8>, Vec<u8>)>,
 ) -> anyhow::Result<usize> {
+    produce_stamped(bootstrap, topic, records.map(|(k, v)| (k, v, None)))
+}
+
+/// As [`produce_all`], each record with its timestamp (none: the time it is sent).
+fn produce_stamped(
+    bootstrap: &str,
+    topic: &str,
+    records: impl Iterator<Item = (Vec<u8>, Vec<u8>, Option<i64>)>,
+) -> anyhow::Result<usize> {
     let producer: ThreadedProducer<DefaultProducerContext> = config(bootstrap)
         .set("linger.ms", "20")
         .set("batch.size", "1000000")
@@ -91,8 +126,11 @@ fn produce_all(
         .set("queue.buffering.max.messages", "1000000")
         .create()?;
     let mut n = 0;
-    for (key, value) in records {
+    for (key, value, timestamp) in records {
         let mut record = BaseRecord::<_, _, ()>::to(topic).key(&key).payload(&value);
+        if let Some(ts) = timestamp {
+            record = record.timestamp(ts);
+        }
         loop {
             match producer.send(record) {
                 Ok(()) => break,
@@ -167,93 +205,264 @@ pub async fn word_count(args: WordCountArgs) -> anyhow::Result<()> {
             (format!("line-{i}").into_bytes(), line.join(" ").into_bytes())
         }),
     )?;
-    let dir = std::env::temp_dir().join(format!("sluice-bench-wc-{id}"));
-    std::fs::create_dir_all(&dir)?;
     println!(
         "word-count benchmark: {lines} lines ({words} words) on 4 partitions, counted in two stages through a \
-         repartition topic of {REPARTITION} partitions, one process per system"
+         repartition topic, one process per system"
     );
-    let mut systems = vec!["sluice"];
-    if args.kafka_streams_classpath.is_some() {
-        systems.push("kafka streams");
+    let streams = args.kafka_streams_classpath.as_deref();
+    // The Processor API word count (`word-totals`, 8 repartition partitions) and Kafka
+    // Streams repartitioning into as many.
+    let mut systems = vec![Contender::sluice(
+        "sluice",
+        &args.component,
+        ("lines", "counts"),
+        REPARTITION,
+    )];
+    if let Some(cp) = streams {
+        systems.push(Contender::streams(
+            "kafka streams",
+            cp,
+            "WordTotals",
+            &[&REPARTITION.to_string()],
+            REPARTITION,
+        ));
     }
-    let mut results: Vec<(&str, f64, u64, f64)> = Vec::new();
-    for round in 0..args.rounds {
-        for &system in &systems {
-            let run = format!("{}-{round}-{id}", system.replace(' ', "-"));
-            let output = format!("bench-wc-out-{run}");
-            create(&args.bootstrap, &output, 4, false).await?;
-            // The group whose committed offsets say how far the system has come.
-            let (group, repartition, command) = if system == "sluice" {
-                let name = format!("bench-wc-{run}");
-                let manifest = dir.join(format!("{run}.toml"));
-                std::fs::write(
-                    &manifest,
-                    format!(
-                        "name = {name:?}\ncomponent = {:?}\n[sources]\nlines = {input:?}\n[sinks]\ncounts = {output:?}\n",
-                        args.component.display().to_string()
-                    ),
-                )?;
-                let mut worker = Command::new(crate::sluice_binary()?);
-                worker
-                    .args(["worker", "--bootstrap", &args.bootstrap, "--topology"])
-                    .arg(&manifest)
-                    .arg("--state-dir")
-                    .arg(dir.join(format!("state-{run}")))
-                    .env("SLUICE_LOG", "warn");
-                (format!("sluice-{name}"), format!("{name}-words-repartition"), worker)
-            } else {
-                let app = format!("bench-wc-streams-{run}");
-                let mut streams = Command::new("java");
-                streams.args([
-                    "-Xmx1g",
-                    "-cp",
-                    args.kafka_streams_classpath.as_deref().unwrap_or_default(),
-                    "dev.sluice.bench.WordTotals",
-                    &args.bootstrap,
-                    &input,
-                    &output,
-                    &app,
-                    "4",
-                    &REPARTITION.to_string(),
-                ]);
-                (app.clone(), format!("{app}-words-repartition"), streams)
-            };
-            let (s, rss, cpu) = until_committed(
-                command,
-                &args.bootstrap,
-                &group,
-                &[(&input, 4), (&repartition, REPARTITION)],
-                lines,
-                &dir.join(format!("{run}.log")),
-            )?;
-            let counts = output_records(&args.bootstrap, &output)?;
-            println!(
-                "  {system:<14} #{}: {:>10.0} words/s, {s:.1} s from start to the last commit, peak RSS {} MB, \
-                 CPU {cpu:.1} s ({:.2} µs per word), {counts} counts out",
-                round + 1,
-                words as f64 / s,
-                rss >> 20,
-                cpu * 1e6 / words as f64
-            );
-            results.push((system, s, rss, cpu));
+    let counted = (lines, words, "words");
+    compare(
+        &args.bootstrap,
+        &input,
+        4,
+        counted,
+        args.rounds,
+        &systems,
+        ("sluice", "kafka streams"),
+    )?;
+    // The DSL word count (a repartition topic of the input's partition count) and Kafka
+    // Streams' groupByKey, which does the same.
+    if let Some(dsl) = &args.dsl_component {
+        let mut systems = vec![Contender::sluice("sluice dsl", dsl, ("lines", "totals"), 4)];
+        if let Some(cp) = streams {
+            systems.push(Contender::streams("streams dsl", cp, "WordTotals", &["0"], 4));
+        }
+        compare(
+            &args.bootstrap,
+            &input,
+            4,
+            counted,
+            args.rounds,
+            &systems,
+            ("sluice dsl", "streams dsl"),
+        )?;
+    }
+    Ok(())
+}
+
+/// Events counted per user in tumbling windows of a minute: Sluice's DSL against Kafka
+/// Streams' DSL (groupByKey, windowedBy, count), each sending every update downstream.
+pub async fn windowed_count(args: WindowedCountArgs) -> anyhow::Result<()> {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let input = format!("bench-win-in-{id}");
+    create(&args.bootstrap, &input, 4, false).await?;
+    // Event time: an hour ago onwards, a millisecond apart (within the broker's retention).
+    let base = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis() as i64
+        - 3_600_000;
+    let users = args.users.max(1);
+    produce_stamped(
+        &args.bootstrap,
+        &input,
+        (0..args.events).map(|i| {
+            (
+                format!("user-{}", (i * 7919) % users).into_bytes(),
+                b"view".to_vec(),
+                Some(base + i as i64),
+            )
+        }),
+    )?;
+    println!(
+        "windowed-count benchmark: {} events of {users} users on 4 partitions, counted per user in tumbling \
+         windows of 1 min (10 s grace), every update sent on, one process per system",
+        args.events
+    );
+    let mut systems = vec![Contender::sluice(
+        "sluice dsl",
+        &args.component,
+        ("events", "counts"),
+        0,
+    )];
+    if let Some(cp) = args.kafka_streams_classpath.as_deref() {
+        systems.push(Contender::streams("streams dsl", cp, "WindowedCount", &[], 0));
+    }
+    let counted = (args.events, args.events, "events");
+    compare(
+        &args.bootstrap,
+        &input,
+        4,
+        counted,
+        args.rounds,
+        &systems,
+        ("sluice dsl", "streams dsl"),
+    )
+}
+
+/// A system under test: Sluice running a component, or a Kafka Streams application.
+struct Contender {
+    name: &'static str,
+    kind: ContenderKind,
+    /// Its source's and sink's logical names (Sluice), and its repartition topic's
+    /// partitions (0: none).
+    source: &'static str,
+    sink: &'static str,
+    repartition: i32,
+}
+
+enum ContenderKind {
+    Sluice(PathBuf),
+    Streams {
+        classpath: String,
+        class: &'static str,
+        extra: Vec<String>,
+    },
+}
+
+impl Contender {
+    fn sluice(
+        name: &'static str,
+        component: &std::path::Path,
+        (source, sink): (&'static str, &'static str),
+        repartition: i32,
+    ) -> Self {
+        Contender {
+            name,
+            kind: ContenderKind::Sluice(component.to_path_buf()),
+            source,
+            sink,
+            repartition,
         }
     }
-    let mut medians = Vec::new();
-    for &system in &systems {
-        let runs: Vec<&(&str, f64, u64, f64)> = results.iter().filter(|r| r.0 == system).collect();
-        let rate = median(runs.iter().map(|r| words as f64 / r.1).collect());
-        let cpu = median(runs.iter().map(|r| r.3 * 1e6 / words as f64).collect());
-        let rss = median(runs.iter().map(|r| r.2 as f64 / (1 << 20) as f64).collect());
-        println!("  {system:<14} median: {rate:>10.0} words/s, {cpu:.2} µs CPU per word, peak RSS {rss:.0} MB");
-        medians.push((rate, cpu, rss));
+
+    fn streams(name: &'static str, classpath: &str, class: &'static str, extra: &[&str], repartition: i32) -> Self {
+        Contender {
+            name,
+            kind: ContenderKind::Streams {
+                classpath: classpath.to_string(),
+                class,
+                extra: extra.iter().map(|s| s.to_string()).collect(),
+            },
+            source: "",
+            sink: "",
+            repartition,
+        }
     }
-    if medians.len() == 2 {
+}
+
+/// Runs each system `rounds` times, alternating, over the same `input` (`partitions`, its
+/// source) until its group has committed all of its `records` (and all of its repartition
+/// topic), and prints each run's rate of `items` (`unit`: words, events), CPU per item and
+/// peak RSS, the medians, and the ratios of `ours` to `peer`.
+fn compare(
+    bootstrap: &str,
+    input: &str,
+    partitions: i32,
+    (records, items, unit): (usize, usize, &str),
+    rounds: usize,
+    systems: &[Contender],
+    (ours, peer): (&str, &str),
+) -> anyhow::Result<()> {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let dir = std::env::temp_dir().join(format!("sluice-bench-cmp-{id}"));
+    std::fs::create_dir_all(&dir)?;
+    let runtime = tokio::runtime::Handle::current();
+    let mut results: Vec<(&str, f64, u64, f64)> = Vec::new();
+    for round in 0..rounds.max(1) {
+        for system in systems {
+            let run = format!("{}-{round}-{id}", system.name.replace(' ', "-"));
+            let output = format!("bench-out-{run}");
+            tokio::task::block_in_place(|| runtime.block_on(create(bootstrap, &output, partitions, false)))?;
+            // The group whose committed offsets say how far the system has come.
+            let (group, internal, command) = match &system.kind {
+                ContenderKind::Sluice(component) => {
+                    let name = format!("bench-{run}");
+                    let manifest = dir.join(format!("{run}.toml"));
+                    std::fs::write(
+                        &manifest,
+                        format!(
+                            "name = {name:?}\ncomponent = {:?}\n[sources]\n{} = {input:?}\n[sinks]\n{} = {output:?}\n",
+                            component.display().to_string(),
+                            system.source,
+                            system.sink,
+                        ),
+                    )?;
+                    let mut worker = Command::new(crate::sluice_binary()?);
+                    worker
+                        .args(["worker", "--bootstrap", bootstrap, "--topology"])
+                        .arg(&manifest)
+                        .arg("--state-dir")
+                        .arg(dir.join(format!("state-{run}")))
+                        .env("SLUICE_LOG", "warn");
+                    (format!("sluice-{name}"), format!("{name}-words-repartition"), worker)
+                }
+                ContenderKind::Streams {
+                    classpath,
+                    class,
+                    extra,
+                } => {
+                    let app = format!("bench-streams-{run}");
+                    let mut streams = Command::new("java");
+                    streams
+                        .args(["-Xmx1g", "-cp", classpath, &format!("dev.sluice.bench.{class}")])
+                        .args([bootstrap, input, &output, &app, "4"])
+                        .args(extra);
+                    (app.clone(), format!("{app}-words-repartition"), streams)
+                }
+            };
+            let mut stages = vec![(input, partitions)];
+            if system.repartition > 0 {
+                stages.push((internal.as_str(), system.repartition));
+            }
+            let (s, rss, cpu) = until_committed(
+                command,
+                bootstrap,
+                &group,
+                &stages,
+                records,
+                &dir.join(format!("{run}.log")),
+            )?;
+            let out = output_records(bootstrap, &output)?;
+            println!(
+                "  {:<14} #{}: {:>10.0} {unit}/s, {s:.1} s from start to the last commit, peak RSS {} MB, \
+                 CPU {cpu:.1} s ({:.2} µs per {}), {out} records out",
+                system.name,
+                round + 1,
+                items as f64 / s,
+                rss >> 20,
+                cpu * 1e6 / items as f64,
+                unit.trim_end_matches('s'),
+            );
+            results.push((system.name, s, rss, cpu));
+        }
+    }
+    let mut medians = BTreeMap::new();
+    for system in systems {
+        let runs: Vec<&(&str, f64, u64, f64)> = results.iter().filter(|r| r.0 == system.name).collect();
+        let rate = median(runs.iter().map(|r| items as f64 / r.1).collect());
+        let cpu = median(runs.iter().map(|r| r.3 * 1e6 / items as f64).collect());
+        let rss = median(runs.iter().map(|r| r.2 as f64 / (1 << 20) as f64).collect());
         println!(
-            "  sluice / kafka streams: {:.2}x the words/s, {:.2}x the CPU per word, {:.2}x the peak RSS",
-            medians[0].0 / medians[1].0,
-            medians[0].1 / medians[1].1,
-            medians[0].2 / medians[1].2
+            "  {:<14} median: {rate:>10.0} {unit}/s, {cpu:.2} µs CPU per {}, peak RSS {rss:.0} MB",
+            system.name,
+            unit.trim_end_matches('s')
+        );
+        medians.insert(system.name, (rate, cpu, rss));
+    }
+    if let (Some(a), Some(b)) = (medians.get(ours), medians.get(peer)) {
+        println!(
+            "  {ours} / {peer}: {:.2}x the {unit}/s, {:.2}x the CPU per {}, {:.2}x the peak RSS",
+            a.0 / b.0,
+            a.1 / b.1,
+            unit.trim_end_matches('s'),
+            a.2 / b.2
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
