@@ -289,3 +289,45 @@ fn operators_are_listed_per_sub_topology_with_their_topics_stores_and_neighbours
     let first = &operators[0].1;
     assert!(first.iter().any(|l| l.contains("(reads source lines)")) && !first.iter().any(|l| l.contains("counts")));
 }
+
+#[test]
+fn aggregations_of_one_grouping_share_its_repartition_topic() {
+    for name in [Some("by_region"), None] {
+        let d = describe(|b| {
+            let mut grouped = b
+                .stream::<String, String>("orders")
+                .group_by(|_, region| region.clone());
+            if let Some(name) = name {
+                grouped = grouped.named(name);
+            }
+            grouped.count("orders_per_region");
+            grouped
+                .windowed_by(TimeWindows::tumbling(Duration::from_secs(300)))
+                .count("per_window")
+                .to_stream()
+                .map(|w, n| (w.key, n.unwrap_or(0)))
+                .to("out");
+        });
+        let topic = name.unwrap_or("orders_per_region");
+        assert_eq!(
+            d.internal_topics,
+            [InternalTopic {
+                name: topic.into(),
+                partitions: None
+            }],
+            "one repartition topic for both aggregations ({name:?})"
+        );
+        assert_eq!(d.subtopologies.len(), 2, "{d:?}");
+        assert_eq!(
+            d.subtopologies[1],
+            sub(topic, &[topic], &["out"], &["orders_per_region", "per_window"])
+        );
+    }
+    // Two groupings named alike are two topics of one name: refused, saying what to do.
+    let e = refused(|b| {
+        let s = b.stream::<String, String>("orders");
+        s.group_by(|_, v| v.clone()).named("by").count("a");
+        s.group_by(|k, _| k.clone()).named("by").count("b");
+    });
+    assert!(e.contains("two groupings are both named \"by\""), "{e}");
+}

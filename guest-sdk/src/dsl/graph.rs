@@ -377,8 +377,16 @@ fn plan(graph: &Graph) -> Result<Vec<Plan>, String> {
     for (id, node) in graph.nodes.iter().enumerate() {
         if let Some(source) = &node.source {
             if let Some(other) = readers.insert(source, id) {
+                if graph.is_internal(source) {
+                    return Err(format!(
+                        "two groupings are both named {source:?} (their repartition topic): give each grouping \
+                         its own name, or keep one grouping (`let grouped = stream.group_by(..).named({source:?});`) \
+                         and aggregate it as often as needed (its aggregations share the topic)"
+                    ));
+                }
                 return Err(format!(
-                    "the source {source:?} is read twice (by {} and {}): read it once and use the stream twice",
+                    "the source {source:?} is read twice (by {} and {}): call `stream({source:?})` (or `table`) once \
+                     and use the stream it returns as often as needed",
                     graph.nodes[other].name, node.name
                 ));
             }

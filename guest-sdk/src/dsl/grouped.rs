@@ -21,6 +21,9 @@ pub struct KGroupedStream<K, V> {
     pub(crate) repartition: bool,
     pub(crate) name: Option<String>,
     pub(crate) partitions: Option<u32>,
+    /// The repartitioned stream, once an aggregation made it: every aggregation of this
+    /// grouping reads the same repartition topic (shared with its windowed groupings).
+    repartitioned: Rc<RefCell<Option<KStream<K, V>>>>,
 }
 
 impl<K: Data, V: Data> KGroupedStream<K, V> {
@@ -30,6 +33,7 @@ impl<K: Data, V: Data> KGroupedStream<K, V> {
             repartition,
             name: None,
             partitions: None,
+            repartitioned: Rc::default(),
         }
     }
 
@@ -48,14 +52,20 @@ impl<K: Data, V: Data> KGroupedStream<K, V> {
         self
     }
 
-    /// The stream an aggregation keeping `store` reads: repartitioned by key if needed.
+    /// The stream an aggregation keeping `store` reads: repartitioned by key if needed,
+    /// through one topic for every aggregation of this grouping (named after the grouping,
+    /// or else after the store of the first aggregation), as Kafka Streams' optimizer merges
+    /// them.
     pub(crate) fn input(&self, store: &str) -> KStream<K, V> {
-        if self.repartition {
+        if !self.repartition {
+            return self.stream.clone();
+        }
+        let mut made = self.repartitioned.borrow_mut();
+        made.get_or_insert_with(|| {
             let topic = self.name.clone().unwrap_or_else(|| store.to_string());
             repartition(&self.stream, &topic, self.partitions)
-        } else {
-            self.stream.clone()
-        }
+        })
+        .clone()
     }
 
     /// The number of records per key, kept in the store `materialized` (key → `u64`).
@@ -151,6 +161,7 @@ impl<K: Data, V: Data> KGroupedStream<K, V> {
             repartition: self.repartition,
             name: self.name.clone(),
             partitions: self.partitions,
+            repartitioned: self.repartitioned.clone(),
         }
     }
 }
