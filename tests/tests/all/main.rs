@@ -4,6 +4,8 @@ mod brokers;
 mod cluster;
 mod consistency;
 mod density;
+mod dsl_examples;
+mod dsl_joins_e2e;
 mod globals;
 mod group;
 mod hostile;
