@@ -345,8 +345,8 @@ async fn an_uploaded_two_stage_topology_spreads_over_a_cluster_stays_exact_throu
     assert_eq!(
         entry["subtopologies"],
         serde_json::json!([
-            {"name": "split", "partitions": 4, "stores": []},
-            {"name": "count", "partitions": 8, "stores": ["counts"]}
+            {"name": "split", "partitions": 4, "sources": ["lines"], "sinks": ["words"], "stores": []},
+            {"name": "count", "partitions": 8, "sources": ["words"], "sinks": ["counts"], "stores": ["counts"]}
         ]),
         "{entry}"
     );
