@@ -127,11 +127,34 @@ impl StateEnv {
 
     /// The first offset and the end (read-committed: the last stable offset) of a changelog
     /// partition, read on the worker's long-lived client.
+    ///
+    /// A long-lived client can be left with metadata it answers from without asking again:
+    /// through a rolling restart of the brokers one kept answering `UnknownPartition` for a
+    /// changelog partition for minutes while a fresh client found it at once. So an error
+    /// drops the client and the question is asked once more on a new one; its error, if
+    /// any, is the answer.
     pub fn changelog_bounds(&self, kafka: &KafkaSettings, topic: &str, partition: i32) -> Result<(i64, i64), String> {
         use rdkafka::consumer::Consumer;
-        self.bounds_client(kafka)?
-            .fetch_watermarks(topic, partition, Duration::from_secs(15))
-            .map_err(|e| format!("reading the offsets of changelog {topic}/{partition}: {e}"))
+        let ask = |client: Arc<rdkafka::consumer::BaseConsumer>| {
+            client
+                .fetch_watermarks(topic, partition, Duration::from_secs(15))
+                .map_err(|e| format!("reading the offsets of changelog {topic}/{partition}: {e}"))
+        };
+        let client = self.bounds_client(kafka)?;
+        match ask(client.clone()) {
+            Ok(bounds) => Ok(bounds),
+            Err(first) => {
+                {
+                    let mut bounds = self.bounds.lock().unwrap_or_else(|p| p.into_inner());
+                    // Unless another start replaced it already.
+                    if bounds.as_ref().is_some_and(|c| Arc::ptr_eq(c, &client)) {
+                        *bounds = None;
+                    }
+                }
+                tracing::debug!("{first}; asking again on a new client");
+                ask(self.bounds_client(kafka)?)
+            }
+        }
     }
 
     /// Makes the client [`changelog_bounds`](Self::changelog_bounds) reads on and connects

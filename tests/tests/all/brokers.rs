@@ -225,7 +225,7 @@ async fn workers_survive_a_rolling_restart_of_three_brokers_under_load_and_lose_
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
     let positions = producing.await??;
-    kafka
+    if let Err(e) = kafka
         .wait_committed(
             &format!("sluice-{name}"),
             &input,
@@ -233,7 +233,13 @@ async fn workers_survive_a_rolling_restart_of_three_brokers_under_load_and_lose_
             total as i64,
             Duration::from_secs(180),
         )
-        .await?;
+        .await
+    {
+        for (n, w) in workers.iter().enumerate() {
+            eprintln!("--- worker {n}:\n{}", w.log());
+        }
+        return Err(e);
+    }
     for w in &mut workers {
         let status = w.terminate(Duration::from_secs(60))?;
         assert!(
