@@ -1,5 +1,6 @@
 package dev.sluice.bench;
 
+import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Locale;
@@ -38,7 +39,8 @@ public final class WordTotals {
         props.put(StreamsConfig.NUM_STREAM_THREADS_CONFIG, Integer.parseInt(args[4]));
         props.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG, StreamsConfig.AT_LEAST_ONCE);
         props.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, 1000);
-        props.put(StreamsConfig.STATE_DIR_CONFIG, System.getProperty("java.io.tmpdir") + "/kstreams-" + args[3]);
+        Path stateDir = StateDir.of(args[3]);
+        props.put(StreamsConfig.STATE_DIR_CONFIG, stateDir.toString());
         props.put(StreamsConfig.producerPrefix("compression.type"), "lz4");
         props.put(StreamsConfig.producerPrefix("linger.ms"), 5);
         props.put(StreamsConfig.consumerPrefix("auto.offset.reset"), "earliest");
@@ -74,6 +76,7 @@ public final class WordTotals {
         CountDownLatch done = new CountDownLatch(1);
         Runtime.getRuntime().addShutdownHook(new Thread(() -> {
             streams.close();
+            StateDir.remove(stateDir); // one per run: nothing of it is read again
             done.countDown();
         }));
         streams.start();
