@@ -75,6 +75,20 @@ pub struct StandbyUpdater {
     env: Arc<StateEnv>,
 }
 
+/// How long a standby that failed to start waits before it is tried again.
+const RETRY_ADD: Duration = Duration::from_secs(1);
+
+/// The client changelog bounds are read on: a connection of its own, since on the tailing
+/// consumer's they would queue behind its long-polling fetch (half a second per standby).
+fn bounds_client(kafka: &KafkaSettings) -> anyhow::Result<BaseConsumer> {
+    Ok(kafka
+        .client()
+        .set("client.id", "sluice-standby-offsets")
+        .set("group.id", "sluice.restore")
+        .set("isolation.level", "read_committed")
+        .create()?)
+}
+
 impl StandbyUpdater {
     pub fn start(kafka: &KafkaSettings, env: Arc<StateEnv>) -> anyhow::Result<StandbyUpdater> {
         let consumer: BaseConsumer = kafka
@@ -98,24 +112,20 @@ impl StandbyUpdater {
             // default), which a promoted learner's catch-up and a new learner would wait for.
             .set("fetch.wait.max.ms", "20")
             .create()?;
-        // Changelog bounds are read on a connection of their own: on the tailing consumer's
-        // they would queue behind its long-polling fetch (half a second per standby).
-        let bounds: BaseConsumer = kafka
-            .client()
-            .set("client.id", "sluice-standby-offsets")
-            .set("group.id", "sluice.restore")
-            .set("isolation.level", "read_committed")
-            .create()?;
+        let bounds = bounds_client(kafka)?;
         let (tx, rx) = mpsc::channel();
         let positions = Positions::default();
         let shared = positions.clone();
         let urgent = Arc::new(AtomicBool::new(false));
         let urgent_here = urgent.clone();
         let env_here = env.clone();
+        let kafka_here = kafka.clone();
         let thread = std::thread::Builder::new().name("standbys".into()).spawn(move || {
             Updater {
                 consumer,
                 bounds,
+                kafka: kafka_here,
+                retries: Vec::new(),
                 env: env_here,
                 standbys: HashMap::new(),
                 routes: HashMap::new(),
@@ -283,8 +293,12 @@ struct Standby {
 
 struct Updater {
     consumer: BaseConsumer,
-    /// Reads changelog bounds (low and high offsets) when a standby starts.
+    /// Reads changelog bounds (low and high offsets) when a standby starts; made again
+    /// after an error (see [`Updater::add`]).
     bounds: BaseConsumer,
+    kafka: KafkaSettings,
+    /// Standbys and learners that failed to start, and when to try again.
+    retries: Vec<(Arc<DeployedTopology>, TaskId, Instant)>,
     env: Arc<StateEnv>,
     standbys: HashMap<TaskId, Standby>,
     /// (changelog or global topic, partition) → who reads it.
@@ -305,6 +319,7 @@ impl Updater {
     fn run(mut self, commands: Receiver<Command>) {
         loop {
             self.follow_globals();
+            self.retry_adds();
             // Cleared before the commands are taken: a removal sent after this is seen by
             // the next round.
             self.urgent.store(false, Ordering::Release);
@@ -336,12 +351,9 @@ impl Updater {
                     }
                 };
                 match command {
-                    Command::Add(topology, task) => {
-                        if let Err(e) = self.add(&topology, &task) {
-                            tracing::warn!(%task, "standby failed to start: {e}");
-                        }
-                    }
+                    Command::Add(topology, task) => self.add_or_retry(topology, task),
                     Command::Remove(task, hand_over, reply) => {
+                        self.retries.retain(|(_, t, _)| *t != task);
                         let result = self.remove(&task, hand_over);
                         if hand_over {
                             // Parked, or closed (a failure): the task may open its stores now.
@@ -366,6 +378,36 @@ impl Updater {
                 }
             }
             self.round();
+        }
+    }
+
+    /// Starts a standby or learner; one that fails (a changelog's offsets unread, its
+    /// store busy) is tried again a second later, until it starts or is removed: a
+    /// transient error must not leave the worker without it until the next assignment.
+    fn add_or_retry(&mut self, topology: Arc<DeployedTopology>, task: TaskId) {
+        if let Err(e) = self.add(&topology, &task) {
+            tracing::warn!(%task, "standby failed to start: {e}; trying again in {RETRY_ADD:?}");
+            // The bounds client may be what failed (see `StateEnv::changelog_bounds`).
+            match bounds_client(&self.kafka) {
+                Ok(fresh) => self.bounds = fresh,
+                Err(e) => tracing::warn!("making a new changelog offsets client: {e:#}"),
+            }
+            self.retries.push((topology, task, Instant::now() + RETRY_ADD));
+        }
+    }
+
+    /// Tries again the standbys whose time has come.
+    fn retry_adds(&mut self) {
+        if self.retries.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.retries)
+            .into_iter()
+            .partition(|(_, _, at)| *at <= now);
+        self.retries = later;
+        for (topology, task, _) in due {
+            self.add_or_retry(topology, task);
         }
     }
 

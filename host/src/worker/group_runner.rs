@@ -13,7 +13,7 @@ use rdkafka::consumer::BaseConsumer;
 
 use super::deploys::TopologyChange;
 use super::heartbeats::{lease_margin, Heartbeats, Kept};
-use super::learners::{changelog_ends, learners_caught_up, LEARNER_CHECK_EVERY, STANDBY_CHECK_EVERY};
+use super::learners::{learners_caught_up, ChangelogEnds, LEARNER_CHECK_EVERY, STANDBY_CHECK_EVERY};
 use super::{TaskRunner, WorkerReport};
 use crate::group::assignor::{by_name, LearnerPolicy};
 use crate::group::membership::{Membership, MembershipConfig, MembershipError};
@@ -112,15 +112,7 @@ pub async fn run(
         cluster.metadata_version
     );
     // Reads changelog end offsets (for the leader's lag figures and for learners' progress).
-    let offsets: BaseConsumer = cluster
-        .kafka
-        .client()
-        .set("client.id", "sluice-lag")
-        .set("group.id", "sluice.lag")
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .create()
-        .context("creating the changelog offsets client")?;
+    let mut offsets = ChangelogEnds::new(&cluster.kafka)?;
     // Learners that caught up and asked for their task (when), so a worker does not rejoin
     // for the same learner over and over.
     let mut asked: HashMap<TaskId, Instant> = HashMap::new();
@@ -183,7 +175,7 @@ pub async fn run(
             break 'member;
         }
         // Every member reads them (any may be the leader): one request per rebalance.
-        let ends = tokio::task::block_in_place(|| changelog_ends(&offsets, &stateful));
+        let ends = tokio::task::block_in_place(|| offsets.read(&stateful));
         let learners = runner.learners();
         let metadata = MemberMetadata {
             version: cluster.metadata_version,
@@ -265,7 +257,7 @@ pub async fn run(
                 continue 'member;
             }
             Err(MembershipError::OtherProtocol { group, ours, .. }) => {
-                let theirs = tokio::task::block_in_place(|| group_assignor(&offsets, &group));
+                let theirs = tokio::task::block_in_place(|| group_assignor(offsets.consumer(), &group));
                 anyhow::bail!(
                     "cluster {} runs the {theirs} assignor, and this worker was started with the {ours:?} assignor: \
                      the coordinator of group {group} refused it (an eager leader and a sticky follower would run a task \
@@ -451,7 +443,7 @@ pub async fn run(
                 let warm = runner.standbys();
                 let mine: Vec<(TaskId, Vec<(String, i32)>)> =
                     stateful.iter().filter(|(t, _)| warm.contains(t)).cloned().collect();
-                let ends = tokio::task::block_in_place(|| changelog_ends(&offsets, &mine));
+                let ends = tokio::task::block_in_place(|| offsets.read(&mine));
                 let positions = runner.standby_positions();
                 runner.board().positions(&positions, &ends);
                 if learning && learners_caught_up(cluster, &runner, &ends, &positions, &mut asked) {

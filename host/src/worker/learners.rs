@@ -4,12 +4,14 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use anyhow::Context as _;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::group_runner::{ClusterConfig, LearnerRejoin};
 use super::TaskRunner;
 use crate::group::TaskId;
+use crate::kafka::KafkaSettings;
 
 /// How often a worker with learners compares their progress with the changelogs' end.
 pub(super) const LEARNER_CHECK_EVERY: Duration = Duration::from_millis(200);
@@ -18,13 +20,60 @@ pub(super) const STANDBY_CHECK_EVERY: Duration = Duration::from_secs(1);
 /// A caught-up learner asks for its task again after this long if it did not get it.
 const LEARNER_REJOIN_AGAIN: Duration = Duration::from_secs(3);
 
-/// The end offsets of the changelogs of `tasks`, summed per task, in one ListOffsets round
-/// (the last stable offsets: transactions in flight do not count). Tasks whose offsets
-/// could not be read are left out (their lag is then unknown).
-pub(super) fn changelog_ends(consumer: &BaseConsumer, tasks: &[(TaskId, Vec<(String, i32)>)]) -> HashMap<TaskId, i64> {
+/// Reads where changelogs end (for the leader's lag figures, the status board and learners'
+/// progress) on a client of its own, made again after an error: a long-lived client can be
+/// left answering from metadata it does not refresh (see `StateEnv::changelog_bounds`).
+pub(super) struct ChangelogEnds {
+    kafka: KafkaSettings,
+    consumer: BaseConsumer,
+}
+
+impl ChangelogEnds {
+    pub(super) fn new(kafka: &KafkaSettings) -> anyhow::Result<ChangelogEnds> {
+        Ok(ChangelogEnds {
+            kafka: kafka.clone(),
+            consumer: Self::client(kafka)?,
+        })
+    }
+
+    fn client(kafka: &KafkaSettings) -> anyhow::Result<BaseConsumer> {
+        kafka
+            .client()
+            .set("client.id", "sluice-lag")
+            .set("group.id", "sluice.lag")
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed")
+            .create()
+            .context("creating the changelog offsets client")
+    }
+
+    /// The client, for other questions to the cluster (a group's protocol).
+    pub(super) fn consumer(&self) -> &BaseConsumer {
+        &self.consumer
+    }
+
+    /// The end offsets of the changelogs of `tasks`, summed per task, in one ListOffsets
+    /// round (the last stable offsets: transactions in flight do not count). Tasks whose
+    /// offsets could not be read are left out (their lag is then unknown), and the next
+    /// call asks on a new client.
+    pub(super) fn read(&mut self, tasks: &[(TaskId, Vec<(String, i32)>)]) -> HashMap<TaskId, i64> {
+        let (ends, complete) = changelog_ends(&self.consumer, tasks);
+        if !complete {
+            match Self::client(&self.kafka) {
+                Ok(fresh) => self.consumer = fresh,
+                Err(e) => tracing::warn!("{e:#}"),
+            }
+        }
+        ends
+    }
+}
+
+/// The end offsets of the changelogs of `tasks`, summed per task, and whether every one
+/// was read.
+fn changelog_ends(consumer: &BaseConsumer, tasks: &[(TaskId, Vec<(String, i32)>)]) -> (HashMap<TaskId, i64>, bool) {
     let mut ends = HashMap::new();
     if tasks.is_empty() {
-        return ends;
+        return (ends, true);
     }
     let mut list = TopicPartitionList::new();
     for (_, parts) in tasks {
@@ -36,20 +85,25 @@ pub(super) fn changelog_ends(consumer: &BaseConsumer, tasks: &[(TaskId, Vec<(Str
         Ok(found) => found,
         Err(e) => {
             tracing::warn!("reading the changelogs' end offsets: {e}");
-            return ends;
+            return (ends, false);
         }
     };
+    let mut complete = true;
     'task: for (task, parts) in tasks {
         let mut sum = 0;
         for (topic, p) in parts {
             match found.find_partition(topic, *p).map(|e| (e.error(), e.offset())) {
                 Some((Ok(()), Offset::Offset(o))) => sum += o,
-                _ => continue 'task,
+                other => {
+                    tracing::debug!(%task, topic, partition = p, "the changelog's end offset is unknown: {other:?}");
+                    complete = false;
+                    continue 'task;
+                }
             }
         }
         ends.insert(task.clone(), sum);
     }
-    ends
+    (ends, complete)
 }
 
 /// Whether this worker's learners are far enough along to take their tasks over (by the
