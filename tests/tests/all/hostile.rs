@@ -126,9 +126,40 @@ async fn neighbour_alone(kafka: &Kafka, dir: &TempDir, common: &[&str]) -> anyho
     Ok(rate)
 }
 
+/// Runs of the whole comparison at most: a second only if the first's ratio is below the
+/// bound. The ratio compares runs a minute apart on a shared machine (in one CI run a
+/// neighbour alone measured 291,660 and 389,247 records/s before and after); an attack
+/// that costs the neighbour (a loop not stopped, a flood not charged) fails both.
+const TRIALS: usize = 2;
+
 #[tokio::test(flavor = "multi_thread")]
 async fn hostile_guests_beside_a_neighbour_cost_only_themselves() -> anyhow::Result<()> {
     let kafka = kafka();
+    let mut ratios = Vec::new();
+    for trial in 1..=TRIALS {
+        let (alone, beside) = hostile_trial(kafka).await?;
+        let ratio = beside / alone;
+        ratios.push(format!(
+            "{:.0}% ({beside:.0} against {alone:.0} records/s)",
+            100.0 * ratio
+        ));
+        if ratio >= 0.8 {
+            return Ok(());
+        }
+        println!(
+            "trial {trial}: the neighbour kept {} of its rate beside the attacks",
+            ratios[trial - 1]
+        );
+    }
+    panic!(
+        "the neighbour slowed beside the attacks in each of {TRIALS} trials: it kept {}",
+        ratios.join(", then ")
+    );
+}
+
+/// One run of the comparison: every other check is hard; returns the neighbour's rate
+/// alone (the mean of a run before and one after) and beside the attacks.
+async fn hostile_trial(kafka: &Kafka) -> anyhow::Result<(f64, f64)> {
     let dir = TempDir::new("hostile");
     let state = dir.path().join("state");
     let common = [
@@ -263,11 +294,7 @@ async fn hostile_guests_beside_a_neighbour_cost_only_themselves() -> anyhow::Res
     );
     assert!(stop < Duration::from_secs(30), "stopping took {stop:?}");
     assert!(rss < PEAK_RSS_BOUND, "peak RSS {} MiB", rss >> 20);
-    assert!(
-        beside_rate >= 0.8 * alone_rate,
-        "the neighbour slowed from {alone_rate:.0} to {beside_rate:.0} records/s beside the attacks"
-    );
-    Ok(())
+    Ok((alone_rate, beside_rate))
 }
 
 /// `sluice_task_failed` of `topology`'s partition 0 (none before the task reports).
