@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use rdkafka::producer::FutureRecord;
-use sluice_tests::worker::{guest, manifest, TempDir, WorkerProcess};
+use sluice_tests::worker::{cluster_worker, guest, manifest, TempDir, WorkerProcess};
 use sluice_tests::{kafka, unique_name, Received};
 
 use crate::cluster::until_settled;
@@ -162,31 +162,21 @@ impl Example {
 
     /// Starts one more worker, with a state directory of its own.
     pub fn start_worker(&mut self) -> anyhow::Result<()> {
-        let state = self.dir.path().join(format!("state-{}", self.started));
-        self.started += 1;
-        let worker = WorkerProcess::start(
-            kafka().bootstrap(),
-            self.dir.path(),
+        let worker = cluster_worker(
+            &self.dir,
+            Some(&self.manifest),
+            &self.cluster,
+            self.started,
             &[
-                "--topology",
-                self.manifest.to_str().unwrap(),
-                "--cluster",
-                &self.cluster,
-                "--state-dir",
-                state.to_str().unwrap(),
-                "--heartbeat-interval",
-                "200ms",
-                "--session-timeout",
-                "6s",
                 "--processing-guarantee",
                 "exactly-once",
                 "--commit-interval",
                 "100ms",
                 "--batch-size",
                 "50",
-                "--no-drain-on-stop",
             ],
         )?;
+        self.started += 1;
         self.workers.push(worker);
         Ok(())
     }
@@ -584,23 +574,8 @@ async fn dsl_page_views_send_each_window_once_exactly_through_a_scale_step_and_a
     };
     let written = |phases: usize| all.iter().filter(|v| v.phase < phases).count();
 
-    ex.start_worker()?;
-    ex.settle(4).await?;
-    // Phase 1 while a second worker joins.
-    let producing = produce_slowly(&input, records(0), 8, Duration::from_millis(200));
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    ex.start_worker()?;
-    ex.settle(2).await?;
-    producing.await??;
-    // Phase 2; once its views are committed (the punctuation that closes their windows may
-    // still be under way), the first worker is killed.
-    produce_slowly(&input, records(1), 6, Duration::from_millis(150)).await??;
-    committed(&ex, &input, VIEW_PARTITIONS, written(2)).await?;
-    ex.kill_first()?;
     // Phase 3 starts with late views: the first records the moved tasks read.
-    produce(&input, &records(2)).await?;
-    produce(&input, &records(3)).await?;
-    ex.settle(4).await?;
+    scale_then_kill(&mut ex, &input, records, written(2)).await?;
 
     let outputs = ex
         .finish(&[&minutes, &fives], Duration::from_secs(120), |out| {
@@ -609,6 +584,34 @@ async fn dsl_page_views_send_each_window_once_exactly_through_a_scale_step_and_a
         .await?;
     assert_windows("per minute", window_results(&outputs[0])?, &per_minute);
     assert_windows("per 5 minutes", window_results(&outputs[1])?, &per_5);
+    Ok(())
+}
+
+/// The four phases of the windowed examples on [`VIEW_PARTITIONS`] partitions of `input`:
+/// one worker; phase 0 while a second joins; phase 1, and once its records (the first
+/// `committed_after_1` of all) are committed, the first worker is SIGKILLed; phases 2 and 3
+/// go to the one left, which then runs every task.
+async fn scale_then_kill(
+    ex: &mut Example,
+    input: &str,
+    records: impl Fn(usize) -> Vec<Out>,
+    committed_after_1: usize,
+) -> anyhow::Result<()> {
+    ex.start_worker()?;
+    ex.settle(4).await?;
+    let producing = produce_slowly(input, records(0), 8, Duration::from_millis(200));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    ex.start_worker()?;
+    ex.settle(2).await?;
+    producing.await??;
+    // Committed, not yet closed: the punctuation that closes their windows may still be
+    // under way when the kill comes.
+    produce_slowly(input, records(1), 6, Duration::from_millis(150)).await??;
+    committed(ex, input, VIEW_PARTITIONS, committed_after_1).await?;
+    ex.kill_first()?;
+    produce(input, &records(2)).await?;
+    produce(input, &records(3)).await?;
+    ex.settle(4).await?;
     Ok(())
 }
 
@@ -792,20 +795,8 @@ async fn dsl_sessions_merge_and_go_out_once_exactly_through_a_scale_step_and_a_k
     };
     let written = |phases: usize| all.iter().filter(|c| c.phase < phases).count();
 
-    ex.start_worker()?;
-    ex.settle(4).await?;
-    let producing = produce_slowly(&input, records(0), 8, Duration::from_millis(200));
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    ex.start_worker()?;
-    ex.settle(2).await?;
-    producing.await??;
-    produce_slowly(&input, records(1), 6, Duration::from_millis(150)).await??;
-    committed(&ex, &input, VIEW_PARTITIONS, written(2)).await?;
-    ex.kill_first()?;
     // Phase 3 starts with a click within grace and one past it: the first the moved tasks read.
-    produce(&input, &records(2)).await?;
-    produce(&input, &records(3)).await?;
-    ex.settle(4).await?;
+    scale_then_kill(&mut ex, &input, records, written(2)).await?;
 
     let outputs = ex
         .finish(&[&output], Duration::from_secs(120), |out| out[0].len() >= truth.len())
