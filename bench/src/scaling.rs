@@ -53,6 +53,12 @@ pub struct ScalingArgs {
     /// How long each step holds after the cluster settled.
     #[arg(long, default_value_t = 3)]
     hold_secs: u64,
+    /// How long the steady state before the first step is measured: its largest gap is
+    /// what the unmoved tasks' largest pause compares with, so as long as the steps take
+    /// (about 20 s) by default — the largest of 2.5 s of gaps is smaller than the largest of
+    /// 20 s even when nothing happens.
+    #[arg(long, default_value_t = 20)]
+    steady_secs: u64,
     /// Runs of each policy (the figures are their median, and the worst run).
     #[arg(long, default_value_t = 1)]
     runs: usize,
@@ -76,6 +82,10 @@ pub struct ScalingArgs {
     /// an output shows when its transaction commits, so this is a floor on the gaps seen).
     #[arg(long, default_value = "1s")]
     commit_interval: String,
+    /// More arguments for every worker (repeat it: `--worker-arg=--standby-restore-rate
+    /// --worker-arg=100000`).
+    #[arg(long, allow_hyphen_values = true)]
+    worker_arg: Vec<String>,
 }
 
 /// The repartition topic's partitions: `guests/word-totals` declares 8.
@@ -159,6 +169,17 @@ struct Worker {
 impl Worker {
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// A run that fails midway leaves no worker behind (one left running took its tasks' share
+/// of the machine from every later run).
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 
@@ -281,6 +302,13 @@ impl Figures {
 }
 
 pub async fn run(args: ScalingArgs) -> anyhow::Result<()> {
+    // Before a million keys go into a changelog for nothing.
+    if !args.component.is_file() {
+        bail!(
+            "the component {} does not exist: build the guests first (`dev/build-guests` prints where they are)",
+            args.component.display()
+        );
+    }
     let layout = Layout {
         two_stage: args.two_stage,
         input: args.partitions,
@@ -469,6 +497,7 @@ async fn one_policy(args: &ScalingArgs, layout: Layout, policy: &str) -> anyhow:
             .args(["--processing-guarantee", &args.processing_guarantee])
             .args(["--commit-interval", &args.commit_interval])
             .args(policy_args)
+            .args(&args.worker_arg)
             .env(
                 "SLUICE_LOG",
                 std::env::var("SCALING_WORKER_LOG").unwrap_or_else(|_| {
@@ -573,7 +602,7 @@ async fn one_policy(args: &ScalingArgs, layout: Layout, policy: &str) -> anyhow:
     // Steady state first: the gaps before any step are what a task's output normally
     // shows (its batches, the commit interval), for the unmoved tasks' pauses to compare with.
     let steady_start = SystemTime::now() + Duration::from_millis(500);
-    std::thread::sleep(Duration::from_secs(3));
+    std::thread::sleep(Duration::from_millis(500) + Duration::from_secs(args.steady_secs));
     let window_start = SystemTime::now();
     let since = |at: SystemTime| at.duration_since(window_start).unwrap_or_default().as_secs_f64();
     let hold = Duration::from_secs(args.hold_secs);
@@ -740,6 +769,12 @@ async fn one_policy(args: &ScalingArgs, layout: Layout, policy: &str) -> anyhow:
             .join(", "),
         details.join(", ")
     );
+    for p in &pauses {
+        println!(
+            "  {policy}: this run, {}: moved {:.2} s, unmoved {:.2} s, steady {:.2} s",
+            p.measure, p.moved_max, p.unmoved_max, p.steady_max
+        );
+    }
     if args.trace && longest.0 > 0.0 {
         print_timeline(&name, longest, &logs, &log_names);
     }
