@@ -66,6 +66,11 @@ pub const SETTINGS: &[Setting] = &[
     s("num.standby.replicas", "standby_replicas", Kind::Value),
     s("max.learner.tasks", "max_learner_tasks", Kind::Value),
     s("acceptable.recovery.lag", "acceptable_recovery_lag", Kind::Value),
+    s(
+        "standby.restore.records.per.second",
+        "standby_restore_rate",
+        Kind::Value,
+    ),
     s("learner.rejoin", "learner_rejoin", Kind::Value),
     s("commit.interval.ms", "commit_interval", Kind::Millis),
     s("idle.commit.interval.ms", "idle_commit_interval", Kind::Millis),

@@ -171,6 +171,13 @@ pub struct WorkerSettings {
     /// A learner this many changelog records (or fewer) behind is caught up: its task moves.
     #[arg(long, default_value_t = 10_000)]
     acceptable_recovery_lag: u64,
+    /// Most changelog records a second this worker's standbys, learners and global tables
+    /// read together (0: as fast as the broker serves them). A learner restoring at full
+    /// speed takes a core of its worker and much of the broker; on machines the workers
+    /// share with each other or with the broker, a rate keeps the tasks that do not move
+    /// flowing while learners restore (see docs/scaling.md), at the cost of a slower scale-up.
+    #[arg(long, default_value_t = 0)]
+    standby_restore_rate: u64,
     /// When a worker with learners rejoins to take their tasks: `each` as soon as one has
     /// caught up, `all` once all of them have.
     #[arg(long, value_enum, default_value = "each")]
@@ -399,6 +406,7 @@ impl WorkerSettings {
                 threads,
                 max_batch_bytes: args.max_batch_bytes,
                 prefetch_bytes: args.prefetch,
+                standby_restore_rate: Some(args.standby_restore_rate).filter(|&r| r > 0),
                 commit_interval: args.commit_interval,
                 punctuate_interval: args.punctuate_interval,
                 guarantee: args.processing_guarantee,

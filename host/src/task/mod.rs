@@ -57,6 +57,8 @@ pub struct TaskSettings {
     pub max_batch_bytes: usize,
     /// Bytes of records each stream thread's consumer may fetch ahead of processing.
     pub prefetch_bytes: usize,
+    /// Most changelog records a second the state updater reads (none: no limit).
+    pub standby_restore_rate: Option<u64>,
     pub commit_interval: Duration,
     pub punctuate_interval: Duration,
     pub guarantee: Guarantee,
@@ -74,6 +76,7 @@ impl Default for TaskSettings {
             threads: 2,
             max_batch_bytes: 16 << 20,
             prefetch_bytes: 64 << 20,
+            standby_restore_rate: None,
             commit_interval: Duration::from_secs(1),
             punctuate_interval: Duration::from_secs(1),
             guarantee: Guarantee::AtLeastOnce,

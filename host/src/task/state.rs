@@ -31,7 +31,7 @@ use rocksdb::DB;
 
 use super::TaskProgress;
 use crate::group::TaskId;
-use crate::kafka::KafkaSettings;
+use crate::kafka::{KafkaSettings, OffsetsClient};
 use crate::metrics::{Metrics, StoreLabels};
 use crate::runtime::NamedStore;
 use crate::state::checkpoint::{self, Checkpoint};
@@ -56,7 +56,7 @@ pub struct StateEnv {
     /// Reads changelog bounds when a task opens its stores: one client for the worker, made
     /// at the first start and kept, so a start does not wait for a new client's connections
     /// (up to 0.7 s of a handover on a busy machine).
-    bounds: std::sync::Mutex<Option<Arc<rdkafka::consumer::BaseConsumer>>>,
+    bounds: Arc<OffsetsClient>,
     /// Threads dropping what ended tasks held (their guest, their producer), joined by
     /// [`StateEnv::settle`].
     dropping: std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>,
@@ -70,14 +70,14 @@ pub struct StateEnv {
 const PARKED_FOR: Duration = Duration::from_secs(30);
 
 impl StateEnv {
-    pub fn new(dir: PathBuf, memory: SharedMemory) -> StateEnv {
+    pub fn new(dir: PathBuf, memory: SharedMemory, kafka: &KafkaSettings) -> StateEnv {
         StateEnv {
             dir,
             memory,
             open: Default::default(),
             globals: Default::default(),
             parked: Default::default(),
-            bounds: Default::default(),
+            bounds: Arc::new(OffsetsClient::new(kafka, "sluice-changelog-bounds", "sluice.restore")),
             dropping: Default::default(),
             handovers: Default::default(),
             handed: Default::default(),
@@ -126,66 +126,19 @@ impl StateEnv {
     }
 
     /// The first offset and the end (read-committed: the last stable offset) of a changelog
-    /// partition, read on the worker's long-lived client.
-    ///
-    /// A long-lived client can be left with metadata it answers from without asking again:
-    /// through a rolling restart of the brokers one kept answering `UnknownPartition` for a
-    /// changelog partition for minutes while a fresh client found it at once. So an error
-    /// drops the client and the question is asked once more on a new one; its error, if
-    /// any, is the answer.
-    pub fn changelog_bounds(&self, kafka: &KafkaSettings, topic: &str, partition: i32) -> Result<(i64, i64), String> {
+    /// partition, read on the worker's long-lived client (see [`OffsetsClient`]).
+    pub fn changelog_bounds(&self, topic: &str, partition: i32) -> Result<(i64, i64), String> {
         use rdkafka::consumer::Consumer;
-        let ask = |client: Arc<rdkafka::consumer::BaseConsumer>| {
-            client
-                .fetch_watermarks(topic, partition, Duration::from_secs(15))
-                .map_err(|e| format!("reading the offsets of changelog {topic}/{partition}: {e}"))
-        };
-        let client = self.bounds_client(kafka)?;
-        match ask(client.clone()) {
-            Ok(bounds) => Ok(bounds),
-            Err(first) => {
-                {
-                    let mut bounds = self.bounds.lock().unwrap_or_else(|p| p.into_inner());
-                    // Unless another start replaced it already.
-                    if bounds.as_ref().is_some_and(|c| Arc::ptr_eq(c, &client)) {
-                        *bounds = None;
-                    }
-                }
-                tracing::debug!("{first}; asking again on a new client");
-                ask(self.bounds_client(kafka)?)
-            }
-        }
+        self.bounds
+            .ask(|client| client.fetch_watermarks(topic, partition, Duration::from_secs(15)))
+            .map_err(|e| format!("reading the offsets of changelog {topic}/{partition}: {e}"))
     }
 
     /// Makes the client [`changelog_bounds`](Self::changelog_bounds) reads on and connects
     /// it, in the background: what a worker does when it starts, so that its first task
     /// start does not wait for it either.
-    pub fn connect(self: &Arc<Self>, kafka: &KafkaSettings) {
-        let (env, kafka) = (self.clone(), kafka.clone());
-        let _ = std::thread::Builder::new().name("bounds-client".into()).spawn(move || {
-            use rdkafka::consumer::Consumer;
-            if let Ok(client) = env.bounds_client(&kafka) {
-                let _ = client.fetch_metadata(None, Duration::from_secs(10));
-            }
-        });
-    }
-
-    fn bounds_client(&self, kafka: &KafkaSettings) -> Result<Arc<rdkafka::consumer::BaseConsumer>, String> {
-        let mut bounds = self.bounds.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(client) = &*bounds {
-            return Ok(client.clone());
-        }
-        let client: rdkafka::consumer::BaseConsumer = kafka
-            .client()
-            .set("client.id", "sluice-changelog-bounds")
-            .set("group.id", "sluice.restore")
-            .set("enable.auto.commit", "false")
-            .set("isolation.level", "read_committed")
-            .create()
-            .map_err(|e| format!("creating the changelog offsets client: {e}"))?;
-        let client = Arc::new(client);
-        *bounds = Some(client.clone());
-        Ok(client)
+    pub fn connect(&self) {
+        self.bounds.connect();
     }
 
     /// Drops `what` (an ended task: its guest instance, its producer, its share of its
@@ -313,7 +266,7 @@ pub fn open_store(
     partition: i32,
 ) -> Result<OpenedStore, String> {
     let began = std::time::Instant::now();
-    let bounds = env.changelog_bounds(kafka, &changelog.topic, partition)?;
+    let bounds = env.changelog_bounds(&changelog.topic, partition)?;
     let mut reader = ChangelogReader::with_bounds(kafka, &changelog.topic, partition, bounds);
     let read_bounds = began.elapsed();
     let (db, from) = prepare_store(env, task, dir, changelog, partition, reader.bounds())?;
@@ -625,7 +578,11 @@ mod tests {
     #[test]
     fn a_parked_store_is_taken_open_by_the_next_owner_and_closed_when_nobody_takes_it() {
         let dir = std::env::temp_dir().join(format!("sluice-parked-{}", uuid::Uuid::new_v4().simple()));
-        let env = StateEnv::new(dir.clone(), rocks::SharedMemory::new(8 << 20, 8 << 20));
+        let env = StateEnv::new(
+            dir.clone(),
+            rocks::SharedMemory::new(8 << 20, 8 << 20),
+            &KafkaSettings::new("127.0.0.1:9"),
+        );
         let c = changelog("A");
         let path = dir.join(&c.store);
         let db = Arc::new(rocks::open(&path, &env.memory).unwrap());

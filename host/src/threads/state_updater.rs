@@ -24,7 +24,7 @@ use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::group::TaskId;
-use crate::kafka::KafkaSettings;
+use crate::kafka::{KafkaSettings, OffsetsClient};
 use crate::state::checkpoint::{self, Checkpoint};
 use crate::state::global::{GlobalTable, Status};
 use crate::state::rocks::{self, Marker};
@@ -75,29 +75,28 @@ pub struct StandbyUpdater {
     env: Arc<StateEnv>,
 }
 
-/// How long a standby that failed to start waits before it is tried again.
+/// How long a standby that failed to start waits before it is tried again: the first
+/// wait, doubled after each failure up to the last.
 const RETRY_ADD: Duration = Duration::from_secs(1);
-
-/// The client changelog bounds are read on: a connection of its own, since on the tailing
-/// consumer's they would queue behind its long-polling fetch (half a second per standby).
-fn bounds_client(kafka: &KafkaSettings) -> anyhow::Result<BaseConsumer> {
-    Ok(kafka
-        .client()
-        .set("client.id", "sluice-standby-offsets")
-        .set("group.id", "sluice.restore")
-        .set("isolation.level", "read_committed")
-        .create()?)
-}
+const RETRY_ADD_MAX: Duration = Duration::from_secs(30);
 
 impl StandbyUpdater {
-    pub fn start(kafka: &KafkaSettings, env: Arc<StateEnv>) -> anyhow::Result<StandbyUpdater> {
+    /// Starts the thread; `rate`: most changelog records a second it reads (none: no limit).
+    pub fn start(kafka: &KafkaSettings, env: Arc<StateEnv>, rate: Option<u64>) -> anyhow::Result<StandbyUpdater> {
+        // Learners restore whole stores through this consumer: fetch in large steps, as a
+        // restoration does (restore.rs), within a bounded queue. Under a rate, in small
+        // steps into a small queue: what librdkafka fetches ahead it fetches at the broker's
+        // full speed, whatever the rate of reading it.
+        let (fetch, partition_fetch, queue_kb) = match rate {
+            None => (32 << 20, 4 << 20, 64 << 10),
+            Some(_) => (4 << 20, 1 << 20, 4 << 10),
+        };
         let consumer: BaseConsumer = kafka
             .client()
             .set("client.id", "sluice-standby")
-            // Learners restore whole stores through this consumer: fetch in large steps, as
-            // a restoration does (restore.rs), within a bounded queue.
-            .set("fetch.max.bytes", (32 << 20).to_string())
-            .set("max.partition.fetch.bytes", (4 << 20).to_string())
+            .set("fetch.max.bytes", fetch.to_string())
+            .set("max.partition.fetch.bytes", partition_fetch.to_string())
+            .set("queued.max.messages.kbytes", queue_kb.to_string())
             // A partition whose queue is full is fetched again after this long, not after
             // librdkafka's default second: learners read faster than the queue refills.
             .set("fetch.queue.backoff.ms", "10")
@@ -112,19 +111,19 @@ impl StandbyUpdater {
             // default), which a promoted learner's catch-up and a new learner would wait for.
             .set("fetch.wait.max.ms", "20")
             .create()?;
-        let bounds = bounds_client(kafka)?;
+        // Changelog bounds are read on a connection of their own: on the tailing consumer's
+        // they would queue behind its long-polling fetch (half a second per standby).
+        let bounds = OffsetsClient::new(kafka, "sluice-standby-offsets", "sluice.restore");
         let (tx, rx) = mpsc::channel();
         let positions = Positions::default();
         let shared = positions.clone();
         let urgent = Arc::new(AtomicBool::new(false));
         let urgent_here = urgent.clone();
         let env_here = env.clone();
-        let kafka_here = kafka.clone();
         let thread = std::thread::Builder::new().name("standbys".into()).spawn(move || {
             Updater {
                 consumer,
                 bounds,
-                kafka: kafka_here,
                 retries: Vec::new(),
                 env: env_here,
                 standbys: HashMap::new(),
@@ -135,6 +134,7 @@ impl StandbyUpdater {
                 known_topics: HashSet::new(),
                 positions: shared,
                 urgent: urgent_here,
+                rate: rate.map(|r| r as f64),
             }
             .run(rx)
         })?;
@@ -291,14 +291,21 @@ struct Standby {
     failed: Option<String>,
 }
 
+/// A standby that failed to start, tried again `at`.
+struct Retry {
+    at: Instant,
+    /// How long to wait if it fails again.
+    next_wait: Duration,
+    topology: Arc<DeployedTopology>,
+    task: TaskId,
+}
+
 struct Updater {
     consumer: BaseConsumer,
-    /// Reads changelog bounds (low and high offsets) when a standby starts; made again
-    /// after an error (see [`Updater::add`]).
-    bounds: BaseConsumer,
-    kafka: KafkaSettings,
+    /// Reads changelog bounds (low and high offsets) and global topics' metadata.
+    bounds: OffsetsClient,
     /// Standbys and learners that failed to start, and when to try again.
-    retries: Vec<(Arc<DeployedTopology>, TaskId, Instant)>,
+    retries: Vec<Retry>,
     env: Arc<StateEnv>,
     standbys: HashMap<TaskId, Standby>,
     /// (changelog or global topic, partition) → who reads it.
@@ -313,6 +320,9 @@ struct Updater {
     positions: Positions,
     /// A removal waits: end the round early (see [`StandbyUpdater`]).
     urgent: Arc<AtomicBool>,
+    /// Most changelog records a second (none: as fast as they come): each round reads a
+    /// twentieth of a second's worth, then waits out the rest of its time.
+    rate: Option<f64>,
 }
 
 impl Updater {
@@ -351,9 +361,9 @@ impl Updater {
                     }
                 };
                 match command {
-                    Command::Add(topology, task) => self.add_or_retry(topology, task),
+                    Command::Add(topology, task) => self.add_or_retry(topology, task, RETRY_ADD),
                     Command::Remove(task, hand_over, reply) => {
-                        self.retries.retain(|(_, t, _)| *t != task);
+                        self.retries.retain(|r| r.task != task);
                         let result = self.remove(&task, hand_over);
                         if hand_over {
                             // Parked, or closed (a failure): the task may open its stores now.
@@ -382,17 +392,19 @@ impl Updater {
     }
 
     /// Starts a standby or learner; one that fails (a changelog's offsets unread, its
-    /// store busy) is tried again a second later, until it starts or is removed: a
-    /// transient error must not leave the worker without it until the next assignment.
-    fn add_or_retry(&mut self, topology: Arc<DeployedTopology>, task: TaskId) {
+    /// store busy) is tried again a second later, then after twice as long each time (up
+    /// to [`RETRY_ADD_MAX`]), until it starts or is removed: a transient error must not
+    /// leave the worker without it until the next assignment.
+    fn add_or_retry(&mut self, topology: Arc<DeployedTopology>, task: TaskId, wait: Duration) {
         if let Err(e) = self.add(&topology, &task) {
-            tracing::warn!(%task, "standby failed to start: {e}; trying again in {RETRY_ADD:?}");
-            // The bounds client may be what failed (see `StateEnv::changelog_bounds`).
-            match bounds_client(&self.kafka) {
-                Ok(fresh) => self.bounds = fresh,
-                Err(e) => tracing::warn!("making a new changelog offsets client: {e:#}"),
-            }
-            self.retries.push((topology, task, Instant::now() + RETRY_ADD));
+            // Logged at each attempt: a lasting failure once every 30 s.
+            tracing::warn!(%task, "standby failed to start: {e}; trying again in {wait:?}");
+            self.retries.push(Retry {
+                at: Instant::now() + wait,
+                next_wait: (wait * 2).min(RETRY_ADD_MAX),
+                topology,
+                task,
+            });
         }
     }
 
@@ -402,12 +414,10 @@ impl Updater {
             return;
         }
         let now = Instant::now();
-        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.retries)
-            .into_iter()
-            .partition(|(_, _, at)| *at <= now);
+        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.retries).into_iter().partition(|r| r.at <= now);
         self.retries = later;
-        for (topology, task, _) in due {
-            self.add_or_retry(topology, task);
+        for r in due {
+            self.add_or_retry(r.topology, r.task, r.next_wait);
         }
     }
 
@@ -427,7 +437,7 @@ impl Updater {
         for changelog in &topology.changelogs_of(stage) {
             let bounds = self
                 .bounds
-                .fetch_watermarks(&changelog.topic, partition, Duration::from_secs(15))
+                .ask(|c| c.fetch_watermarks(&changelog.topic, partition, Duration::from_secs(15)))
                 .map_err(|e| format!("reading the offsets of changelog {}/{partition}: {e}", changelog.topic))?;
             let (db, from) = prepare_store(&self.env, &label, &dir, changelog, partition, bounds)?;
             stores.push(WarmStore {
@@ -522,15 +532,26 @@ impl Updater {
     fn round(&mut self) {
         // Short: commands (a learner promoted, whose task waits to open its stores) are
         // taken between rounds.
-        self.read(ROUND_RECORDS, Duration::from_millis(20), true);
+        let began = Instant::now();
+        let max = match self.rate {
+            Some(rate) => ((rate / 20.0) as usize).clamp(1, ROUND_RECORDS),
+            None => ROUND_RECORDS,
+        };
+        let read = self.read(max, Duration::from_millis(20), true);
         self.apply_all();
         self.publish_positions();
+        if let Some(rate) = self.rate {
+            let due = Duration::from_secs_f64(read as f64 / rate);
+            while began.elapsed() < due && !self.urgent.load(Ordering::Acquire) {
+                std::thread::sleep((due - began.elapsed()).min(Duration::from_millis(5)));
+            }
+        }
     }
 
     /// Reads what the changelogs hold for their standbys and tables, up to `max` records
     /// (and [`ROUND_BYTES`]), waiting up to `wait` for the first; stops early for a waiting
     /// removal if `yield_to_removals`. What is read waits in the stores' pending writes.
-    fn read(&mut self, max: usize, wait: Duration, yield_to_removals: bool) {
+    fn read(&mut self, max: usize, wait: Duration, yield_to_removals: bool) -> usize {
         let mut wait = wait;
         let mut read = 0;
         // Records come in runs of one partition: they collect in `run` and go to their
@@ -569,6 +590,7 @@ impl Updater {
             }
         }
         end_run(&mut self.standbys, &mut self.globals, &mut run);
+        read
     }
 
     /// Applies what was read to the tables and standbys (checkpointing those due).
@@ -602,7 +624,10 @@ impl Updater {
         let mut targets = Vec::new();
         for store in &standby.stores {
             let topic = &store.changelog.topic;
-            match self.bounds.fetch_watermarks(topic, partition, Duration::from_secs(5)) {
+            match self
+                .bounds
+                .ask(|c| c.fetch_watermarks(topic, partition, Duration::from_secs(5)))
+            {
                 Ok((_, end)) => targets.push((topic.clone(), end)),
                 Err(e) => {
                     // The task restores what is missing itself.
@@ -755,24 +780,27 @@ impl Updater {
             self.remove_global(&topic);
         }
         let wait = Duration::from_secs(15);
-        let metadata = self
+        let partitions = self
             .bounds
-            .fetch_metadata(Some(&topic), wait)
+            .ask(|c| {
+                let metadata = c.fetch_metadata(Some(&topic), wait).map_err(|e| e.to_string())?;
+                let partitions: Vec<i32> = metadata
+                    .topics()
+                    .iter()
+                    .filter(|t| t.name() == topic && t.error().is_none())
+                    .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+                    .collect();
+                if partitions.is_empty() {
+                    return Err("no partitions in the metadata".to_string());
+                }
+                Ok(partitions)
+            })
             .map_err(|e| format!("reading the metadata of topic {topic:?}: {e}"))?;
-        let partitions: Vec<i32> = metadata
-            .topics()
-            .iter()
-            .filter(|t| t.name() == topic && t.error().is_none())
-            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-            .collect();
-        if partitions.is_empty() {
-            return Err(format!("topic {topic:?} has no partitions in the metadata"));
-        }
         let mut bounds = BTreeMap::new();
         for &p in &partitions {
             let b = self
                 .bounds
-                .fetch_watermarks(&topic, p, wait)
+                .ask(|c| c.fetch_watermarks(&topic, p, wait))
                 .map_err(|e| format!("reading the offsets of {topic}/{p}: {e}"))?;
             bounds.insert(p, b);
         }

@@ -112,7 +112,7 @@ pub async fn run(
         cluster.metadata_version
     );
     // Reads changelog end offsets (for the leader's lag figures and for learners' progress).
-    let mut offsets = ChangelogEnds::new(&cluster.kafka)?;
+    let offsets = ChangelogEnds::new(&cluster.kafka);
     // Learners that caught up and asked for their task (when), so a worker does not rejoin
     // for the same learner over and over.
     let mut asked: HashMap<TaskId, Instant> = HashMap::new();
@@ -257,7 +257,10 @@ pub async fn run(
                 continue 'member;
             }
             Err(MembershipError::OtherProtocol { group, ours, .. }) => {
-                let theirs = tokio::task::block_in_place(|| group_assignor(offsets.consumer(), &group));
+                let theirs = tokio::task::block_in_place(|| match offsets.consumer() {
+                    Ok(consumer) => group_assignor(&consumer, &group),
+                    Err(_) => "an unknown".to_string(),
+                });
                 anyhow::bail!(
                     "cluster {} runs the {theirs} assignor, and this worker was started with the {ours:?} assignor: \
                      the coordinator of group {group} refused it (an eager leader and a sticky follower would run a task \

@@ -2,16 +2,16 @@
 //! when learners are far enough along that the worker rejoins to take their tasks over.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::group_runner::{ClusterConfig, LearnerRejoin};
 use super::TaskRunner;
 use crate::group::TaskId;
-use crate::kafka::KafkaSettings;
+use crate::kafka::{KafkaSettings, OffsetsClient};
 
 /// How often a worker with learners compares their progress with the changelogs' end.
 pub(super) const LEARNER_CHECK_EVERY: Duration = Duration::from_millis(200);
@@ -21,48 +21,38 @@ pub(super) const STANDBY_CHECK_EVERY: Duration = Duration::from_secs(1);
 const LEARNER_REJOIN_AGAIN: Duration = Duration::from_secs(3);
 
 /// Reads where changelogs end (for the leader's lag figures, the status board and learners'
-/// progress) on a client of its own, made again after an error: a long-lived client can be
-/// left answering from metadata it does not refresh (see `StateEnv::changelog_bounds`).
+/// progress) on a client of its own, made again after an error (see [`OffsetsClient`]).
 pub(super) struct ChangelogEnds {
-    kafka: KafkaSettings,
-    consumer: BaseConsumer,
+    client: OffsetsClient,
 }
 
 impl ChangelogEnds {
-    pub(super) fn new(kafka: &KafkaSettings) -> anyhow::Result<ChangelogEnds> {
-        Ok(ChangelogEnds {
-            kafka: kafka.clone(),
-            consumer: Self::client(kafka)?,
-        })
-    }
-
-    fn client(kafka: &KafkaSettings) -> anyhow::Result<BaseConsumer> {
-        kafka
-            .client()
-            .set("client.id", "sluice-lag")
-            .set("group.id", "sluice.lag")
-            .set("enable.auto.commit", "false")
-            .set("isolation.level", "read_committed")
-            .create()
-            .context("creating the changelog offsets client")
+    pub(super) fn new(kafka: &KafkaSettings) -> ChangelogEnds {
+        ChangelogEnds {
+            client: OffsetsClient::new(kafka, "sluice-lag", "sluice.lag"),
+        }
     }
 
     /// The client, for other questions to the cluster (a group's protocol).
-    pub(super) fn consumer(&self) -> &BaseConsumer {
-        &self.consumer
+    pub(super) fn consumer(&self) -> anyhow::Result<Arc<BaseConsumer>> {
+        self.client.get()
     }
 
     /// The end offsets of the changelogs of `tasks`, summed per task, in one ListOffsets
     /// round (the last stable offsets: transactions in flight do not count). Tasks whose
     /// offsets could not be read are left out (their lag is then unknown), and the next
     /// call asks on a new client.
-    pub(super) fn read(&mut self, tasks: &[(TaskId, Vec<(String, i32)>)]) -> HashMap<TaskId, i64> {
-        let (ends, complete) = changelog_ends(&self.consumer, tasks);
-        if !complete {
-            match Self::client(&self.kafka) {
-                Ok(fresh) => self.consumer = fresh,
-                Err(e) => tracing::warn!("{e:#}"),
+    pub(super) fn read(&self, tasks: &[(TaskId, Vec<(String, i32)>)]) -> HashMap<TaskId, i64> {
+        let client = match self.client.get() {
+            Ok(client) => client,
+            Err(e) => {
+                tracing::warn!("{e:#}");
+                return HashMap::new();
             }
+        };
+        let (ends, complete) = changelog_ends(&client, tasks);
+        if !complete {
+            self.client.renew(&client);
         }
         ends
     }

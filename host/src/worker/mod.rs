@@ -175,8 +175,9 @@ impl Worker {
         let state = Arc::new(StateEnv::new(
             config.state_dir.clone(),
             crate::state::rocks::SharedMemory::new(config.state_block_cache, config.state_write_buffers),
+            &config.kafka,
         ));
-        state.connect(&config.kafka);
+        state.connect();
         Ok(Worker {
             config,
             registry,

@@ -107,7 +107,7 @@ impl TaskRunner {
         deployed: Vec<DeployedTopology>,
     ) -> anyhow::Result<TaskRunner> {
         let streams = StreamThreads::start(settings.threads, &kafka, settings.prefetch_bytes)?;
-        let updater = standby::StandbyUpdater::start(&kafka, state.clone())?;
+        let updater = standby::StandbyUpdater::start(&kafka, state.clone(), settings.standby_restore_rate)?;
         // Global tables fill from now on, before any task that reads one is placed here.
         state.want_globals(deployed.iter());
         Ok(TaskRunner {

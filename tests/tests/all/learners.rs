@@ -762,3 +762,96 @@ async fn a_second_sigterm_stops_a_draining_worker_at_once() -> anyhow::Result<()
     assert!(rest[0].terminate(Duration::from_secs(60))?.success());
     Ok(())
 }
+
+/// `--standby-restore-rate` bounds how fast a learner reads its changelog: over three
+/// seconds its restored count grows by no more than the rate allows (with room for the
+/// status' own delay and one round), while the same learner unbounded reads its 150,000
+/// records in a fraction of a second here; and it does make progress.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restore_rate_bounds_how_fast_a_learner_reads() -> anyhow::Result<()> {
+    const RATE: f64 = 20_000.0;
+    let kafka = kafka();
+    let (input, output) = (unique_name("rate-in"), unique_name("rate-out"));
+    kafka.create_topic(&input, 2).await?;
+    kafka.create_topic(&output, 2).await?;
+    let name = unique_name("wc");
+    fill_changelog(&name, 2, 300_000).await?;
+    let dir = TempDir::new("restore-rate");
+    let m = dir.write(
+        "wc.toml",
+        &manifest(
+            &name,
+            &guest("word-count"),
+            &[("lines", &input)],
+            &[("counts", &output)],
+            "",
+        ),
+    );
+    let cluster = unique_name("c");
+    let mut first = cluster_worker(&dir, Some(&m), &cluster, 0, &[])?;
+    for p in 0..2 {
+        first.wait_for_line(&[" started ", &format!("task={name}/{p}")], Duration::from_secs(120))?;
+    }
+    let admin = free_port();
+    let metrics = format!("127.0.0.1:{admin}");
+    let rate = (RATE as u64).to_string();
+    let mut second = cluster_worker(
+        &dir,
+        Some(&m),
+        &cluster,
+        1,
+        &["--standby-restore-rate", &rate, "--metrics", &metrics],
+    )?;
+    second.wait_for_line(&[" assignment ", "learner=1"], Duration::from_secs(60))?;
+    // What the worker's learners have restored, from its status.
+    let restored = || -> anyhow::Result<u64> {
+        let status: serde_json::Value = serde_json::from_str(&http_get(admin, "/status")?)?;
+        Ok(status["tasks"]
+            .as_array()
+            .map(|tasks| {
+                tasks
+                    .iter()
+                    .filter(|t| t["role"] == "learner")
+                    .filter_map(|t| t["restored"].as_u64())
+                    .sum()
+            })
+            .unwrap_or(0))
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let (t0, r0) = loop {
+        let r = restored()?;
+        if r > 0 {
+            break (std::time::Instant::now(), r);
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "the learner restored nothing:\n{}",
+            second.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (t1, r1) = (std::time::Instant::now(), restored()?);
+    let seconds = (t1 - t0).as_secs_f64();
+    // The status is up to a learner check (200 ms) behind at each end; a round reads a
+    // twentieth of a second's worth before it waits.
+    let bound = RATE * (seconds + 0.5) + RATE / 20.0;
+    // A learner no longer listed caught up and was promoted: its 150,000 records took less
+    // than 7.5 s, faster than the rate allows.
+    let Some(read) = r1.checked_sub(r0) else {
+        panic!("the learner was done within {seconds:.2} s of its first {r0} records: faster than {RATE}/s")
+    };
+    eprintln!("learner: {read} records in {seconds:.2} s at a rate of {RATE} records/s (bound {bound:.0})");
+    assert!(
+        read > 0,
+        "the learner made no progress in {seconds:.2} s ({r0} restored)"
+    );
+    assert!(
+        read as f64 <= bound,
+        "the learner read {read} records in {seconds:.2} s, over the rate of {RATE}/s (bound {bound:.0})"
+    );
+    for w in [&mut second, &mut first] {
+        assert!(w.terminate(Duration::from_secs(60))?.success(), "{}", w.log());
+    }
+    Ok(())
+}
