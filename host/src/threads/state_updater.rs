@@ -416,7 +416,8 @@ impl Updater {
         // A promoted learner reads what the old owner wrote since its last round on this
         // thread's consumer (connected, the partition fetched already), so the task starts
         // on a store at the changelog's end instead of restoring the tail on a new client.
-        let caught_up = self.catch_up(&tasks);
+        let (caught_up, paused) = self.catch_up(&tasks);
+        let catch_up_ms = began.elapsed().as_millis() as u64;
         for (task, reply) in batch {
             self.retries.retain(|r| r.task != task);
             let result = self.remove(&task, true);
@@ -424,12 +425,25 @@ impl Updater {
             self.env.handed_over(&task_dir(&self.env.dir, &task));
             tracing::debug!(
                 target: "handover", task = %task, caught_up = caught_up.get(&task).copied().unwrap_or(0),
-                together = tasks.len(), ms = began.elapsed().as_millis() as u64, "learner handed over"
+                together = tasks.len(), catch_up_ms, ms = began.elapsed().as_millis() as u64, "learner handed over"
             );
             if let Some(reply) = reply {
                 let _ = reply.send(result);
             } else if let Err(e) = result {
                 tracing::warn!(%task, "learner failed: {e}; the task restores its state itself");
+            }
+        }
+        // The others go on once the tasks have their stores: waking the fetcher waits for a
+        // broker's answer, behind a fetch in flight.
+        self.resume(&paused);
+    }
+
+    /// Resumes partitions paused for a catch-up (see `crate::kafka::wake_fetcher`).
+    fn resume(&mut self, paused: &TopicPartitionList) {
+        if paused.count() > 0 {
+            let _ = self.consumer.resume(paused);
+            if let Some(p) = paused.elements().first() {
+                crate::kafka::wake_fetcher(&self.consumer, p.topic(), p.partition());
             }
         }
     }
@@ -546,10 +560,18 @@ impl Updater {
         if let Some(e) = standby.failed.take() {
             return Err(e);
         }
+        let began = Instant::now();
         self.apply(&mut standby)?;
+        let applied_ms = began.elapsed().as_millis() as u64;
         // Handed over, the stores are flushed in the background: the task's first commit
         // waits for that flush (`RocksStore::commit`), its start does not.
         checkpoint_standby(&self.consumer, &mut standby, !hand_over)?;
+        if hand_over {
+            tracing::debug!(
+                target: "handover", task = %task, apply_ms = applied_ms,
+                checkpoint_ms = began.elapsed().as_millis() as u64 - applied_ms, "learner stopped"
+            );
+        }
         if hand_over {
             for store in &standby.stores {
                 self.env
@@ -660,27 +682,54 @@ impl Updater {
     /// Reads the changelogs of `tasks` up to where they end now (or for at most
     /// [`CATCH_UP_FOR`]); returns how many records that took, per task. Called when the
     /// tasks become active here: their old owners have made their last commits, so the ends
-    /// read now are the tasks' whole state.
-    fn catch_up(&mut self, tasks: &[TaskId]) -> HashMap<TaskId, u64> {
+    /// read now are the tasks' whole state. The other partitions are left paused: the
+    /// second list, for [`resume`](Self::resume).
+    fn catch_up(&mut self, tasks: &[TaskId]) -> (HashMap<TaskId, u64>, TopicPartitionList) {
+        // Where every tail ends, in one request (one round trip for all the tasks).
+        let mut list = TopicPartitionList::new();
+        for task in tasks {
+            if let Some(standby) = self.standbys.get(task).filter(|s| s.failed.is_none()) {
+                for store in &standby.stores {
+                    let _ = list.add_partition_offset(&store.changelog.topic, standby.partition, Offset::End);
+                }
+            }
+        }
+        let found = if list.count() == 0 {
+            TopicPartitionList::new()
+        } else {
+            let ends = self.bounds.ask(|c| {
+                let found = c
+                    .offsets_for_times(list.clone(), Duration::from_secs(5))
+                    .map_err(|e| e.to_string())?;
+                match found
+                    .elements()
+                    .iter()
+                    .find(|e| e.error().is_err() || !matches!(e.offset(), Offset::Offset(_)))
+                {
+                    Some(e) => Err(format!("{}/{}: {:?}", e.topic(), e.partition(), e.error())),
+                    None => Ok(found),
+                }
+            });
+            match ends {
+                Ok(found) => found,
+                Err(e) => {
+                    // The tasks restore what is missing themselves.
+                    tracing::debug!("reading where the promoted learners' changelogs end: {e}");
+                    TopicPartitionList::new()
+                }
+            }
+        };
         let mut targets: Vec<(TaskId, Vec<(String, i64)>)> = Vec::new();
         'task: for task in tasks {
             let Some(standby) = self.standbys.get(task).filter(|s| s.failed.is_none()) else {
                 continue;
             };
-            let partition = standby.partition;
             let mut ends = Vec::new();
             for store in &standby.stores {
                 let topic = &store.changelog.topic;
-                match self
-                    .bounds
-                    .ask(|c| c.fetch_watermarks(topic, partition, Duration::from_secs(5)))
-                {
-                    Ok((_, end)) => ends.push((topic.clone(), end)),
-                    Err(e) => {
-                        // The task restores what is missing itself.
-                        tracing::debug!(%task, "reading where changelog {topic}/{partition} ends: {e}");
-                        continue 'task;
-                    }
+                match found.find_partition(topic, standby.partition).map(|e| e.offset()) {
+                    Some(Offset::Offset(end)) => ends.push((topic.clone(), end)),
+                    _ => continue 'task,
                 }
             }
             targets.push((task.clone(), ends));
@@ -728,16 +777,11 @@ impl Updater {
             // Everyone's reads are applied as they come, so that nothing waits unbounded.
             self.apply_all(false);
         }
-        if others.count() > 0 {
-            let _ = self.consumer.resume(&others);
-            if let Some(p) = others.elements().first() {
-                crate::kafka::wake_fetcher(&self.consumer, p.topic(), p.partition());
-            }
-        }
-        targets
+        let caught_up = targets
             .iter()
             .map(|(t, _)| (t.clone(), count(self, t).saturating_sub(before[t])))
-            .collect()
+            .collect();
+        (caught_up, others)
     }
 
     /// Adds partitions to the consumer. A topic it has no metadata for would be fetched only
