@@ -8,7 +8,6 @@ use std::time::Duration;
 use axum::extract::{Extension, Path as UrlPath, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use serde::Serialize;
 
 use super::{internal, not_found, AdminState, ApiError};
@@ -29,9 +28,8 @@ pub(super) async fn ask_members(
         crate::group::cluster_group(&state.cluster),
         state.secret.clone(),
     );
-    let admins = tokio::task::spawn_blocking(move || member_admins(&kafka, &group, secret.as_ref()))
+    let admins = member_admins(&kafka, &group, secret)
         .await
-        .map_err(internal)?
         .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "cluster", e))?;
     let asks = admins.iter().map(|admin| async move {
         let mut request = super::client::Request::new(hyper::Method::GET, admin, path)
@@ -271,25 +269,23 @@ pub(super) async fn query(
 }
 
 /// The admin addresses of the cluster's members (from the group coordinator). With a
-/// secret, only members whose metadata is signed with it: a process that joined the group
-/// without it is not asked anything.
-fn member_admins(kafka: &KafkaSettings, group: &str, secret: Option<&ClusterSecret>) -> Result<Vec<String>, String> {
-    let consumer: BaseConsumer = kafka.client().create().map_err(|e| e.to_string())?;
-    let list = consumer
-        .fetch_group_list(Some(group), Duration::from_secs(10))
+/// secret, only members whose metadata is signed with it for their member id: a process
+/// that joined the group without it (or with a copy of a worker's metadata) is not asked
+/// anything.
+async fn member_admins(
+    kafka: &KafkaSettings,
+    group: &str,
+    secret: Option<ClusterSecret>,
+) -> Result<Vec<String>, String> {
+    let described = crate::group::intruders::describe_cluster_group(kafka, group, secret)
+        .await
         .map_err(|e| format!("describing group {group}: {e}"))?;
-    let mut out = Vec::new();
-    for g in list.groups().iter().filter(|g| g.name() == group) {
-        for m in g.members() {
-            let meta = m
-                .metadata()
-                .and_then(|b| crate::group::framing::unframe_metadata(b).ok())
-                .and_then(|b| crate::group::metadata::MemberMetadata::decode_signed(&b, secret).ok());
-            if let Some(admin) = meta.map(|m| m.admin).filter(|a| !a.is_empty()) {
-                out.push(admin);
-            }
-        }
-    }
+    let mut out: Vec<String> = described
+        .members
+        .into_iter()
+        .filter_map(|m| m.metadata.map(|m| m.admin))
+        .filter(|a| !a.is_empty())
+        .collect();
     out.sort();
     out.dedup();
     Ok(out)

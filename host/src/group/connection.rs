@@ -12,11 +12,11 @@ use std::time::Duration;
 use bytes::{Buf, BufMut, BytesMut};
 use kafka_protocol::messages::{
     AlterClientQuotasRequest, AlterClientQuotasResponse, ApiKey, CreateAclsRequest, CreateAclsResponse,
-    FindCoordinatorRequest, FindCoordinatorResponse, HeartbeatRequest, HeartbeatResponse, JoinGroupRequest,
-    JoinGroupResponse, LeaveGroupRequest, LeaveGroupResponse, MetadataRequest, MetadataResponse, OffsetCommitRequest,
-    OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse, RequestHeader, ResponseHeader,
-    SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse, SyncGroupRequest,
-    SyncGroupResponse, TopicName,
+    DescribeGroupsRequest, DescribeGroupsResponse, FindCoordinatorRequest, FindCoordinatorResponse, HeartbeatRequest,
+    HeartbeatResponse, JoinGroupRequest, JoinGroupResponse, LeaveGroupRequest, LeaveGroupResponse, MetadataRequest,
+    MetadataResponse, OffsetCommitRequest, OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse,
+    RequestHeader, ResponseHeader, SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest,
+    SaslHandshakeResponse, SyncGroupRequest, SyncGroupResponse, TopicName,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, StrBytes};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -99,6 +99,7 @@ calls! {
     SyncGroupRequest => SyncGroupResponse, SyncGroup;
     HeartbeatRequest => HeartbeatResponse, Heartbeat;
     LeaveGroupRequest => LeaveGroupResponse, LeaveGroup;
+    DescribeGroupsRequest => DescribeGroupsResponse, DescribeGroups;
     MetadataRequest => MetadataResponse, Metadata;
     AlterClientQuotasRequest => AlterClientQuotasResponse, AlterClientQuotas;
     OffsetCommitRequest => OffsetCommitResponse, OffsetCommit;

@@ -16,7 +16,7 @@ use kafka_protocol::protocol::StrBytes;
 
 use super::connection::{Connection, ConnectionError};
 use super::framing::{unframe_assignment, unframe_metadata, Framing};
-use super::metadata::{Assignment, AssignmentError, MemberMetadata, CURRENT_VERSION};
+use super::metadata::{fresh_for, Assignment, AssignmentError, Binding, MemberMetadata, CURRENT_VERSION};
 
 /// The protocol (assignment strategy) a member advertises: its assignor's, so the
 /// coordinator refuses a member whose assignor differs from the group's (an eager leader
@@ -46,8 +46,13 @@ pub enum MembershipError {
     },
     #[error("group {group}: another worker uses group.instance.id {instance}; this one is fenced and must stop")]
     Fenced { group: String, instance: String },
-    #[error("group {group}: the leader's assignment does not decode: {detail}")]
-    BadAssignment { group: String, detail: String },
+    #[error("group {group}: the assignment of leader {leader} does not decode: {detail}")]
+    BadAssignment {
+        group: String,
+        detail: String,
+        /// The leader's member id.
+        leader: String,
+    },
     /// The coordinator refused the join: the group's members advertise another protocol
     /// (another assignor).
     #[error("group {group}: its members run another assignor than this worker's {ours:?} (the coordinator answered {reason})")]
@@ -107,7 +112,7 @@ pub struct Joined {
 
 /// One worker's membership in the group.
 pub struct Membership {
-    config: MembershipConfig,
+    pub(super) config: MembershipConfig,
     coordinator: Option<Connection>,
     member_id: String,
     generation: i32,
@@ -151,6 +156,19 @@ impl Membership {
         self.generation
     }
 
+    /// Frames metadata as Kafka's consumer protocol again (after the members of another
+    /// protocol type that made this member fall back were removed from the group).
+    pub fn reset_framing(&mut self) {
+        self.framing = Framing::Consumer;
+    }
+
+    /// Forgets the member id and generation: the next join is a new member's (after this
+    /// one was fenced or removed).
+    pub fn forget(&mut self) {
+        self.member_id.clear();
+        self.generation = -1;
+    }
+
     /// A second line to the coordinator that heartbeats for this member while a JoinGroup
     /// of it waits (a rebalance can wait for a slow or dead member up to the rebalance
     /// timeout). None before the member's first join.
@@ -170,7 +188,7 @@ impl Membership {
         })
     }
 
-    fn group_id(&self) -> GroupId {
+    pub(super) fn group_id(&self) -> GroupId {
         GroupId(StrBytes::from_string(self.config.group.clone()))
     }
 
@@ -184,7 +202,7 @@ impl Membership {
     /// The coordinator's connection, found (again) through the bootstrap brokers. Failures
     /// that retrying cannot cure end the search: the broker refuses this principal the
     /// group (GROUP_AUTHORIZATION_FAILED) or refuses its SASL credentials.
-    async fn coordinator(&mut self) -> Result<&mut Connection, MembershipError> {
+    pub(super) async fn coordinator(&mut self) -> Result<&mut Connection, MembershipError> {
         let mut backoff = Duration::from_millis(100);
         let mut failures = 0u32;
         while self.coordinator.is_none() {
@@ -237,7 +255,7 @@ impl Membership {
     }
 
     /// Forgets the coordinator connection (it failed or the coordinator moved).
-    fn reconnect(&mut self) {
+    pub(super) fn reconnect(&mut self) {
         self.coordinator = None;
     }
 
@@ -248,11 +266,21 @@ impl Membership {
         metadata: &MemberMetadata,
         assign: impl Fn(&BTreeMap<String, MemberMetadata>) -> BTreeMap<String, Assignment>,
     ) -> Result<Joined, MembershipError> {
-        let signed = metadata.encode_signed(metadata.version.min(CURRENT_VERSION), self.config.secret.as_ref());
         let protocol = StrBytes::from_string(protocol_name(&self.config.assignor));
         let mut backoff = Duration::from_millis(50);
         loop {
-            let encoded = Bytes::from(self.framing.metadata(signed.clone()));
+            // Signed anew each time: the member id (or generation) may have changed since.
+            let binding = Binding {
+                group: &self.config.group,
+                member: self.config.instance_id.as_deref().unwrap_or(&self.member_id),
+                from_generation: self.generation,
+            };
+            let signed = metadata.encode_signed(
+                metadata.version.min(CURRENT_VERSION),
+                self.config.secret.as_ref(),
+                &binding,
+            );
+            let encoded = Bytes::from(self.framing.metadata(signed));
             let request = JoinGroupRequest::default()
                 .with_group_id(self.group_id())
                 .with_session_timeout_ms(self.config.session_timeout.as_millis() as i32)
@@ -331,6 +359,7 @@ impl Membership {
             self.member_id = response.member_id.to_string();
             self.generation = response.generation_id;
             let leader = response.leader == response.member_id;
+            let leader_id = response.leader.to_string();
             tracing::debug!(
                 target: "handover", generation = self.generation, leader,
                 ms = join_sent.elapsed().as_millis() as u64, "JoinGroup answered"
@@ -339,11 +368,25 @@ impl Membership {
             let assignments = if leader {
                 let mut members = BTreeMap::new();
                 let mut unreadable = Vec::new();
+                let generation = self.generation;
                 for m in &response.members {
+                    let binding = Binding {
+                        group: &self.config.group,
+                        member: m.group_instance_id.as_deref().unwrap_or(&m.member_id),
+                        from_generation: -1,
+                    };
                     let decoded = unframe_metadata(&m.metadata)
-                        .and_then(|bytes| MemberMetadata::decode_signed(&bytes, self.config.secret.as_ref()));
+                        .and_then(|bytes| MemberMetadata::decode_signed(&bytes, self.config.secret.as_ref(), &binding));
                     match decoded {
-                        Ok(meta) => {
+                        Ok((_, from)) if !fresh_for(from, generation) => {
+                            tracing::warn!(
+                                member = %m.member_id, instance = ?m.group_instance_id.as_deref(),
+                                "a member's metadata was signed in generation {from}, too long before generation \
+                                 {generation} (a copy of old metadata?); it gets no tasks"
+                            );
+                            unreadable.push(m.member_id.to_string());
+                        }
+                        Ok((meta, _)) => {
                             members.insert(m.member_id.to_string(), meta);
                         }
                         Err(e) => {
@@ -361,7 +404,6 @@ impl Membership {
                     .map(|m| m.supported.min(CURRENT_VERSION))
                     .min()
                     .unwrap_or(CURRENT_VERSION);
-                let generation = self.generation;
                 let mut assignments = assign(&members);
                 for id in unreadable {
                     assignments.insert(
@@ -376,9 +418,12 @@ impl Membership {
                     .into_iter()
                     .map(|(id, mut a)| {
                         a.generation = generation;
-                        let bytes = self
-                            .framing
-                            .assignment(a.encode_signed(version, self.config.secret.as_ref(), &id));
+                        let bytes = self.framing.assignment(a.encode_signed(
+                            version,
+                            self.config.secret.as_ref(),
+                            &self.config.group,
+                            &id,
+                        ));
                         SyncGroupRequestAssignment::default()
                             .with_member_id(StrBytes::from_string(id))
                             .with_assignment(Bytes::from(bytes))
@@ -426,11 +471,18 @@ impl Membership {
             );
             let assignment = unframe_assignment(&response.assignment)
                 .and_then(|bytes| {
-                    Assignment::decode_signed(&bytes, self.config.secret.as_ref(), &self.member_id, self.generation)
+                    Assignment::decode_signed(
+                        &bytes,
+                        self.config.secret.as_ref(),
+                        &self.config.group,
+                        &self.member_id,
+                        self.generation,
+                    )
                 })
                 .map_err(|e| MembershipError::BadAssignment {
                     group: self.config.group.clone(),
                     detail: e.to_string(),
+                    leader: leader_id.clone(),
                 })?;
             return Ok(Joined {
                 generation: self.generation,
@@ -517,7 +569,7 @@ impl Membership {
         }
     }
 
-    fn refused(&self, call: &'static str, code: i16) -> MembershipError {
+    pub(super) fn refused(&self, call: &'static str, code: i16) -> MembershipError {
         MembershipError::Refused {
             group: self.config.group.clone(),
             call,

@@ -14,6 +14,12 @@
 //! this generation, is not applied: a process that joins the cluster's group without the
 //! secret can neither take tasks nor hand them out.
 //!
+//! A member's metadata is public (DescribeGroups shows it to anyone who may describe the
+//! group), so its signature binds who sent it and when ([`Binding`]): the group, the member
+//! (its `group.instance.id` when it has one, else the member id the coordinator gave it) and
+//! the generation it joins from. A copy joined under another member id, in another group or
+//! many generations later is not believed.
+//!
 //! Versions: 1 — capacity, admin address, active and standby tasks, changelog offset sums.
 //! 2 — adds learner tasks and the *leaving* flag (members and assignments).
 //! 3 — adds the topologies a member runs (name, partitions, digest, stateful) and its failed
@@ -188,21 +194,60 @@ impl MemberMetadata {
         Self::decode_fields(buf).map(|(m, _)| m)
     }
 
-    /// Encoded in `version`, followed by its signature when there is a secret.
-    pub fn encode_signed(&self, version: u16, secret: Option<&ClusterSecret>) -> Vec<u8> {
+    /// Encoded in `version`; with a secret, followed by the generation it joins from and the
+    /// signature of both, bound to `binding`.
+    pub fn encode_signed(&self, version: u16, secret: Option<&ClusterSecret>, binding: &Binding<'_>) -> Vec<u8> {
         let mut bytes = self.encode(version);
         if let Some(secret) = secret {
-            let tag = secret.sign("member metadata", &[&bytes]);
+            let used = bytes.len();
+            bytes.extend_from_slice(&binding.from_generation.to_be_bytes());
+            let tag = secret.sign(
+                METADATA_PURPOSE,
+                &[
+                    &bytes[..used],
+                    &bytes[used..],
+                    binding.group.as_bytes(),
+                    binding.member.as_bytes(),
+                ],
+            );
             bytes.extend_from_slice(&tag);
         }
         bytes
     }
 
-    /// Decoded; with a secret, only if the signature after its fields checks.
-    pub fn decode_signed(buf: &[u8], secret: Option<&ClusterSecret>) -> Result<MemberMetadata, DecodeError> {
+    /// Decoded; with a secret, only if the signature after its fields checks for the group
+    /// and member of `binding`. Returns the metadata and the generation the member said it
+    /// joined from (`binding.from_generation` is not read: the caller judges the one
+    /// returned; -1 without a secret).
+    pub fn decode_signed(
+        buf: &[u8],
+        secret: Option<&ClusterSecret>,
+        binding: &Binding<'_>,
+    ) -> Result<(MemberMetadata, i32), DecodeError> {
         let (metadata, used) = Self::decode_fields(buf)?;
-        check_signature(buf, used, secret, "member metadata", &[])?;
-        Ok(metadata)
+        let Some(secret) = secret else {
+            return Ok((metadata, -1));
+        };
+        let unsigned = DecodeError {
+            position: used,
+            problem: "not signed with this cluster's secret (registry.secret) for this member of this group",
+        };
+        let rest = &buf[used..];
+        if rest.len() != 4 + TAG_BYTES {
+            return Err(unsigned);
+        }
+        let (generation, tag) = rest.split_at(4);
+        let parts: [&[u8]; 4] = [
+            &buf[..used],
+            generation,
+            binding.group.as_bytes(),
+            binding.member.as_bytes(),
+        ];
+        if !secret.verify(METADATA_PURPOSE, &parts, tag) {
+            return Err(unsigned);
+        }
+        let from = i32::from_be_bytes(generation.try_into().expect("four bytes"));
+        Ok((metadata, from))
     }
 
     /// The fields, and how many bytes they took.
@@ -317,6 +362,34 @@ impl MemberMetadata {
     }
 }
 
+/// What a member's signed metadata is bound to.
+#[derive(Debug, Clone, Copy)]
+pub struct Binding<'a> {
+    /// The group it joins.
+    pub group: &'a str,
+    /// Its `group.instance.id` when it has one (a static member learns its member id only
+    /// from the answer to its first join), else its member id.
+    pub member: &'a str,
+    /// The generation the member was in when it sent the metadata (-1: none yet).
+    pub from_generation: i32,
+}
+
+/// The purpose of a member metadata signature (the binding is signed with it since 0.3; the
+/// earlier signature of the fields alone is not believed any more).
+const METADATA_PURPOSE: &str = "member metadata, bound";
+/// The purpose of an assignment's signature (bound to its group too since 0.3).
+const ASSIGNMENT_PURPOSE: &str = "assignment, bound";
+
+/// How many generations old the generation a member joins from may be: a member that lost
+/// a join's answer and asked again may be a few behind, a copy of old metadata many.
+pub const BINDING_GENERATIONS: i32 = 10;
+
+/// Whether a member that says it joins from `from` may join generation `generation`: it is
+/// new (-1), or it was in one of the last [`BINDING_GENERATIONS`] generations before it.
+pub fn fresh_for(from: i32, generation: i32) -> bool {
+    from == -1 || (from < generation && generation - from <= BINDING_GENERATIONS)
+}
+
 /// With a secret: that `buf` is `used` bytes of fields followed by their signature for
 /// `purpose` (over the fields and `context`).
 fn check_signature(
@@ -354,28 +427,39 @@ impl Assignment {
         e.buf
     }
 
-    /// Encoded in `version`, signed with the secret (when there is one) for `member` in
-    /// `generation`, so that it is not taken for another member's or another round's.
-    pub fn encode_signed(&self, version: u16, secret: Option<&ClusterSecret>, member: &str) -> Vec<u8> {
+    /// Encoded in `version`, signed with the secret (when there is one) for `member` of
+    /// `group` in `generation`, so that it is not taken for another member's, another
+    /// round's or another cluster's.
+    pub fn encode_signed(&self, version: u16, secret: Option<&ClusterSecret>, group: &str, member: &str) -> Vec<u8> {
         let mut bytes = self.encode(version);
         if let Some(secret) = secret {
             let generation = self.generation.to_be_bytes();
-            let tag = secret.sign("assignment", &[&bytes, member.as_bytes(), &generation]);
+            let tag = secret.sign(
+                ASSIGNMENT_PURPOSE,
+                &[&bytes, member.as_bytes(), &generation, group.as_bytes()],
+            );
             bytes.extend_from_slice(&tag);
         }
         bytes
     }
 
-    /// Decoded; with a secret, only if it is signed for `member` in `generation`.
+    /// Decoded; with a secret, only if it is signed for `member` of `group` in `generation`.
     pub fn decode_signed(
         buf: &[u8],
         secret: Option<&ClusterSecret>,
+        group: &str,
         member: &str,
         generation: i32,
     ) -> Result<Assignment, DecodeError> {
         let (assignment, used) = Self::decode_fields(buf)?;
         let generation = generation.to_be_bytes();
-        check_signature(buf, used, secret, "assignment", &[member.as_bytes(), &generation])?;
+        check_signature(
+            buf,
+            used,
+            secret,
+            ASSIGNMENT_PURPOSE,
+            &[member.as_bytes(), &generation, group.as_bytes()],
+        )?;
         Ok(assignment)
     }
 
@@ -415,178 +499,5 @@ impl Assignment {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn tasks(topology: &str, partitions: &[u32]) -> Vec<TaskId> {
-        partitions.iter().map(|&p| TaskId::new(topology, p)).collect()
-    }
-
-    fn member() -> MemberMetadata {
-        MemberMetadata {
-            version: 4,
-            supported: 4,
-            worker_id: [7; 16],
-            capacity: 4,
-            admin: "127.0.0.1:9100".into(),
-            active: tasks("orders", &[0, 3, 9]),
-            standby: tasks("clicks", &[1]),
-            offset_sums: vec![(TaskId::new("clicks", 1), 1234), (TaskId::new("orders", 0), -1)],
-            learner: tasks("orders", &[5]),
-            leaving: true,
-            topologies: Some(vec![
-                TopologyInfo {
-                    name: "orders".into(),
-                    partitions: 12,
-                    digest: [9; 16],
-                    stateful: true,
-                    subs: Vec::new(),
-                },
-                TopologyInfo {
-                    name: "wc".into(),
-                    partitions: 0,
-                    digest: [3; 16],
-                    stateful: true,
-                    subs: vec![
-                        SubInfo {
-                            name: "split".into(),
-                            partitions: 4,
-                            stateful: false,
-                        },
-                        SubInfo {
-                            name: "count".into(),
-                            partitions: 8,
-                            stateful: true,
-                        },
-                    ],
-                },
-            ]),
-            failed: vec![
-                (TaskId::new("orders", 4), "task orders/4 failed: boom".into()),
-                (
-                    TaskId::of("wc", Some("count"), 6),
-                    "task wc/count/6 failed: boom".into(),
-                ),
-            ],
-        }
-    }
-
-    #[test]
-    fn metadata_round_trips_in_the_current_version() {
-        let m = member();
-        assert_eq!(MemberMetadata::decode(&m.encode(4)).unwrap(), m);
-    }
-
-    #[test]
-    fn a_version_3_reader_and_writer_drop_only_the_topologies_of_several_sub_topologies() {
-        let m = member();
-        let old = MemberMetadata::decode(&m.encode(3)).unwrap();
-        let topologies = old.topologies.unwrap();
-        assert_eq!(topologies, m.topologies.unwrap()[..1]);
-        assert_eq!((old.failed, old.active), (m.failed, m.active));
-    }
-
-    #[test]
-    fn a_version_2_reader_and_writer_drop_only_the_version_3_fields() {
-        let m = member();
-        let old = MemberMetadata::decode(&m.encode(2)).unwrap();
-        assert_eq!((old.topologies, old.failed), (None, vec![]));
-        assert_eq!((old.active, old.learner, old.leaving), (m.active, m.learner, m.leaving));
-    }
-
-    #[test]
-    fn a_long_failure_is_cut_to_keep_the_metadata_compact() {
-        let mut m = member();
-        m.failed = vec![(TaskId::new("orders", 1), "é".repeat(400))];
-        let back = MemberMetadata::decode(&m.encode(3)).unwrap();
-        assert!(back.failed[0].1.len() <= MAX_FAILURE_TEXT);
-        assert!(back.failed[0].1.starts_with("éé"));
-    }
-
-    #[test]
-    fn a_version_1_reader_and_writer_drop_only_the_version_2_fields() {
-        let m = member();
-        let old = MemberMetadata::decode(&m.encode(1)).unwrap();
-        assert_eq!(old.version, 1);
-        assert_eq!(
-            (old.active.clone(), old.standby.clone(), old.offset_sums.clone()),
-            (m.active, m.standby, m.offset_sums)
-        );
-        assert!(old.learner.is_empty() && !old.leaving);
-        let a = Assignment {
-            version: 2,
-            rejoin: true,
-            active: tasks("t", &[1, 2]),
-            learner: tasks("t", &[3]),
-            generation: 7,
-            ..Default::default()
-        };
-        let old = Assignment::decode(&a.encode(1)).unwrap();
-        assert_eq!(
-            (old.active, old.rejoin, old.learner, old.generation),
-            (a.active.clone(), true, vec![], -1)
-        );
-        assert_eq!(Assignment::decode(&a.encode(2)).unwrap(), a);
-    }
-
-    #[test]
-    fn signed_metadata_and_assignments_are_believed_only_with_the_secret() {
-        let secret = ClusterSecret::new(b"the cluster secret, long enough".to_vec()).unwrap();
-        let other = ClusterSecret::new(b"another cluster's secret, also".to_vec()).unwrap();
-        let m = member();
-        let signed = m.encode_signed(CURRENT_VERSION, Some(&secret));
-        assert_eq!(MemberMetadata::decode_signed(&signed, Some(&secret)).unwrap(), m);
-        assert_eq!(
-            MemberMetadata::decode(&signed).unwrap(),
-            m,
-            "a reader without the secret ignores the signature"
-        );
-        assert!(MemberMetadata::decode_signed(&signed, Some(&other)).is_err());
-        assert!(
-            MemberMetadata::decode_signed(&m.encode(3), Some(&secret)).is_err(),
-            "unsigned"
-        );
-        let mut forged = signed.clone();
-        forged[5] ^= 1;
-        assert!(MemberMetadata::decode_signed(&forged, Some(&secret)).is_err());
-
-        let a = Assignment {
-            version: 2,
-            active: tasks("t", &[1]),
-            generation: 9,
-            ..Default::default()
-        };
-        let signed = a.encode_signed(2, Some(&secret), "member-1");
-        assert_eq!(
-            Assignment::decode_signed(&signed, Some(&secret), "member-1", 9).unwrap(),
-            a
-        );
-        assert!(
-            Assignment::decode_signed(&signed, Some(&secret), "member-2", 9).is_err(),
-            "another member's"
-        );
-        assert!(
-            Assignment::decode_signed(&signed, Some(&secret), "member-1", 10).is_err(),
-            "another round's"
-        );
-        assert!(Assignment::decode_signed(&a.encode(2), Some(&secret), "member-1", 9).is_err());
-        assert_eq!(Assignment::decode_signed(&a.encode(2), None, "member-1", 9).unwrap(), a);
-    }
-
-    #[test]
-    fn garbage_is_a_decode_error_not_a_panic() {
-        let bytes = member().encode(3);
-        for cut in 0..bytes.len() {
-            let _ = MemberMetadata::decode(&bytes[..cut]);
-        }
-        let err = MemberMetadata::decode(&[0x80]).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "malformed group metadata at byte 1: a varint runs past the end"
-        );
-        assert!(
-            MemberMetadata::decode(&[0]).is_err(),
-            "version 0 is older than any reader"
-        );
-    }
-}
+#[path = "metadata_tests.rs"]
+mod tests;

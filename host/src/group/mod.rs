@@ -7,6 +7,7 @@ mod assignor_tests;
 mod codec;
 pub mod connection;
 pub mod framing;
+pub mod intruders;
 pub mod membership;
 pub mod metadata;
 pub mod offsets;

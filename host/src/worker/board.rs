@@ -383,6 +383,12 @@ impl Board {
         self.lock().ready
     }
 
+    /// The worker holds no assignment any more (it lost its membership): `/readyz` answers
+    /// 503 until the next one.
+    pub fn not_ready(&self) {
+        self.lock().ready = false;
+    }
+
     fn set_roles(&self, inner: &mut Inner, now: Instant, active: &[TaskId], standby: &[TaskId], learner: &[TaskId]) {
         inner.ready = true;
         let mut wanted: BTreeMap<&TaskId, Role> = BTreeMap::new();

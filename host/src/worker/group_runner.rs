@@ -9,10 +9,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use rdkafka::consumer::BaseConsumer;
 
 use super::deploys::TopologyChange;
 use super::heartbeats::{lease_margin, Heartbeats, Kept};
+use super::intruders::{Intruders, Next};
 use super::learners::{learners_caught_up, ChangelogEnds, LEARNER_CHECK_EVERY, STANDBY_CHECK_EVERY};
 use super::{TaskRunner, WorkerReport};
 use crate::group::assignor::{by_name, LearnerPolicy};
@@ -144,6 +144,10 @@ pub async fn run(
         timeout: (cluster.session_timeout / 4).max(Duration::from_millis(200)),
     };
     tokio::pin!(shutdown);
+    let mut intruders = Intruders::default();
+    // The member loop: `Ok` when the worker is asked to stop (or drained), `Err` when it
+    // cannot go on; either way its tasks are stopped below before the worker returns.
+    let outcome: anyhow::Result<()> = async {
     'member: loop {
         let preparing = Instant::now();
         runner.board().rebalance_started();
@@ -237,38 +241,40 @@ pub async fn run(
             _ = keep_alive => unreachable!("the probe loop never ends"),
             _ = &mut shutdown => break 'member,
         };
-        let joined = match joined {
-            Ok(joined) => joined,
+        let next = match joined {
+            Ok(joined) => Ok(joined),
             Err(MembershipError::Lost { reason, call, .. }) => {
                 lose_membership(&mut runner, &format!("{call}: {reason}")).await;
                 continue 'member;
             }
-            Err(MembershipError::BadAssignment { detail, .. }) => {
+            Err(MembershipError::BadAssignment { detail, leader, .. }) => {
                 // A leader without the cluster's secret (a process that joined the group) or
-                // of another version: its assignment is not applied. Nothing of this round is
-                // known, so nothing is kept: the tasks stop without committing, and the
-                // worker joins again (a leader of this cluster assigns next time).
-                tracing::error!(cluster = %cluster.name, "the leader's assignment is not applied: {detail}");
-                lose_membership(&mut runner, "an assignment that is not this cluster's").await;
+                // of another version: its assignment is not applied. No worker of the
+                // cluster assigned anything this generation, so each keeps what it runs,
+                // under its lease, and joins again once the intruders are removed.
+                Err(intruders.foreign_leader(cluster, &mut membership, &leader, &detail).await)
+            }
+            Err(MembershipError::OtherProtocol { group, ours, .. }) => {
+                Err(intruders.other_protocol(cluster, &mut membership, &group, &ours).await)
+            }
+            Err(MembershipError::Fenced { .. }) => {
+                // Another member holds this worker's group.instance.id: the coordinator may
+                // hand its tasks out already.
+                lose_membership(&mut runner, "another member joined with this worker's group.instance.id").await;
+                Err(intruders.fenced(cluster, &mut membership, worker_id).await)
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let joined = match next {
+            Ok(joined) => joined,
+            Err(Next::Rejoin(pause)) => {
                 tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                    _ = tokio::time::sleep(pause) => {}
                     _ = &mut shutdown => break 'member,
                 }
                 continue 'member;
             }
-            Err(MembershipError::OtherProtocol { group, ours, .. }) => {
-                let theirs = tokio::task::block_in_place(|| match offsets.consumer() {
-                    Ok(consumer) => group_assignor(&consumer, &group),
-                    Err(_) => "an unknown".to_string(),
-                });
-                anyhow::bail!(
-                    "cluster {} runs the {theirs} assignor, and this worker was started with the {ours:?} assignor: \
-                     the coordinator of group {group} refused it (an eager leader and a sticky follower would run a task \
-                     on two workers at once); start every worker of a cluster with the same task.assignor (--assignor)",
-                    cluster.name
-                );
-            }
-            Err(e) => return Err(e.into()),
+            Err(Next::Exit(e)) => return Err(e),
         };
         heartbeats.lease.renew(joined.alive_at, heartbeats.lease_length);
         if leaving_since.is_some() && joined.leader && staying.get() == 0 {
@@ -278,11 +284,15 @@ pub async fn run(
             break 'member;
         }
         let a = joined.assignment;
+        intruders.settled();
         if a.error != AssignmentError::None as i16 {
+            // The leader did not see what this worker runs, so it may have given those tasks
+            // to others in this very generation: they stop without committing.
             tracing::error!(
                 cluster = %cluster.name, error = a.error,
                 "the leader could not read this worker's metadata (a version it does not know?); no tasks for now, rejoining in 5s"
             );
+            lose_membership(&mut runner, "the leader did not read this worker's metadata").await;
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_secs(5)) => {}
                 _ = &mut shutdown => break 'member,
@@ -471,6 +481,19 @@ pub async fn run(
             }
         }
     }
+    Ok(())
+    }
+    .await;
+    if let Err(e) = outcome {
+        // The worker cannot go on (a second worker with its instance id, a cluster of
+        // another assignor, a broker that refuses it the group): its tasks stop without
+        // committing, the group is left, and the error goes to the caller.
+        tracing::error!(cluster = %cluster.name, "the worker stops: {e:#}");
+        lose_membership(&mut runner, "the worker stops on an error").await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), membership.leave()).await;
+        tokio::task::block_in_place(|| runner.stop_all());
+        return Err(e);
+    }
     tracing::info!("stopping: finishing batches in flight, flushing, committing, leaving the group");
     // Still a member while the tasks finish: keep heartbeating so their commits hold.
     let owned = runner.owned();
@@ -494,26 +517,6 @@ pub async fn run(
 /// those that did not (and gives their tasks away).
 pub const REBALANCE_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The assignor the members of `group` run now, as the coordinator describes the group
-/// (`"an unknown"` when it cannot say).
-fn group_assignor(consumer: &BaseConsumer, group: &str) -> String {
-    use rdkafka::consumer::Consumer;
-    let protocol = consumer
-        .fetch_group_list(Some(group), Duration::from_secs(10))
-        .ok()
-        .and_then(|list| {
-            list.groups()
-                .iter()
-                .find(|g| g.name() == group)
-                .map(|g| g.protocol().to_string())
-        })
-        .filter(|p| !p.is_empty());
-    match protocol {
-        Some(p) => format!("{:?}", p.strip_prefix("sluice-").unwrap_or(&p)),
-        None => "an unknown".to_string(),
-    }
-}
-
 /// Whether a drain has gone on longer than `--scale-down-timeout` (then the worker stops
 /// what it still owns and leaves).
 fn drain_timed_out(cluster: &ClusterConfig, leaving_since: Option<Instant>) -> bool {
@@ -534,6 +537,7 @@ fn drain_timed_out(cluster: &ClusterConfig, leaving_since: Option<Instant>) -> b
 /// committing, then the worker rejoins.
 async fn lose_membership(runner: &mut TaskRunner, why: &str) {
     runner.lease().revoke();
+    runner.board().not_ready();
     let running = runner.owned();
     tracing::warn!(
         tasks = running.len(),

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::group_runner::ClusterConfig;
 use super::{Stopping, TaskRunner};
-use crate::group::membership::{Heartbeat, Membership};
+use crate::group::membership::{Heartbeat, Membership, MembershipError};
 use crate::task::control::Lease;
 
 /// What keeping the membership alive while waiting for something found.
@@ -34,7 +34,17 @@ pub(super) struct Heartbeats<'a> {
 impl Heartbeats<'_> {
     pub(super) async fn beat(&self, membership: &mut Membership) -> anyhow::Result<Kept> {
         let sent = Instant::now();
-        Ok(match membership.heartbeat(self.timeout).await? {
+        let beat = match membership.heartbeat(self.timeout).await {
+            // Another member took this worker's group.instance.id: lost; the next join
+            // finds out who (see `intruders::fenced`).
+            Err(MembershipError::Fenced { .. }) => {
+                return Ok(Kept::Lost(
+                    "another member joined with this worker's group.instance.id".into(),
+                ))
+            }
+            beat => beat?,
+        };
+        Ok(match beat {
             Heartbeat::Alive => {
                 self.last_stable.set(Some(sent));
                 self.lease.renew(sent, self.lease_length);

@@ -2,7 +2,6 @@
 //! when learners are far enough along that the worker rejoins to take their tasks over.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -31,11 +30,6 @@ impl ChangelogEnds {
         ChangelogEnds {
             client: OffsetsClient::new(kafka, "sluice-lag", "sluice.lag"),
         }
-    }
-
-    /// The client, for other questions to the cluster (a group's protocol).
-    pub(super) fn consumer(&self) -> anyhow::Result<Arc<BaseConsumer>> {
-        self.client.get()
     }
 
     /// The end offsets of the changelogs of `tasks`, summed per task, in one ListOffsets
