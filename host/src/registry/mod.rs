@@ -21,7 +21,9 @@
 //! once all its chunks arrived and their digest checks, and publishes the current entries
 //! whenever they change.
 
+pub mod quota;
 mod reader;
+pub mod sequence;
 pub mod tenants;
 mod writer;
 
@@ -41,23 +43,52 @@ use crate::secret::ClusterSecret;
 pub const SIGNATURE_HEADER: &str = "sluice.signature";
 
 /// What a registry record's signature covers: its topic, key and value (or that it is a
-/// tombstone), so no record signed for one place or meaning passes for another.
-fn signed_parts<'a>(topic: &'a str, key: &'a str, value: Option<&'a [u8]>) -> [&'a [u8]; 4] {
+/// tombstone), and its sequence ([`sequence`]), so no record signed for one place, meaning
+/// or moment passes for another.
+fn signed_parts<'a>(topic: &'a str, key: &'a str, value: Option<&'a [u8]>, sequence: &'a [u8]) -> Vec<&'a [u8]> {
     let (kind, value): (&[u8], &[u8]) = match value {
         Some(v) => (b"value", v),
         None => (b"tombstone", b""),
     };
-    [topic.as_bytes(), key.as_bytes(), kind, value]
+    let mut parts = vec![topic.as_bytes(), key.as_bytes(), kind, value];
+    if !sequence.is_empty() {
+        parts.push(sequence);
+    }
+    parts
 }
 
-/// The signature of a registry record.
-fn record_signature(secret: &ClusterSecret, topic: &str, key: &str, value: Option<&[u8]>) -> [u8; 32] {
-    secret.sign("registry record", &signed_parts(topic, key, value))
+/// A record's signature purpose: records written before sequences (0) were signed without.
+fn purpose(sequence: i64) -> &'static str {
+    match sequence {
+        0 => "registry record",
+        _ => "registry record, sequenced",
+    }
 }
 
-/// Whether `tag` is a registry record's signature.
-fn record_signed(secret: &ClusterSecret, topic: &str, key: &str, value: Option<&[u8]>, tag: &[u8]) -> bool {
-    secret.verify("registry record", &signed_parts(topic, key, value), tag)
+/// The signature of a registry record with `sequence` (0: none).
+fn record_signature(secret: &ClusterSecret, topic: &str, key: &str, value: Option<&[u8]>, sequence: i64) -> [u8; 32] {
+    let seq = sequence_bytes(sequence);
+    secret.sign(purpose(sequence), &signed_parts(topic, key, value, &seq))
+}
+
+/// Whether `tag` is a registry record's signature with `sequence` (0: none).
+fn record_signed(
+    secret: &ClusterSecret,
+    topic: &str,
+    key: &str,
+    value: Option<&[u8]>,
+    sequence: i64,
+    tag: &[u8],
+) -> bool {
+    let seq = sequence_bytes(sequence);
+    secret.verify(purpose(sequence), &signed_parts(topic, key, value, &seq), tag)
+}
+
+fn sequence_bytes(sequence: i64) -> Vec<u8> {
+    match sequence {
+        0 => Vec::new(),
+        s => s.to_be_bytes().to_vec(),
+    }
 }
 
 /// Most bytes of a component in one record (brokers take 1 MB records by default).
@@ -82,6 +113,11 @@ pub struct Entry {
     pub chunks: u32,
     /// Milliseconds since the Unix epoch.
     pub uploaded_at_ms: i64,
+    /// When its first version was uploaded (ms since the epoch; 0 in entries written before
+    /// this field: then `uploaded_at_ms`). A tenant's quota counts its topologies in this
+    /// order (see [`quota`]).
+    #[serde(default)]
+    pub created_at_ms: i64,
     /// As checked at upload: how many tasks it has (of a topology of one sub-topology, its
     /// source topics' partition count), its sub-topologies when it has several, and what
     /// the component declares.
@@ -142,6 +178,14 @@ pub struct SubtopologyEntry {
 }
 
 impl Entry {
+    /// When its first version was uploaded, as far as the entry says.
+    pub fn first_uploaded_ms(&self) -> i64 {
+        match self.created_at_ms {
+            0 => self.uploaded_at_ms,
+            t => t,
+        }
+    }
+
     /// How many partitions the tasks keeping `store` have.
     pub fn store_partitions(&self, store: &str) -> u32 {
         self.subtopologies

@@ -2,7 +2,7 @@
 //! its chunks arrived and their digest checks, and publishes a [`Snapshot`] whenever the
 //! entries change.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +13,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{BorrowedMessage, Headers as _, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::{digest, parse_key, record_signed, tenants, topic, Entry, Record, Snapshot, SIGNATURE_HEADER};
+use super::sequence::{Sequences, SEQUENCE_HEADER};
+use super::{parse_key, record_signed, tenants, topic, Entry, Record, Snapshot, SIGNATURE_HEADER};
 use crate::kafka::KafkaSettings;
 use crate::secret::{unhex, ClusterSecret};
 
@@ -21,6 +22,8 @@ use crate::secret::{unhex, ClusterSecret};
 pub struct Watcher {
     pub updates: tokio::sync::watch::Receiver<Arc<Snapshot>>,
     stop: Arc<std::sync::atomic::AtomicBool>,
+    /// The highest record sequence read (see `sequence`).
+    highest: Arc<std::sync::atomic::AtomicI64>,
 }
 
 impl Drop for Watcher {
@@ -32,8 +35,8 @@ impl Drop for Watcher {
 impl Watcher {
     /// Starts reading the registry of `cluster` and returns once everything written before
     /// now has been read (so a worker starts knowing every topology). Components are kept
-    /// under `dir`. With `secret`, a record without a valid signature is skipped, counted in
-    /// `rejected` and logged (once per key).
+    /// under `dir`. With `secret`, a record without a valid signature, or an old one written
+    /// back, is skipped, counted in `rejected` and logged (a few lines a minute at most).
     pub fn start(
         kafka: &KafkaSettings,
         cluster: &str,
@@ -52,6 +55,9 @@ impl Watcher {
             .set("isolation.level", "read_committed")
             .set("fetch.wait.max.ms", "100")
             .set("fetch.queue.backoff.ms", "10")
+            // Anyone with write access may fill the topic: a bounded prefetch (chunks are
+            // 512 KiB each).
+            .set("queued.max.messages.kbytes", "16384")
             .create()
             .context("creating the registry reader")?;
         // A topic created a moment ago (by this worker or another) takes a moment to reach
@@ -74,7 +80,9 @@ impl Watcher {
             topic: name.clone(),
             secret,
             rejected,
-            warned: HashSet::new(),
+            log: RejectLog::default(),
+            sequences: Sequences::default(),
+            highest: Arc::new(std::sync::atomic::AtomicI64::new(0)),
             dir: dir.to_path_buf(),
             chunks: HashMap::new(),
             entries: BTreeMap::new(),
@@ -94,6 +102,7 @@ impl Watcher {
             state.poll(&consumer, Duration::from_millis(200));
         }
         let (tx, rx) = tokio::sync::watch::channel(Arc::new(state.snapshot()));
+        let highest = state.highest.clone();
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stopped = stop.clone();
         std::thread::Builder::new().name("registry".into()).spawn(move || {
@@ -103,7 +112,17 @@ impl Watcher {
                 }
             }
         })?;
-        Ok(Watcher { updates: rx, stop })
+        Ok(Watcher {
+            updates: rx,
+            stop,
+            highest,
+        })
+    }
+
+    /// The highest record sequence read, kept current (a writer gives its records higher
+    /// ones).
+    pub fn highest_sequence(&self) -> Arc<std::sync::atomic::AtomicI64> {
+        self.highest.clone()
     }
 
     /// The registry now.
@@ -125,10 +144,14 @@ struct Reader {
     topic: String,
     /// Records are believed only with a valid signature under it (when there is one).
     secret: Option<ClusterSecret>,
-    /// Records skipped for their signature.
+    /// Records skipped for their signature or sequence.
     rejected: Counter,
-    /// Keys of skipped records already logged.
-    warned: HashSet<String>,
+    /// Says what was skipped, a few lines a minute at most.
+    log: RejectLog,
+    /// What was believed of each key, and the highest sequence read.
+    sequences: Sequences,
+    /// `sequences.highest()`, for this worker's writer.
+    highest: Arc<std::sync::atomic::AtomicI64>,
     dir: PathBuf,
     /// Chunks of components not assembled yet, by digest and index.
     chunks: HashMap<String, BTreeMap<u32, Vec<u8>>>,
@@ -167,7 +190,21 @@ impl Reader {
             let Some(key) = m.key().and_then(|k| std::str::from_utf8(k).ok()) else {
                 continue;
             };
-            if !self.signed(&m, key) {
+            let Some(sequence) = self.signed(&m, key) else {
+                continue;
+            };
+            let judged = match parse_key(key) {
+                Some(Record::Entry { .. } | Record::Tenant { .. }) => self.sequences.judge(key, sequence),
+                _ => {
+                    self.sequences.saw(sequence);
+                    Ok(())
+                }
+            };
+            self.highest
+                .store(self.sequences.highest(), std::sync::atomic::Ordering::SeqCst);
+            if let Err(stale) = judged {
+                self.rejected.inc();
+                self.log.skipped(key, m.offset(), format_args!("{stale}"));
                 continue;
             }
             match parse_key(key) {
@@ -227,31 +264,42 @@ impl Reader {
         changed
     }
 
-    /// Whether a record is one to believe: any, without a secret; with one, only a record
-    /// whose signature checks (a skipped one is counted, and logged once per key).
-    fn signed(&mut self, m: &BorrowedMessage<'_>, key: &str) -> bool {
+    /// The sequence of a record to believe (0: written before sequences, or without a
+    /// secret): any, without a secret; with one, only a record whose signature checks (a
+    /// skipped one is counted and logged).
+    fn signed(&mut self, m: &BorrowedMessage<'_>, key: &str) -> Option<i64> {
         let Some(secret) = &self.secret else {
-            return true;
+            return Some(0);
         };
-        let tag = m
-            .headers()
-            .and_then(|h| h.iter().find(|h| h.key == SIGNATURE_HEADER))
-            .and_then(|h| h.value)
-            .and_then(|v| std::str::from_utf8(v).ok())
-            .and_then(unhex);
-        let good = tag.is_some_and(|t| record_signed(secret, &self.topic, key, m.payload(), &t));
+        let header = |name: &str| {
+            m.headers()
+                .and_then(|h| h.iter().find(|h| h.key == name))
+                .and_then(|h| h.value)
+                .and_then(|v| std::str::from_utf8(v).ok())
+        };
+        let tag = header(SIGNATURE_HEADER).and_then(unhex);
+        // No header: a record from before sequences. A header that is no number: forged.
+        let sequence = match header(SEQUENCE_HEADER) {
+            None => Some(0),
+            Some(text) => text.parse::<i64>().ok().filter(|s| *s > 0),
+        };
+        let good = match (tag, sequence) {
+            (Some(tag), Some(seq)) => record_signed(secret, &self.topic, key, m.payload(), seq, &tag),
+            _ => false,
+        };
         if !good {
             self.rejected.inc();
-            if self.warned.insert(key.to_string()) {
-                tracing::warn!(
-                    key,
-                    offset = m.offset(),
-                    "skipping a registry record without a valid signature: only what a worker of this cluster \
-                     wrote (signed with its registry.secret) is believed"
-                );
-            }
+            self.log.skipped(
+                key,
+                m.offset(),
+                format_args!(
+                    "no valid signature: only what a worker of this cluster wrote (signed with its registry.secret) \
+                     is believed"
+                ),
+            );
+            return None;
         }
-        good
+        sequence
     }
 
     /// Removes the component file of `digest` once no entry names it any more.
@@ -286,14 +334,27 @@ impl Reader {
                 entry.chunks
             ));
         }
-        let bytes: Vec<u8> = chunks.into_values().flatten().collect();
-        if bytes.len() as u64 != entry.size || digest(&bytes) != entry.digest {
+        // Written chunk by chunk and hashed as it goes (a component is never held twice).
+        let partial = path.with_extension("partial");
+        let write = || -> std::io::Result<(u64, String)> {
+            use sha2::Digest as _;
+            use std::io::Write as _;
+            let mut file = std::io::BufWriter::new(std::fs::File::create(&partial)?);
+            let (mut size, mut hash) = (0u64, sha2::Sha256::new());
+            for chunk in chunks.into_values() {
+                size += chunk.len() as u64;
+                hash.update(&chunk);
+                file.write_all(&chunk)?;
+            }
+            file.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+            Ok((size, hash.finalize().iter().map(|b| format!("{b:02x}")).collect()))
+        };
+        let (size, hash) = write().map_err(|e| format!("writing {}: {e}", partial.display()))?;
+        if size != entry.size || hash != entry.digest {
+            let _ = std::fs::remove_file(&partial);
             return Err(format!("component {} does not match its digest or size", entry.digest));
         }
-        let partial = path.with_extension("partial");
-        std::fs::write(&partial, &bytes)
-            .and_then(|()| std::fs::rename(&partial, &path))
-            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+        std::fs::rename(&partial, &path).map_err(|e| format!("writing {}: {e}", path.display()))?;
         Ok(path)
     }
 
@@ -305,4 +366,53 @@ impl Reader {
             position: self.position,
         }
     }
+}
+
+/// Logs skipped registry records: at most [`RejectLog::PER_MINUTE`] lines a minute, each
+/// naming at most the first 64 characters of the key (escaped), then one line saying how
+/// many more were skipped. Nothing of a skipped record is kept.
+#[derive(Default)]
+struct RejectLog {
+    window: Option<std::time::Instant>,
+    logged: u32,
+    more: u64,
+}
+
+impl RejectLog {
+    const PER_MINUTE: u32 = 10;
+
+    fn skipped(&mut self, key: &str, offset: i64, why: std::fmt::Arguments<'_>) {
+        let now = std::time::Instant::now();
+        if self
+            .window
+            .is_none_or(|w| now.duration_since(w) >= Duration::from_secs(60))
+        {
+            if self.more > 0 {
+                tracing::warn!(
+                    "skipped {} more registry record(s) in the last minute (see sluice_registry_rejected_records_total)",
+                    self.more
+                );
+            }
+            *self = RejectLog {
+                window: Some(now),
+                ..Default::default()
+            };
+        }
+        if self.logged >= Self::PER_MINUTE {
+            self.more += 1;
+            return;
+        }
+        self.logged += 1;
+        let shown = short_key(key);
+        tracing::warn!(key = %shown, key_bytes = key.len(), offset, "skipping a registry record: {why}");
+    }
+}
+
+/// At most the first 64 characters of a key, escaped to one line.
+fn short_key(key: &str) -> String {
+    let mut cut: String = key.chars().take(64).collect::<String>().escape_debug().collect();
+    if key.chars().nth(64).is_some() {
+        cut.push('…');
+    }
+    cut
 }

@@ -1,6 +1,8 @@
 //! Writing to the registry: creating its topic, and idempotent writes of components,
 //! entries and tenants, each acknowledged by all in-sync replicas.
 
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
@@ -10,7 +12,9 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 
-use super::{chunk_key, entry_key, record_signature, tenant_key, tenants, topic, Entry, CHUNK_BYTES, SIGNATURE_HEADER};
+use super::{
+    chunk_key, entry_key, record_signature, sequence, tenant_key, tenants, topic, Entry, CHUNK_BYTES, SIGNATURE_HEADER,
+};
 use crate::kafka::KafkaSettings;
 use crate::secret::{hex, ClusterSecret};
 
@@ -55,6 +59,10 @@ pub struct Writer {
     producer: ThreadedProducer<DefaultProducerContext>,
     topic: String,
     secret: Option<ClusterSecret>,
+    /// The highest sequence this worker's registry reader has read (see [`sequence`]).
+    highest_read: Arc<AtomicI64>,
+    /// The last sequence this writer gave a record.
+    last_given: AtomicI64,
 }
 
 impl Writer {
@@ -71,7 +79,16 @@ impl Writer {
             producer,
             topic: topic(cluster),
             secret,
+            highest_read: Arc::new(AtomicI64::new(0)),
+            last_given: AtomicI64::new(0),
         })
+    }
+
+    /// Gives each record a sequence above everything `watcher` has read (so a record
+    /// written now is newer than any a reader has believed).
+    pub fn following(mut self, watcher: &super::Watcher) -> Writer {
+        self.highest_read = watcher.highest_sequence();
+        self
     }
 
     fn send(&self, key: &str, value: Option<&[u8]>) -> anyhow::Result<()> {
@@ -80,11 +97,22 @@ impl Writer {
             record = record.payload(value);
         }
         if let Some(secret) = &self.secret {
-            let signature = hex(&record_signature(secret, &self.topic, key, value));
-            record = record.headers(OwnedHeaders::new().insert(Header {
-                key: SIGNATURE_HEADER,
-                value: Some(signature.as_bytes()),
-            }));
+            let given = self.last_given.load(Ordering::SeqCst);
+            let seq = sequence::next(self.highest_read.load(Ordering::SeqCst), given);
+            self.last_given.fetch_max(seq, Ordering::SeqCst);
+            let signature = hex(&record_signature(secret, &self.topic, key, value, seq));
+            let seq = seq.to_string();
+            record = record.headers(
+                OwnedHeaders::new()
+                    .insert(Header {
+                        key: SIGNATURE_HEADER,
+                        value: Some(signature.as_bytes()),
+                    })
+                    .insert(Header {
+                        key: sequence::SEQUENCE_HEADER,
+                        value: Some(seq.as_bytes()),
+                    }),
+            );
         }
         self.producer
             .send(record)
