@@ -115,7 +115,19 @@ pub struct AdminState {
     /// When each tenant's last deploys and deletes through this worker were made (for
     /// `max-deploys-per-minute`).
     pub deploys: std::sync::Mutex<HashMap<String, std::collections::VecDeque<std::time::Instant>>>,
+    /// Uploads and deletes of one caller (a tenant, or the admin) go one at a time through
+    /// this worker: each checks its quota against what the one before stored.
+    pub turns: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Uploads read and checked at once on this worker, of all callers: each holds up to a
+    /// component's size in memory and compiles it.
+    pub uploading: Arc<tokio::sync::Semaphore>,
 }
+
+/// Uploads this worker reads and checks at once.
+pub const CONCURRENT_UPLOADS: usize = 2;
+
+/// How long an upload waits for its turn before it is refused (429).
+pub const UPLOAD_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 impl AdminState {
     /// The state of a worker in a cluster (none outside one: there is no registry).
@@ -127,7 +139,7 @@ impl AdminState {
         let (Some(registry), Some(cluster)) = (worker.registry().cloned(), worker.cluster().map(str::to_string)) else {
             return Ok(None);
         };
-        let writer = Writer::new(worker.kafka(), &cluster, config.secret.clone())?;
+        let writer = Writer::new(worker.kafka(), &cluster, config.secret.clone())?.following(&registry);
         Ok(Some(AdminState {
             worker,
             registry,
@@ -139,7 +151,45 @@ impl AdminState {
             secret: config.secret.clone(),
             client: client::Client::new(config.tls_ca.as_deref())?,
             deploys: Default::default(),
+            turns: Default::default(),
+            uploading: Arc::new(tokio::sync::Semaphore::new(CONCURRENT_UPLOADS)),
         }))
+    }
+
+    /// Waits for `who`'s turn to change the registry through this worker (one upload or
+    /// delete of a caller at a time), at most [`UPLOAD_WAIT`]; then 429.
+    pub(super) async fn turn(&self, who: &Caller) -> Result<tokio::sync::OwnedMutexGuard<()>, ApiError> {
+        let lock = {
+            let mut turns = self.turns.lock().unwrap_or_else(|e| e.into_inner());
+            turns.entry(who.name().to_string()).or_default().clone()
+        };
+        tokio::time::timeout(UPLOAD_WAIT, lock.lock_owned()).await.map_err(|_| {
+            ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "busy",
+                format!(
+                    "another upload or delete of {} has been going on through this worker for {}s; try again later",
+                    who.name(),
+                    UPLOAD_WAIT.as_secs()
+                ),
+            )
+        })
+    }
+
+    /// Waits for one of this worker's [`CONCURRENT_UPLOADS`] upload slots, at most
+    /// [`UPLOAD_WAIT`]; then 429.
+    pub(super) async fn upload_slot(&self) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+        match tokio::time::timeout(UPLOAD_WAIT, self.uploading.clone().acquire_owned()).await {
+            Ok(Ok(permit)) => Ok(permit),
+            _ => Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "busy",
+                format!(
+                    "this worker has been reading {CONCURRENT_UPLOADS} other uploads for {}s; try again later",
+                    UPLOAD_WAIT.as_secs()
+                ),
+            )),
+        }
     }
 
     /// Counts a deploy or delete of `who`, or refuses it (429) when its tenant made

@@ -149,6 +149,7 @@ pub(super) async fn delete(
     UrlPath(name): UrlPath<String>,
     Query(params): Query<DeleteParams>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
+    let _turn = state.turn(&who).await?;
     let snapshot = state.registry.snapshot();
     let Some((entry, _)) = snapshot
         .entries
@@ -243,7 +244,7 @@ async fn running_tasks(state: &Arc<AdminState>, name: &str) -> Vec<String> {
 /// under (for messages).
 struct Upload {
     manifest: (String, String),
-    component: (String, Vec<u8>),
+    component: (String, bytes::Bytes),
 }
 
 async fn read_upload(mut form: Multipart, limit: usize) -> Result<Upload, ApiError> {
@@ -285,7 +286,7 @@ async fn read_upload(mut form: Multipart, limit: usize) -> Result<Upload, ApiErr
                 })?;
                 manifest = Some((file, text));
             }
-            "component" => component = Some((file, bytes.to_vec())),
+            "component" => component = Some((file, bytes)),
             other => {
                 return Err(ApiError::new(
                     StatusCode::BAD_REQUEST,
@@ -339,6 +340,11 @@ pub(super) async fn upload(
         .map(str::parse::<crate::manifest::StartFrom>)
         .transpose()
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad-request", format!("reprocess_from: {e}")))?;
+    // One upload of a caller at a time through this worker (its quota is checked against
+    // what the one before stored), and a few of all callers: taken before the body is read,
+    // so uploads that wait hold a connection, not a component.
+    let _turn = state.turn(&who).await?;
+    let _slot = state.upload_slot().await?;
     let Upload {
         manifest: (manifest_file, text),
         component: (component_file, component),
@@ -459,6 +465,9 @@ pub(super) async fn upload(
             .as_ref()
             .map_or((0, None), |p| (p.offsets_epoch, p.reprocess_from)),
     };
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
     let entry = Entry {
         name: name.clone(),
         version,
@@ -466,9 +475,8 @@ pub(super) async fn upload(
         digest: digest.clone(),
         size: component.len() as u64,
         chunks: component.len().div_ceil(registry::CHUNK_BYTES) as u32,
-        uploaded_at_ms: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64),
+        uploaded_at_ms: now_ms,
+        created_at_ms: previous.as_ref().map_or(now_ms, Entry::first_uploaded_ms),
         partitions,
         subtopologies,
         internal_topics: description.internal_topics.iter().map(|t| t.name.clone()).collect(),
@@ -535,6 +543,9 @@ fn check(
                     (StatusCode::UNPROCESSABLE_ENTITY, "bad-description")
                 }
                 DeployCheckError::Load(LoadError::Limits { .. }) => (StatusCode::UNPROCESSABLE_ENTITY, "bad-limits"),
+                DeployCheckError::Load(LoadError::TooComplex { .. }) => {
+                    (StatusCode::UNPROCESSABLE_ENTITY, "too-complex")
+                }
                 DeployCheckError::Load(LoadError::TooLarge { .. }) => {
                     (StatusCode::UNPROCESSABLE_ENTITY, "too-many-instances")
                 }

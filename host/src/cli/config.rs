@@ -101,6 +101,8 @@ pub const SETTINGS: &[Setting] = &[
     s("compile.cache.dir", "compile_cache", Kind::Path),
     s("compile.cache.enabled", "no_compile_cache", Kind::NotFlag),
     s("component.max.bytes", "max_component_size", Kind::Bytes),
+    s("component.max.functions", "max_component_functions", Kind::Value),
+    s("component.max.code", "max_component_code", Kind::Bytes),
     s("worker.capacity", "capacity", Kind::Value),
     s("group.instance.id", "instance_id", Kind::Value),
     s("session.timeout.ms", "session_timeout", Kind::Millis),

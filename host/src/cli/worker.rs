@@ -221,6 +221,13 @@ pub struct WorkerSettings {
     /// Largest component the admin API takes (`POST /v1/topologies`).
     #[arg(long, default_value = "64MiB", value_parser = parse_size)]
     max_component_size: usize,
+    /// Most functions (core functions with code, and canonical functions) a component may
+    /// have to be compiled: compiling costs time and memory with each, on every worker.
+    #[arg(long, default_value_t = 50_000)]
+    max_component_functions: u64,
+    /// Most bytes of function code a component may have to be compiled.
+    #[arg(long, default_value = "64MiB", value_parser = parse_size)]
+    max_component_code: usize,
     /// The cluster secret (the same on every worker of the cluster; 16 bytes at least):
     /// registry records and group messages are believed only when signed with it, and
     /// workers sign what they ask each other with it. Needed when the admin API has tokens.
@@ -430,6 +437,10 @@ impl WorkerSettings {
                         .clone()
                         .unwrap_or_else(|| args.state_dir.join("compiled"))
                 }),
+                compile_bounds: sluice::runtime::scan::Bounds {
+                    max_functions: args.max_component_functions,
+                    max_code_bytes: args.max_component_code as u64,
+                },
             },
             state_dir: args.state_dir,
             state_block_cache: args.state_cache,

@@ -21,6 +21,7 @@ mod description;
 mod fault;
 mod host;
 mod instance;
+pub mod scan;
 mod state_host;
 
 use std::path::{Path, PathBuf};
@@ -90,6 +91,8 @@ pub struct RuntimeConfig {
     pub max_instances: u32,
     /// Where compiled components are kept (see [`cache`]); none: compile every time.
     pub compile_cache: Option<PathBuf>,
+    /// How much a component may hold to be compiled at all (see [`scan`]).
+    pub compile_bounds: scan::Bounds,
 }
 
 impl Default for RuntimeConfig {
@@ -101,6 +104,7 @@ impl Default for RuntimeConfig {
             pooling: true,
             max_instances: 1000,
             compile_cache: None,
+            compile_bounds: scan::Bounds::default(),
         }
     }
 }
@@ -135,6 +139,9 @@ pub enum LoadError {
     /// The limits asked for are not ones this worker gives (see [`LoadedTopology::with_limits`]).
     #[error("{detail}")]
     Limits { path: String, detail: String },
+    /// The component holds more than this worker compiles for a topology (see [`scan`]).
+    #[error("component {path} is not compiled: {detail}")]
+    TooComplex { path: String, detail: String },
 }
 
 /// The process-wide engine, linker and epoch ticker.
@@ -231,6 +238,22 @@ impl Runtime {
                 "it does not start with the Wasm magic bytes".to_string()
             };
             return Err(LoadError::NotAComponent { path, detail });
+        }
+        // Counted before compiling: what it would cost to compile, and whether it is a
+        // topology at all.
+        let counted = scan::count(bytes).map_err(|detail| LoadError::NotAComponent {
+            path: path.clone(),
+            detail,
+        })?;
+        self.config
+            .compile_bounds
+            .check(&counted)
+            .map_err(|detail| LoadError::TooComplex {
+                path: path.clone(),
+                detail,
+            })?;
+        if !counted.exports.iter().any(|e| is_processor(e)) {
+            return Err(not_a_topology(&path, &counted.exports));
         }
         let (component, from_cache) = self.compile(&path, bytes)?;
         let version = check_world(&self.engine, &component, &path)?;
@@ -370,6 +393,27 @@ fn contract_of(found: &str) -> Option<ContractVersion> {
     }
 }
 
+/// Whether an export is the topology world's `processor` (of any version).
+fn is_processor(export: &str) -> bool {
+    export.split('@').next() == Some("sluice:topology/processor")
+}
+
+/// The error for a component that does not export `processor`: it exports `exports`.
+fn not_a_topology(path: &str, exports: &[String]) -> LoadError {
+    LoadError::WrongWorld {
+        path: path.to_string(),
+        detail: format!(
+            "it exports {}, not sluice:topology/processor@{WIT_VERSION}: it is not a Sluice topology \
+             (write one with the sluice-guest SDK; `sluice new` scaffolds a project)",
+            if exports.is_empty() {
+                "nothing".to_string()
+            } else {
+                exports.join(", ")
+            }
+        ),
+    }
+}
+
 /// Checks what a component imports and exports against the topology world, before
 /// linking it: so a component of another world, of another version of ours, or missing an
 /// export gets an error that says which.
@@ -390,23 +434,9 @@ fn check_world(engine: &Engine, component: &Component, path: &str) -> Result<Con
         }
     }
     let exports: Vec<(String, ComponentItem)> = ty.exports(engine).map(|(n, e)| (n.to_string(), e.ty)).collect();
-    let Some((name, item)) = exports
-        .iter()
-        .find(|(n, _)| n.split('@').next() == Some("sluice:topology/processor"))
-    else {
-        let list: Vec<&str> = exports.iter().map(|(n, _)| n.as_str()).collect();
-        return Err(LoadError::WrongWorld {
-            path: path.to_string(),
-            detail: format!(
-                "it exports {}, not sluice:topology/processor@{WIT_VERSION}: it is not a Sluice topology \
-                 (write one with the sluice-guest SDK; `sluice new` scaffolds a project)",
-                if list.is_empty() {
-                    "nothing".to_string()
-                } else {
-                    list.join(", ")
-                }
-            ),
-        });
+    let Some((name, item)) = exports.iter().find(|(n, _)| is_processor(n)) else {
+        let list: Vec<String> = exports.iter().map(|(n, _)| n.clone()).collect();
+        return Err(not_a_topology(path, &list));
     };
     let Some(contract) = contract_of(&version(name)) else {
         return Err(wrong_version(version(name)));

@@ -181,6 +181,8 @@ pub async fn follow_registry(
         .values()
         .map(|(e, _)| (e.name.clone(), e.digest.clone()))
         .collect();
+    // Topologies refused for their tenant's limits (each logged once).
+    let mut refused_over: std::collections::BTreeSet<String> = Default::default();
     while updates.changed().await.is_ok() {
         let snapshot = updates.borrow_and_update().clone();
         let in_use = |digest: &str| snapshot.entries.values().any(|(e, _)| e.digest == digest);
@@ -195,15 +197,29 @@ pub async fn follow_registry(
         for (e, _) in snapshot.entries.values() {
             digests.entry(e.name.clone()).or_insert_with(|| e.digest.clone());
         }
+        // The tenants as they are now: the file's, and those created through the API.
+        let tenants = tenancy.with(&snapshot.tenants).unwrap_or_else(|_| tenancy.clone());
+        // Uploads that raced past their tenant's limits through several workers at once.
+        let over = crate::registry::quota::over_quota(snapshot.entries.values().map(|(e, _)| e), &tenants);
+        for (name, reason) in &over {
+            if !refused_over.contains(name) {
+                tracing::error!("not running an uploaded topology: {reason}");
+            }
+        }
+        refused_over = over.keys().cloned().collect();
         let remove: Vec<String> = current
             .keys()
-            .filter(|n| !snapshot.entries.contains_key(*n))
+            .filter(|n| !snapshot.entries.contains_key(*n) || over.contains_key(*n))
             .cloned()
             .collect();
         let wanted: Vec<(Entry, PathBuf)> = snapshot
             .entries
             .values()
-            .filter(|(e, _)| !static_names.contains(&e.name) && current.get(&e.name) != Some(&e.version))
+            .filter(|(e, _)| {
+                !static_names.contains(&e.name)
+                    && current.get(&e.name) != Some(&e.version)
+                    && !over.contains_key(&e.name)
+            })
             .cloned()
             .collect();
         if remove.is_empty() && wanted.is_empty() {
@@ -211,8 +227,6 @@ pub async fn follow_registry(
         }
         let rt = runtime.clone();
         let versions: BTreeMap<String, u32> = wanted.iter().map(|(e, _)| (e.name.clone(), e.version)).collect();
-        // The tenants as they are now: the file's, and those created through the API.
-        let tenants = tenancy.with(&snapshot.tenants).unwrap_or_else(|_| tenancy.clone());
         let loading = tokio::task::spawn_blocking(move || {
             wanted
                 .iter()
@@ -234,7 +248,7 @@ pub async fn follow_registry(
         }
         for name in &remove {
             current.remove(name);
-            tracing::info!(topology = %name, "deleted from the registry: stopping its tasks");
+            tracing::info!(topology = %name, "deleted from the registry (or over its tenant's limits): stopping its tasks");
         }
         for t in &put {
             let version = versions.get(&t.name).copied().unwrap_or(0);

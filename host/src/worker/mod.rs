@@ -11,6 +11,7 @@ pub mod deploys;
 pub mod group_runner;
 pub mod handle;
 mod heartbeats;
+mod intruders;
 mod learners;
 mod runner;
 
@@ -151,7 +152,12 @@ impl Worker {
                 let (mut loaded, mut refused) = load_topologies(&runtime, &manifests)?;
                 let mut versions = BTreeMap::new();
                 let tenancy = tenancy.with(&uploaded.tenants).unwrap_or(tenancy);
+                let over = crate::registry::quota::over_quota(uploaded.entries.values().map(|(e, _)| e), &tenancy);
                 for (entry, path) in uploaded.entries.values() {
+                    if let Some(reason) = over.get(&entry.name) {
+                        refused.push(reason.clone());
+                        continue;
+                    }
                     if loaded.iter().any(|(m, _, _)| m.name == entry.name) {
                         tracing::warn!(topology = %entry.name, "uploaded, and also given with --topology: running the manifest's");
                         continue;
