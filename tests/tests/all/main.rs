@@ -9,6 +9,7 @@ mod dsl_joins_e2e;
 mod globals;
 mod group;
 mod hostile;
+mod isolation;
 mod kafka_roundtrip;
 mod kafka_tools;
 mod kills;
