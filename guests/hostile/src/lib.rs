@@ -22,6 +22,9 @@
 //! |                    | of a batch of these takes MS, however many records it holds)  |
 //! | `big-value:N`      | puts 900 KiB of zeros under key N (a changelog record fits)   |
 //! | `scan-all`         | scans the whole store with `next-page(10000)`                 |
+//! | `log-forge`        | logs a message whose newline forges a line of the worker's log |
+//! | `ambient`          | emits what WASI tells it instead of the record: its clocks,   |
+//! |                    | environment, arguments, working directory, stdin and random   |
 //!
 //! `init` traps when the topology's deployed name contains `init-trap`. What it says of its
 //! operators (`introspection`) is an escape sequence, a 100 KB line and 10,000 more lines.
@@ -48,6 +51,71 @@ fn recurse(depth: u64, pad: [u8; 256]) -> u64 {
         return 0;
     }
     recurse(depth + 1, black_box(pad)) + u64::from(pad[0])
+}
+
+/// What the WASI context hands a guest, as `key=value` words: the wall clock and monotonic
+/// clock (nanoseconds, each read five times), the environment, arguments, working
+/// directory, what stdin holds, and 16 bytes from `wasi:random` (through std's hash keys).
+fn ambient() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    use std::io::Read;
+    let mut words = Vec::new();
+    for i in 0..5 {
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        words.push(format!("wall{i}={wall}"));
+        black_box((0..10_000u64).map(black_box).sum::<u64>());
+    }
+    // std keeps no origin for Instant: its Debug shows the clock's raw reading.
+    for i in 0..5 {
+        words.push(format!("mono{i}={}", mono_nanos(std::time::Instant::now())));
+        black_box((0..10_000u64).map(black_box).sum::<u64>());
+    }
+    words.push(format!("env={}", std::env::vars_os().count()));
+    words.push(format!("args={}", std::env::args_os().count()));
+    words.push(format!("cwd={:?}", std::env::current_dir().ok()));
+    let mut stdin = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut stdin);
+    words.push(format!("stdin={}", stdin.len()));
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u8(0);
+    words.push(format!("random={:016x}", hasher.finish()));
+    words.join(" ")
+}
+
+/// The nanoseconds of a wasi monotonic-clock reading, from `Instant`'s Debug, exactly:
+/// `Instant { t: Timespec { tv_sec: S, tv_nsec: N } }` (or a `Duration`, `Instant(1.5s)`).
+fn mono_nanos(instant: std::time::Instant) -> u128 {
+    let text = format!("{instant:?}");
+    let numbers: Vec<&str> = text
+        .split(|c: char| !c.is_ascii_digit() && c != '.')
+        .filter(|n| n.starts_with(|c: char| c.is_ascii_digit()))
+        .collect();
+    if text.contains("tv_nsec") {
+        let [secs, nanos] = numbers[..] else { return u128::MAX };
+        return secs.parse::<u128>().unwrap_or(u128::MAX / 2) * 1_000_000_000 + nanos.parse::<u128>().unwrap_or(0);
+    }
+    let Some(number) = numbers.first() else {
+        return u128::MAX;
+    };
+    let unit = &text[text.find(number).unwrap_or(0) + number.len()..];
+    let digits = if unit.starts_with("ns") {
+        0
+    } else if unit.starts_with("\u{b5}s") {
+        3
+    } else if unit.starts_with("ms") {
+        6
+    } else {
+        9
+    };
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    let mut fraction = fraction.to_string();
+    fraction.truncate(digits);
+    while fraction.len() < digits {
+        fraction.push('0');
+    }
+    format!("{whole}{fraction}").parse().unwrap_or(u128::MAX)
 }
 
 impl Guest for Hostile {
@@ -163,6 +231,22 @@ impl Guest for Hostile {
                             headers: Vec::new(),
                         },
                     );
+                }
+                b"log-forge" => {
+                    host::log(
+                        types::Level::Info,
+                        "innocent\n2030-01-01T00:00:00.000000Z ERROR sluice::worker: FORGED by a guest\r\u{1b}[2J",
+                    );
+                }
+                b"ambient" => {
+                    out.push_emitted(
+                        0,
+                        input.key,
+                        Some(ambient().as_bytes()),
+                        wire::INHERIT_TIMESTAMP,
+                        std::iter::empty(),
+                    );
+                    continue;
                 }
                 b"scan-all" => {
                     let store = Store::open("state").map_err(|_| GuestError {

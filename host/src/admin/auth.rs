@@ -26,7 +26,8 @@ use crate::secret::{ClusterSecret, WORKER_HEADER};
 pub enum Access {
     /// Anybody (`/healthz`, `/readyz`).
     Public,
-    /// Anybody when metrics are public (`admin.metrics.public`, the default), else callers.
+    /// Anybody when metrics are public (`admin.metrics.public`, the default), else callers;
+    /// what each sees is cut to it (`views::metrics_for`).
     Metrics,
     /// Callers and other workers of the cluster (reads that workers ask each other for).
     Read,
@@ -116,13 +117,22 @@ impl Gate {
 /// The middleware in front of every route: decides who calls (or refuses) before the
 /// route reads anything of the request, and hands the [`Caller`] to the handler.
 pub async fn gate(State((gate, access)): State<(Arc<Gate>, Access)>, mut request: Request, next: Next) -> Response {
-    if access == Access::Public || (access == Access::Metrics && gate.metrics_public) {
+    if access == Access::Public {
         return next.run(request).await;
     }
     let path = request
         .uri()
         .path_and_query()
         .map_or_else(|| request.uri().path().to_string(), |p| p.as_str().to_string());
+    if access == Access::Metrics && gate.metrics_public {
+        // Public metrics: anyone gets an answer (a scraper with a stale token too), and a
+        // caller who proves who it is gets its own topologies' series; the handler shows
+        // a request with no caller the worker-level series only.
+        if let Ok(who) = gate.identify(request.method(), &path, request.headers()) {
+            request.extensions_mut().insert(who);
+        }
+        return next.run(request).await;
+    }
     let who = match gate.identify(request.method(), &path, request.headers()) {
         Ok(who) => who,
         Err(e) => return e.into_response(),

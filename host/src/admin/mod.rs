@@ -6,6 +6,7 @@
 //! - `server`: the listener and the routes every worker has (`/healthz`, `/readyz`,
 //!   `/metrics`, `/status`, `/drain`, `/openapi.yaml`);
 //! - `topologies`, `tenants`, `queries`: the routes of each resource; `auth`: who calls;
+//!   `views`: what each caller may see of the worker's status and metrics;
 //! - `client`: the HTTP client the CLI and the workers ask admin endpoints with.
 //!
 //! The API speaks for its worker through a [`WorkerHandle`] (status, deploy checks, drain,
@@ -23,10 +24,12 @@
 
 mod auth;
 pub mod client;
+mod connections;
 mod queries;
 mod server;
 mod tenants;
 mod topologies;
+mod views;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -352,8 +355,10 @@ async fn settle(state: &AdminState) {
     }
 }
 
-pub(super) fn not_found(state: &AdminState, name: &str) -> ApiError {
-    if state.worker.is_static(name) {
+/// No topology `name` that `who` may see. Only the admin and the workers learn that a name
+/// is a worker's `--topology`: to a tenant it is as absent as another tenant's topology.
+pub(super) fn not_found(state: &AdminState, who: &Caller, name: &str) -> ApiError {
+    if state.worker.is_static(name) && !matches!(who, Caller::Tenant(_)) {
         return ApiError::new(
             StatusCode::CONFLICT,
             "static-topology",

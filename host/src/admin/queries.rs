@@ -138,6 +138,12 @@ fn too_large(partition: i32, key: &[u8], bytes: usize) -> Found {
     }
 }
 
+/// Whether `text` is a topology or store name (nothing a URL's path or query would read
+/// otherwise).
+fn is_name(text: &str) -> bool {
+    !text.is_empty() && text.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
 /// `GET /v1/topologies/{name}/stores/{store}`: the committed state of a store, read by the
 /// workers that run its tasks (each worker asks every member and merges the answers).
 pub(super) async fn query(
@@ -146,13 +152,29 @@ pub(super) async fn query(
     UrlPath((name, store)): UrlPath<(String, String)>,
     Query(params): Query<QueryParams>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
+    // One worker's own stores are how workers ask each other; anyone else asks them all.
+    if params.local && who != Caller::Worker && state.gate.tenancy().enforced() {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "worker-only-reads",
+            "local=true (this worker's stores alone) is for workers asking each other, signed with the cluster \
+             secret; ask without it for the answer of every worker",
+        ));
+    }
     let snapshot = state.registry.snapshot();
     let owned = snapshot.entries.get(&name).filter(|(e, _)| who.owns(&e.tenant));
     let entry = match owned {
         Some((e, _)) => Some(e.clone()),
-        // Topologies given with --topology are the admin's.
-        None if state.worker.is_static(&name) && who == Caller::Admin => None,
-        None => return Err(not_found(&state, &name)),
+        // Topologies given with --topology are the admin's (and asked of each worker by
+        // the worker the admin asked). Their names go into the path the members are asked,
+        // so they must be names (`[A-Za-z0-9._-]`), nothing that changes that path.
+        None if state.worker.is_static(&name)
+            && matches!(who, Caller::Admin | Caller::Worker)
+            && [&name, &store].iter().all(|n| is_name(n)) =>
+        {
+            None
+        }
+        None => return Err(not_found(&state, &who, &name)),
     };
     if let Some(e) = entry.as_ref().filter(|e| !e.stores.contains(&store)) {
         return Err(ApiError::new(

@@ -5,9 +5,11 @@
 //!
 //! What holds the listener against whoever reaches it: who calls is decided before a body
 //! is read ([`super::auth`]); each route takes a body of its own size at most; a request
-//! has [`AdminConfig::request_timeout`] to be answered and a connection 10 s to send its
-//! headers; at most [`AdminConfig::max_connections`] connections are open at once (more
-//! are closed as they arrive); with `admin.tls.cert` and `admin.tls.key` it speaks only TLS.
+//! has [`AdminConfig::request_timeout`] to be answered and a connection 5 s to send its
+//! headers (64 KiB of them at most); at most [`AdminConfig::max_connections`] connections
+//! are open at once, a quarter of them per peer address, and an idle one makes room for a
+//! new one ([`super::connections`]); with `admin.tls.cert` and `admin.tls.key` it speaks
+//! only TLS.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,16 +22,21 @@ use axum::routing::{get, post};
 use axum::Router;
 
 use super::auth::{gate, Access, Gate};
-use super::{router, AdminConfig, AdminState, OPENAPI};
+use super::connections::{Connection, Connections};
+use super::{router, views, AdminConfig, AdminState, OPENAPI};
 use crate::registry::tenants::Caller;
-use crate::worker::board::WorkerStatus;
 use crate::worker::WorkerHandle;
 
 /// Bytes of body a route takes unless it says otherwise.
 pub const DEFAULT_BODY_BYTES: usize = 64 << 10;
 
-/// How long a connection may take to send a request's headers.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a connection may take to send a request's headers (its first, or its next
+/// when it is kept alive).
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Most bytes a connection's buffer holds: a request's line and headers must fit (431
+/// beyond), so each connection costs the worker that much at most before its body.
+const MAX_HEAD_BYTES: usize = 64 << 10;
 
 /// `route` behind the gate, for callers of `access`.
 pub(super) fn guarded<S: Clone + Send + Sync + 'static>(
@@ -65,7 +72,7 @@ pub async fn serve(worker: WorkerHandle, config: &AdminConfig) -> anyhow::Result
         .map_err(|e| anyhow::anyhow!("cannot listen for the admin API on {addr}: {e}"))?;
     let bound = listener.local_addr()?;
     let app = app(worker, config)?;
-    let permits = Arc::new(tokio::sync::Semaphore::new(config.max_connections.max(1)));
+    let connections = Connections::new(config.max_connections);
     let max = config.max_connections;
     tokio::spawn(async move {
         let mut refused_at = None::<std::time::Instant>;
@@ -78,10 +85,14 @@ pub async fn serve(worker: WorkerHandle, config: &AdminConfig) -> anyhow::Result
                     continue;
                 }
             };
-            let Ok(permit) = permits.clone().try_acquire_owned() else {
-                // Closed as it arrives: the connections open already keep being served.
+            let Some(admitted) = connections.admit(peer.ip()) else {
+                // Closed as it arrives: every connection that could make room is busy.
                 if refused_at.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
-                    tracing::warn!(%peer, "the admin API has {max} connections open (admin.max.connections): refusing more");
+                    tracing::warn!(
+                        %peer,
+                        "the admin API has {max} connections open (admin.max.connections), or this peer its share, \
+                         all busy: refusing more"
+                    );
                     refused_at = Some(std::time::Instant::now());
                 }
                 drop(tcp);
@@ -89,32 +100,62 @@ pub async fn serve(worker: WorkerHandle, config: &AdminConfig) -> anyhow::Result
             };
             let (app, tls) = (app.clone(), tls.clone());
             tokio::spawn(async move {
-                let _permit = permit;
-                let service = hyper_util::service::TowerToHyperService::new(app);
-                let mut http = hyper::server::conn::http1::Builder::new();
-                http.timer(hyper_util::rt::TokioTimer::new())
-                    .header_read_timeout(HEADER_TIMEOUT);
-                let served = match tls {
-                    Some(acceptor) => match tokio::time::timeout(HEADER_TIMEOUT, acceptor.accept(tcp)).await {
-                        Ok(Ok(stream)) => {
-                            http.serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                                .await
-                        }
-                        Ok(Err(e)) => {
-                            tracing::debug!(%peer, "a TLS handshake with the admin API failed: {e}");
-                            return;
-                        }
-                        Err(_) => return,
-                    },
-                    None => http.serve_connection(hyper_util::rt::TokioIo::new(tcp), service).await,
-                };
-                if let Err(e) = served {
-                    tracing::debug!(%peer, "an admin connection ended: {e}");
+                let connection = admitted.connection.clone();
+                tokio::select! {
+                    () = serve_connection(tcp, peer, app, tls, &connection) => {}
+                    () = connection.shed() => {
+                        tracing::debug!(%peer, "closed an idle admin connection to make room for another");
+                    }
                 }
+                drop(admitted);
             });
         }
     });
     Ok(Some(bound))
+}
+
+/// Serves one connection (TLS first, when configured) until it ends; each request is
+/// marked in flight on `connection` while its handler runs.
+async fn serve_connection(
+    tcp: tokio::net::TcpStream,
+    peer: SocketAddr,
+    app: Router,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    connection: &Arc<Connection>,
+) {
+    let app = hyper_util::service::TowerToHyperService::new(app);
+    let on = connection.clone();
+    let service = hyper::service::service_fn(move |request| {
+        let guard = on.request();
+        let answer = hyper::service::Service::call(&app, request);
+        async move {
+            let answer = answer.await;
+            drop(guard);
+            answer
+        }
+    });
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .max_header_size(MAX_HEAD_BYTES)
+        .max_buf_size(MAX_HEAD_BYTES);
+    let served = match tls {
+        Some(acceptor) => match tokio::time::timeout(HEADER_TIMEOUT, acceptor.accept(tcp)).await {
+            Ok(Ok(stream)) => {
+                http.serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(%peer, "a TLS handshake with the admin API failed: {e}");
+                return;
+            }
+            Err(_) => return,
+        },
+        None => http.serve_connection(hyper_util::rt::TokioIo::new(tcp), service).await,
+    };
+    if let Err(e) = served {
+        tracing::debug!(%peer, "an admin connection ended: {e}");
+    }
 }
 
 /// Every route, each behind the gate, with its body limit and the request timeout.
@@ -134,7 +175,7 @@ fn app(worker: WorkerHandle, config: &AdminConfig) -> anyhow::Result<Router> {
                 Access::Read,
                 get(move |Extension(who): Extension<Caller>| {
                     let worker = status.clone();
-                    async move { axum::Json(status_for(&worker, &who)) }
+                    async move { axum::Json(views::status_for(&worker, &who)) }
                 }),
             ),
         )
@@ -169,12 +210,13 @@ fn app(worker: WorkerHandle, config: &AdminConfig) -> anyhow::Result<Router> {
             guarded(
                 &g,
                 Access::Metrics,
-                get(move || {
+                // No caller: metrics are public and the request proved no one.
+                get(move |who: Option<Extension<Caller>>| {
                     let worker = metrics.clone();
                     async move {
                         (
                             [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
-                            worker.metrics_text(),
+                            views::metrics_for(&worker, who.as_ref().map(|w| &w.0)),
                         )
                     }
                 }),
@@ -206,20 +248,4 @@ fn app(worker: WorkerHandle, config: &AdminConfig) -> anyhow::Result<Router> {
             StatusCode::REQUEST_TIMEOUT,
             config.request_timeout,
         )))
-}
-
-/// The worker's status as `who` may see it: a tenant only its own topologies' tasks.
-fn status_for(worker: &WorkerHandle, who: &Caller) -> WorkerStatus {
-    let mut status = worker.status();
-    if let Caller::Tenant(tenant) = who {
-        let snapshot = worker.registry().map(|r| r.snapshot());
-        let mine = |task: &str| {
-            let topology = task.split_once('/').map_or(task, |(t, _)| t);
-            snapshot
-                .as_ref()
-                .is_some_and(|s| s.entries.get(topology).is_some_and(|(e, _)| e.tenant == tenant.name))
-        };
-        status.tasks.retain(|t| mine(&t.task));
-    }
-    status
 }

@@ -77,7 +77,7 @@ pub(super) async fn describe(
     let snapshot = state.registry.snapshot();
     // Another tenant's topology is not there, as far as this caller can tell.
     let Some((entry, _)) = snapshot.entries.get(&name).filter(|(e, _)| who.owns(&e.tenant)) else {
-        return Err(not_found(&state, &name));
+        return Err(not_found(&state, &who, &name));
     };
     // Where its tasks are: every member's live status.
     let mut tasks = Vec::new();
@@ -157,7 +157,7 @@ pub(super) async fn delete(
         .filter(|(e, _)| who.owns(&e.tenant))
         .cloned()
     else {
-        return Err(not_found(&state, &name));
+        return Err(not_found(&state, &who, &name));
     };
     state.deploy_allowed(&who)?;
     let shared = snapshot
@@ -355,6 +355,13 @@ pub(super) async fn upload(
     let manifest = Manifest::parse_uploaded(&text, &manifest_file, Path::new(&component_file))
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad-manifest", e.to_string()))?;
     let name = manifest.name.clone();
+    // A name outside the tenant's namespace is refused before anything tells whether it
+    // exists (taken by another tenant, or a worker's --topology): the same answer either way.
+    if let Caller::Tenant(tenant) = &who {
+        tenant
+            .check_manifest(&manifest)
+            .map_err(|(kind, message)| ApiError::new(StatusCode::FORBIDDEN, kind, message))?;
+    }
     if state.worker.is_static(&name) {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -372,9 +379,6 @@ pub(super) async fn upload(
     }
     let mut manifest = manifest;
     if let Caller::Tenant(tenant) = &who {
-        tenant
-            .check_manifest(&manifest)
-            .map_err(|(kind, message)| ApiError::new(StatusCode::FORBIDDEN, kind, message))?;
         let mine: Vec<&Entry> = snapshot
             .entries
             .values()

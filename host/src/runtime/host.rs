@@ -2,13 +2,13 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use wasmtime::component::ResourceTable;
 use wasmtime::ResourceLimiter;
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
-use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::bindings::sluice::topology0_1_0::{host, types};
 use super::fault::GuestFault;
@@ -24,6 +24,10 @@ const MAX_LOG_LINE: usize = 1 << 10;
 /// Log lines a task may write per second on average, and in one burst.
 const LOG_LINES_PER_SECOND: f64 = 20.0;
 const LOG_BURST: f64 = 100.0;
+
+/// Most bytes one `wasi:random` call returns: the host makes them before the guest's
+/// memory holds them (a guest's `getrandom` asks for tens of bytes).
+const MAX_RANDOM_BYTES: u64 = 64 << 10;
 
 /// Resources (open stores, scans, WASI streams…) one instance may hold at once.
 pub(super) const MAX_RESOURCES: usize = 10_000;
@@ -67,14 +71,20 @@ impl TaskData {
         host_memory_limit: usize,
     ) -> Self {
         let output = TailPipe::default();
-        // No preopened directories, environment, arguments or network: the builder grants
-        // nothing unless asked, and we say so explicitly for the network.
+        // What WASI hands a guest, all of it (docs/sandbox.md, "What WASI gives a guest"):
+        // no preopened directories, environment, arguments, working directory or network
+        // (the builder grants none unless asked; we say so for the network), an empty
+        // stdin; clocks that tell no more than `host.now-ms`; random bytes, a little at a
+        // time.
         let wasi = WasiCtxBuilder::new()
             .stdout(output.clone())
             .stderr(output.clone())
             .allow_tcp(false)
             .allow_udp(false)
             .allow_ip_name_lookup(false)
+            .wall_clock(MillisecondWallClock)
+            .monotonic_clock(InstanceClock { start: Instant::now() })
+            .max_random_size(MAX_RANDOM_BYTES)
             .build();
         let mut table = ResourceTable::new();
         table.set_max_capacity(MAX_RESOURCES);
@@ -246,6 +256,8 @@ impl host::Host for TaskData {
                 " ({dropped} earlier lines dropped: more than {LOG_LINES_PER_SECOND} lines per second)"
             ));
         }
+        // One line of the worker's log, whatever the guest put in it.
+        let message = super::fault::one_line(&message);
         let task = self.label.as_str();
         match level {
             types::Level::Trace => tracing::trace!(target: "sluice::guest", task, "{message}"),
@@ -262,6 +274,37 @@ impl host::Host for TaskData {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as i64)
             .unwrap_or(0))
+    }
+}
+
+/// The WASI wall clock: the host's, in whole milliseconds (what `host.now-ms` says). A
+/// finer clock would time the host's caches and the neighbours' work for the guest.
+struct MillisecondWallClock;
+
+impl HostWallClock for MillisecondWallClock {
+    fn resolution(&self) -> Duration {
+        Duration::from_millis(1)
+    }
+
+    fn now(&self) -> Duration {
+        let since_epoch = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        Duration::from_millis(since_epoch.as_millis() as u64)
+    }
+}
+
+/// The WASI monotonic clock: whole milliseconds since the instance was made, so it tells
+/// neither the host's uptime nor anything finer than `host.now-ms`.
+struct InstanceClock {
+    start: Instant,
+}
+
+impl HostMonotonicClock for InstanceClock {
+    fn resolution(&self) -> u64 {
+        1_000_000
+    }
+
+    fn now(&self) -> u64 {
+        (self.start.elapsed().as_millis() as u64).saturating_mul(1_000_000)
     }
 }
 
@@ -392,6 +435,109 @@ mod tests {
         assert!(tail.ends_with("line 9999\n"), "{tail}");
         pipe.append(&vec![b'x'; 3 * OUTPUT_TAIL]);
         assert_eq!(pipe.contents(), vec![b'x'; OUTPUT_TAIL]);
+    }
+
+    fn task_data() -> TaskData {
+        TaskData::new("t/0", Vec::new(), Vec::new(), 1 << 20, 1 << 20)
+    }
+
+    /// What `f` logs, as the worker's log would show it (the fmt subscriber, no colours).
+    fn logged(f: impl FnOnce()) -> String {
+        #[derive(Clone, Default)]
+        struct Sink(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Sink {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let sink = Sink::default();
+        let writer = sink.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::TRACE)
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let bytes = sink.0.lock().unwrap().clone();
+        String::from_utf8(bytes).unwrap()
+    }
+
+    #[test]
+    fn a_guest_log_message_is_one_line_of_the_workers_log() {
+        let forged = "hello\n2030-01-01T00:00:00.000000Z ERROR sluice::worker: forged\r\u{1b}[2J\u{2028}\u{85}end";
+        let log = logged(|| {
+            let mut data = task_data();
+            host::Host::log(&mut data, types::Level::Warn, forged.to_string()).unwrap();
+        });
+        assert_eq!(log.lines().count(), 1, "the message forged a line: {log:?}");
+        assert!(log.ends_with('\n'), "{log:?}");
+        let line = log.trim_end_matches('\n');
+        assert!(
+            !line.chars().any(|c| c.is_control() || c == '\u{2028}'),
+            "a control character reached the log: {line:?}"
+        );
+        assert!(
+            line.contains(r"hello\n2030-01-01") && line.contains(r"forged\r") && line.contains("end task="),
+            "the message is kept, escaped: {line:?}"
+        );
+    }
+
+    #[test]
+    fn the_wasi_clocks_say_no_more_than_host_now_ms() {
+        use wasmtime_wasi::clocks::WasiClocksCtxView;
+        use wasmtime_wasi::p2::bindings::clocks::{monotonic_clock, wall_clock};
+        let mut data = task_data();
+        let mut view = WasiClocksCtxView {
+            ctx: data.wasi.clocks(),
+            table: &mut data.table,
+        };
+        let resolution = wall_clock::Host::resolution(&mut view).unwrap();
+        assert_eq!((resolution.seconds, resolution.nanoseconds), (0, 1_000_000));
+        assert_eq!(monotonic_clock::Host::resolution(&mut view).unwrap(), 1_000_000);
+        let host_now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        // Ten readings a few microseconds apart: a clock finer than a millisecond shows it.
+        for _ in 0..10 {
+            let wall = wall_clock::Host::now(&mut view).unwrap();
+            assert_eq!(
+                wall.nanoseconds % 1_000_000,
+                0,
+                "the wall clock is finer than 1 ms: {wall:?}"
+            );
+            assert!(
+                wall.seconds.abs_diff(host_now) < 60,
+                "the wall clock is not the host's time: {wall:?}"
+            );
+            let mono = monotonic_clock::Host::now(&mut view).unwrap();
+            assert_eq!(mono % 1_000_000, 0, "the monotonic clock is finer than 1 ms: {mono}");
+            // It counts from the instance's start, not the host's: the host's uptime is not told.
+            assert!(
+                mono < 60_000_000_000,
+                "the monotonic clock tells the host's uptime: {mono} ns"
+            );
+            std::thread::sleep(std::time::Duration::from_micros(7));
+        }
+    }
+
+    #[test]
+    fn wasi_random_gives_small_amounts_only() {
+        use wasmtime_wasi::p2::bindings::random::{insecure, random};
+        let mut data = task_data();
+        let ctx = data.wasi.random();
+        assert_eq!(random::Host::get_random_bytes(ctx, 32).unwrap().len(), 32);
+        // Each call's bytes are held by the host before the guest gets them.
+        let err = random::Host::get_random_bytes(ctx, 1 << 20).err();
+        assert!(
+            err.as_ref().is_some_and(|e| e.to_string().contains("exceeds limit")),
+            "1 MiB of random bytes in one call: {err:?}"
+        );
+        assert!(insecure::Host::get_insecure_random_bytes(ctx, 1 << 20).is_err());
     }
 
     #[test]

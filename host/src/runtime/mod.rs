@@ -12,9 +12,9 @@
 //!
 //! The sandbox policy lives here and nowhere else: guests get no filesystem, network,
 //! environment or clock beyond what the `sluice:topology/host` interface offers (WASI is
-//! linked only because Rust's `wasm32-wasip2` standard library imports it; every
-//! capability in it is denied, and stdout/stderr go to a small per-task buffer used to
-//! explain traps).
+//! linked only because Rust's `wasm32-wasip2` standard library imports it; its clocks say
+//! no more than `host.now-ms`, its random is bounded per call, every other capability in it
+//! is denied, and stdout/stderr go to a small per-task buffer used to explain traps).
 
 mod cache;
 mod description;

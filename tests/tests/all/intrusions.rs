@@ -92,6 +92,11 @@ impl Cluster {
                 .collect();
             let missing = want.difference(&got).count();
             if missing == 0 {
+                println!(
+                    "{}: records {from}..{to} came out {:.1}s after they were produced",
+                    self.cluster,
+                    began.elapsed().as_secs_f64()
+                );
                 return Ok(());
             }
             anyhow::ensure!(

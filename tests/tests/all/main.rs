@@ -10,6 +10,7 @@ mod globals;
 mod group;
 mod hostile;
 mod intrusions;
+mod isolation;
 mod kafka_roundtrip;
 mod kafka_tools;
 mod kills;

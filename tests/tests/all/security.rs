@@ -16,17 +16,17 @@ const SECRET: &str = "correct horse battery staple, but longer";
 /// A cluster of one worker with an admin token (`root-token`), two tenants (`alpha-token`,
 /// `bravo-token`, namespaces `a-ID.` and `b-ID.`, each with an input and an output topic)
 /// and the registry secret; `extra` is appended to its configuration file.
-struct Secured {
-    dir: TempDir,
-    cluster: String,
-    port: u16,
-    a: String,
-    b: String,
-    worker: WorkerProcess,
+pub(crate) struct Secured {
+    pub(crate) dir: TempDir,
+    pub(crate) cluster: String,
+    pub(crate) port: u16,
+    pub(crate) a: String,
+    pub(crate) b: String,
+    pub(crate) worker: WorkerProcess,
 }
 
 impl Secured {
-    async fn start(extra: &str) -> anyhow::Result<Secured> {
+    pub(crate) async fn start(extra: &str) -> anyhow::Result<Secured> {
         let kafka = kafka();
         let id = unique_name("s");
         let (a, b) = (format!("a-{id}."), format!("b-{id}."));
@@ -68,12 +68,18 @@ impl Secured {
         })
     }
 
-    fn admin(&self) -> String {
+    pub(crate) fn admin(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 
     /// `sluice deploy` of the uppercase topology `NS + name` (input to output of `ns`).
-    fn deploy(&self, token: &str, ns: &str, name: &str, limits: &str) -> anyhow::Result<(bool, String, String)> {
+    pub(crate) fn deploy(
+        &self,
+        token: &str,
+        ns: &str,
+        name: &str,
+        limits: &str,
+    ) -> anyhow::Result<(bool, String, String)> {
         let m = self.dir.write(
             &format!("{name}.toml"),
             &manifest(
@@ -103,7 +109,13 @@ impl Secured {
     }
 
     /// `METHOD path` with `token` (none: no Authorization header).
-    fn call(&self, method: &str, path: &str, token: Option<&str>, body: &[u8]) -> anyhow::Result<(u16, String)> {
+    pub(crate) fn call(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: &[u8],
+    ) -> anyhow::Result<(u16, String)> {
         let auth = token.map(|t| format!("Bearer {t}"));
         let mut headers = vec![("content-type", "application/json")];
         if let Some(a) = &auth {

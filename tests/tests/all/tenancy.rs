@@ -97,10 +97,12 @@ async fn tenants_see_and_touch_only_their_own_topologies_and_topics() -> anyhow:
             as_("alpha-token", &["topologies", "delete", &theirs]),
             "[not-found]",
         ),
+        // Refused as any name outside alpha's namespace is, taken or not: the answer does
+        // not tell alpha that bravo has this topology (isolation.rs).
         (
             "overwrite",
             deploy_as("alpha-token", &shout(&b, "shout", &b)),
-            "[name-taken]",
+            "[foreign-name]",
         ),
         (
             "name outside",
