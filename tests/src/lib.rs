@@ -828,3 +828,39 @@ pub fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body:
         .unwrap_or_default();
     Ok((status, body))
 }
+
+/// A component wrapping one core module of `functions` empty functions: small on disk
+/// (three bytes a function), costly to compile.
+pub fn many_functions(functions: usize) -> Vec<u8> {
+    fn leb(mut n: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        loop {
+            let byte = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(byte);
+                return out;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+    let mut module = b"\0asm\x01\0\0\0".to_vec();
+    module.extend([1, 4, 1, 0x60, 0, 0]);
+    let mut funcs = leb(functions);
+    funcs.extend(std::iter::repeat_n(0u8, functions));
+    module.push(3);
+    module.extend(leb(funcs.len()));
+    module.extend(funcs);
+    let mut code = leb(functions);
+    for _ in 0..functions {
+        code.extend([2, 0, 0x0b]);
+    }
+    module.push(10);
+    module.extend(leb(code.len()));
+    module.extend(code);
+    let mut component = b"\0asm\x0d\0\x01\0".to_vec();
+    component.push(1);
+    component.extend(leb(module.len()));
+    component.extend(module);
+    component
+}

@@ -103,6 +103,8 @@ pub const SETTINGS: &[Setting] = &[
     s("component.max.bytes", "max_component_size", Kind::Bytes),
     s("component.max.functions", "max_component_functions", Kind::Value),
     s("component.max.code", "max_component_code", Kind::Bytes),
+    s("component.compile.timeout.ms", "compile_timeout", Kind::Millis),
+    s("component.compile.max.bytes", "compile_memory", Kind::Bytes),
     s("worker.capacity", "capacity", Kind::Value),
     s("group.instance.id", "instance_id", Kind::Value),
     s("session.timeout.ms", "session_timeout", Kind::Millis),

@@ -61,6 +61,13 @@ pub enum Command {
     Produce(kafka_tools::ProduceArgs),
     /// Print records from a topic as `partition/offset key<TAB>value`.
     Consume(kafka_tools::ConsumeArgs),
+    /// Compile a component as a worker's engine would, writing wasmtime's serialized form
+    /// (what a worker runs as a child to compile under its limits).
+    #[command(hide = true)]
+    CompileComponent {
+        input: std::path::PathBuf,
+        output: std::path::PathBuf,
+    },
 }
 
 pub fn init_logging(filter: Option<&str>) {
@@ -95,5 +102,9 @@ pub async fn run(cli: Cli, layered: config::Layered) -> anyhow::Result<ExitCode>
         Command::Topics(args) => kafka_tools::topics(args).await,
         Command::Produce(args) => kafka_tools::produce(args).await,
         Command::Consume(args) => kafka_tools::consume(args).await,
+        Command::CompileComponent { input, output } => {
+            tokio::task::block_in_place(|| sluice::runtime::compiler::compile_file(&input, &output))?;
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }

@@ -228,6 +228,13 @@ pub struct WorkerSettings {
     /// Most bytes of function code a component may have to be compiled.
     #[arg(long, default_value = "64MiB", value_parser = parse_size)]
     max_component_code: usize,
+    /// Longest one compile of a component may take (each runs in a child process, killed
+    /// at this deadline).
+    #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+    compile_timeout: Duration,
+    /// Most memory one compile of a component may use (the child's data segment).
+    #[arg(long, default_value = "2GiB", value_parser = parse_size)]
+    compile_memory: usize,
     /// The cluster secret (the same on every worker of the cluster; 16 bytes at least):
     /// registry records and group messages are believed only when signed with it, and
     /// workers sign what they ask each other with it. Needed when the admin API has tokens.
@@ -441,6 +448,12 @@ impl WorkerSettings {
                     max_functions: args.max_component_functions,
                     max_code_bytes: args.max_component_code as u64,
                 },
+                compile_in_child: Some(sluice::runtime::compiler::ChildCompiler {
+                    program: std::env::current_exe()
+                        .map_err(|e| anyhow::anyhow!("finding the sluice binary (to compile components with): {e}"))?,
+                    timeout: args.compile_timeout,
+                    memory: args.compile_memory as u64,
+                }),
             },
             state_dir: args.state_dir,
             state_block_cache: args.state_cache,

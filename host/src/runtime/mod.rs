@@ -17,6 +17,7 @@
 //! is denied, and stdout/stderr go to a small per-task buffer used to explain traps).
 
 mod cache;
+pub mod compiler;
 mod description;
 mod fault;
 mod host;
@@ -93,6 +94,9 @@ pub struct RuntimeConfig {
     pub compile_cache: Option<PathBuf>,
     /// How much a component may hold to be compiled at all (see [`scan`]).
     pub compile_bounds: scan::Bounds,
+    /// Compile in a child process under a deadline and a memory cap (see [`compiler`]);
+    /// none: in this process (tests, and tools that load a component once).
+    pub compile_in_child: Option<compiler::ChildCompiler>,
 }
 
 impl Default for RuntimeConfig {
@@ -105,6 +109,7 @@ impl Default for RuntimeConfig {
             max_instances: 1000,
             compile_cache: None,
             compile_bounds: scan::Bounds::default(),
+            compile_in_child: None,
         }
     }
 }
@@ -331,31 +336,49 @@ impl Runtime {
             return Ok((found, true));
         }
         let started = std::time::Instant::now();
-        let component = Component::new(&self.engine, bytes).map_err(|e| {
-            let detail = format!("{e:#}");
-            // The pooling allocator's per-component caps (see `host::MAX_*`).
-            if detail.contains("exceeds the configured maximum") {
-                LoadError::TooLarge {
-                    path: path.to_string(),
-                    detail: format!(
-                        "{detail} (a topology may create at most {} core instances, {} memories and {} tables)",
-                        host::MAX_CORE_INSTANCES,
-                        host::MAX_MEMORIES,
-                        host::MAX_TABLES
-                    ),
-                }
-            } else {
-                LoadError::NotAComponent {
-                    path: path.to_string(),
-                    detail,
-                }
+        let component = match &self.config.compile_in_child {
+            Some(child) => {
+                let serialized = child.compile(bytes).map_err(|e| match e {
+                    compiler::ChildError::OverLimit(detail) => LoadError::TooComplex {
+                        path: path.to_string(),
+                        detail,
+                    },
+                    compiler::ChildError::Failed(detail) => compile_error(path, detail),
+                })?;
+                // SAFETY: the bytes are what `Engine::precompile_component` wrote, in a
+                // directory of this worker's, for an engine configured as this one;
+                // wasmtime checks the header (version, settings) again and refuses a mismatch.
+                unsafe { Component::deserialize(&self.engine, &serialized) }
+                    .map_err(|e| compile_error(path, format!("{e:#}")))?
             }
-        })?;
+            None => Component::new(&self.engine, bytes).map_err(|e| compile_error(path, format!("{e:#}")))?,
+        };
         tracing::debug!(component = %path, seconds = started.elapsed().as_secs_f64(), "compiled");
         if let Some(cache) = &cache {
             cache.put(bytes, &component);
         }
         Ok((component, false))
+    }
+}
+
+/// The error of a component that did not compile (or load once compiled): `detail`.
+fn compile_error(path: &str, detail: String) -> LoadError {
+    // The pooling allocator's per-component caps (see `host::MAX_*`).
+    if detail.contains("exceeds the configured maximum") {
+        LoadError::TooLarge {
+            path: path.to_string(),
+            detail: format!(
+                "{detail} (a topology may create at most {} core instances, {} memories and {} tables)",
+                host::MAX_CORE_INSTANCES,
+                host::MAX_MEMORIES,
+                host::MAX_TABLES
+            ),
+        }
+    } else {
+        LoadError::NotAComponent {
+            path: path.to_string(),
+            detail,
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 
 mod brokers;
 mod cluster;
+mod compile;
 mod consistency;
 mod density;
 mod dsl_examples;

@@ -141,7 +141,7 @@ async fn uploads_sent_at_once_do_not_pass_a_tenants_quota_together() -> anyhow::
 #[tokio::test(flavor = "multi_thread")]
 async fn a_component_too_costly_to_compile_is_refused_before_compiling() -> anyhow::Result<()> {
     let u = Uploads::start("functions", "", &[]).await?;
-    let bomb = many_functions(200_000);
+    let bomb = sluice_tests::many_functions(200_000);
     assert!(bomb.len() < 1 << 20);
     let started = std::time::Instant::now();
     let (code, body) = u.upload("bomb", &bomb)?;
@@ -153,29 +153,6 @@ async fn a_component_too_costly_to_compile_is_refused_before_compiling() -> anyh
     );
     assert!(took < Duration::from_secs(5), "refusing it took {took:?}");
     Ok(())
-}
-
-/// A component wrapping one core module of `functions` empty functions.
-fn many_functions(functions: usize) -> Vec<u8> {
-    let mut module = b"\0asm\x01\0\0\0".to_vec();
-    module.extend([1, 4, 1, 0x60, 0, 0]);
-    let mut funcs = leb(functions);
-    funcs.extend(std::iter::repeat_n(0u8, functions));
-    module.push(3);
-    module.extend(leb(funcs.len()));
-    module.extend(funcs);
-    let mut code = leb(functions);
-    for _ in 0..functions {
-        code.extend([2, 0, 0x0b]);
-    }
-    module.push(10);
-    module.extend(leb(code.len()));
-    module.extend(code);
-    let mut component = b"\0asm\x0d\0\x01\0".to_vec();
-    component.push(1);
-    component.extend(leb(module.len()));
-    component.extend(module);
-    component
 }
 
 /// Eight uploads of the largest component a tenant may send (24 MiB here), sent at once:
