@@ -279,6 +279,49 @@ pub fn wake_fetcher<C: ConsumerContext>(consumer: &rdkafka::consumer::BaseConsum
     let _ = consumer.fetch_watermarks(topic, partition, std::time::Duration::from_secs(2));
 }
 
+/// What a consumer knows, without asking the broker, of how far a partition it fetches is
+/// behind: the high watermark of its last fetch response against its position (the offset
+/// after the last record, or transaction marker, it handed out). `None` while it has had no
+/// fetch response for the partition. `start` is where the partition was positioned (none:
+/// the log start) and counts while nothing has been handed out since.
+///
+/// Kafka Streams reads the same from its consumer's fetch metadata (KIP-695). librdkafka
+/// keeps the last stable offset too but exposes only the high watermark: an open
+/// transaction's records count as lag until it ends.
+pub fn cached_lag<C: ConsumerContext>(
+    consumer: &rdkafka::consumer::BaseConsumer<C>,
+    topic: &str,
+    partition: i32,
+    start: Option<i64>,
+) -> Option<i64> {
+    use rdkafka::bindings as ffi;
+    use rdkafka::consumer::Consumer;
+    let name = std::ffi::CString::new(topic).ok()?;
+    let rk = consumer.client().native_ptr();
+    let (mut low, mut high) = (-1i64, -1i64);
+    // SAFETY: `rk` is the consumer's live handle, `name` a NUL-terminated string that
+    // outlives the call, and the out-pointers point at locals; librdkafka only reads its
+    // cached offsets under the partition's lock.
+    let err = unsafe { ffi::rd_kafka_get_watermark_offsets(rk, name.as_ptr(), partition, &mut low, &mut high) };
+    if err != ffi::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR || high < 0 {
+        return None;
+    }
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition(topic, partition);
+    // SAFETY: as above; `tpl` is a list this function owns, which librdkafka fills in.
+    let err = unsafe { ffi::rd_kafka_position(rk, tpl.ptr()) };
+    let position = if err == ffi::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+        tpl.elements().first().and_then(|e| match e.offset() {
+            rdkafka::Offset::Offset(o) => Some(o),
+            _ => None,
+        })
+    } else {
+        None
+    };
+    let next = position.or(start).unwrap_or(low.max(0));
+    Some((high - next).max(0))
+}
+
 /// A long-lived client for questions about offsets (changelog bounds, ends, a group's
 /// protocol): made at first use and kept, so that a question does not wait for a new
 /// client's connections (up to 0.7 s on a busy machine), and made again after an error.

@@ -30,6 +30,15 @@
 //!                                # topic, with headers naming the error, and go on
 //! dead-letter-topic = "shout-dlq" # default "<name>-dead-letter"; must exist
 //! ```
+//!
+//! A task with several source partitions (a join, a merge) takes its records in timestamp
+//! order across them, and waits for a partition the broker has records for before it
+//! processes past it; `max-task-idle-ms` is Kafka Streams' `max.task.idle.ms`:
+//!
+//! ```toml
+//! max-task-idle-ms = 0           # 0 (default): wait only for partitions with lag; N: also
+//!                                # wait up to N ms for new records; -1: never wait
+//! ```
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -69,6 +78,8 @@ struct RawManifest {
     on_error: Option<String>,
     #[serde(default)]
     dead_letter_topic: Option<String>,
+    #[serde(default)]
+    max_task_idle_ms: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -91,6 +102,42 @@ pub struct Limits {
     pub state: Option<u64>,
     /// Most records one task processes per second (its partitions are paused in between).
     pub records_per_second: Option<u32>,
+}
+
+/// Kafka Streams' `max.task.idle.ms`: how long a task waits for a record of an empty
+/// partition that has nothing more on the broker before it processes past it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MaxTaskIdle {
+    /// Wait for partitions the broker has records for, not for new records (`0`, the default).
+    #[default]
+    Zero,
+    /// Wait up to this long for a record of a caught-up partition.
+    Wait(Duration),
+    /// Never wait: process what is buffered (`-1`).
+    Disabled,
+}
+
+impl MaxTaskIdle {
+    /// From Kafka Streams' milliseconds: `-1` disables waiting, `0` (default) waits only for
+    /// partitions with lag.
+    pub fn from_ms(ms: i64) -> Result<MaxTaskIdle, String> {
+        match ms {
+            -1 => Ok(MaxTaskIdle::Disabled),
+            0 => Ok(MaxTaskIdle::Zero),
+            ms if ms > 0 => Ok(MaxTaskIdle::Wait(Duration::from_millis(ms as u64))),
+            ms => Err(format!(
+                "max-task-idle-ms = {ms}: write -1 (never wait), 0 (the default) or a positive number of milliseconds"
+            )),
+        }
+    }
+
+    /// How long a caught-up partition is waited for.
+    pub fn wait(self) -> Duration {
+        match self {
+            MaxTaskIdle::Wait(d) => d,
+            _ => Duration::ZERO,
+        }
+    }
 }
 
 /// What happens to a record the topology cannot process.
@@ -119,6 +166,8 @@ pub struct Manifest {
     pub on_error: OnError,
     /// Where `on-error = "dead-letter"` sends records (none under the other policies).
     pub dead_letter_topic: Option<String>,
+    /// How long a task waits for an empty source partition before processing past it.
+    pub max_task_idle: MaxTaskIdle,
     /// Not from the file: set for an uploaded topology from its registry entry. Source
     /// offsets are committed in group `sluice-<name>`, or `sluice-<name>.v<epoch>` after a
     /// deploy that asked to reprocess (so the new group starts empty) …
@@ -333,6 +382,12 @@ impl Manifest {
             }
             (_, None) => None,
         };
+        let max_task_idle = raw
+            .max_task_idle_ms
+            .map(MaxTaskIdle::from_ms)
+            .transpose()
+            .map_err(invalid)?
+            .unwrap_or_default();
         Ok(Manifest {
             path: path.to_string(),
             name: raw.name,
@@ -348,6 +403,7 @@ impl Manifest {
             },
             on_error,
             dead_letter_topic,
+            max_task_idle,
             offsets_epoch: 0,
             start_from: None,
         })

@@ -59,6 +59,8 @@ pub struct Metrics {
     pub task_errors: Family<ErrorLabels, Counter>,
     pub records_rejected: Family<RejectLabels, Counter>,
     pub task_failed: Family<TaskLabels, Gauge>,
+    /// Times a task processed past an empty source partition it had waited for in vain.
+    pub enforced_processing: Family<TaskLabels, Counter>,
     pub tasks_running: Gauge,
     pub restored_records: Family<StoreLabels, Counter>,
     pub restore_remaining: Family<StoreLabels, Gauge>,
@@ -89,6 +91,7 @@ impl Metrics {
         let task_errors = Family::<ErrorLabels, Counter>::default();
         let records_rejected = Family::<RejectLabels, Counter>::default();
         let task_failed = Family::<TaskLabels, Gauge>::default();
+        let enforced_processing = Family::<TaskLabels, Counter>::default();
         let tasks_running = Gauge::default();
         let restored_records = Family::<StoreLabels, Counter>::default();
         let restore_remaining = Family::<StoreLabels, Gauge>::default();
@@ -121,6 +124,13 @@ impl Metrics {
             "task_failed",
             "1 while a task is stopped by a failure",
             task_failed.clone(),
+        );
+        registry.register(
+            "enforced_processing",
+            "Times a task with several source partitions processed past an empty one it had \
+             waited for in vain (its lag unknown or not zero, or max-task-idle-ms over): records \
+             from there on may be out of timestamp order across its partitions",
+            enforced_processing.clone(),
         );
         registry.register(
             "tasks_running",
@@ -162,6 +172,7 @@ impl Metrics {
             task_errors,
             records_rejected,
             task_failed,
+            enforced_processing,
             tasks_running,
             restored_records,
             restore_remaining,

@@ -5,11 +5,12 @@
 
 use std::time::Instant;
 
-use rdkafka::message::{Headers as _, Message};
+use rdkafka::message::{Headers as _, Message, OwnedMessage};
 use sluice_wire::wire::{self, Header, Writer, INHERIT_TIMESTAMP};
 
 use super::commit::enqueue;
 use super::delivery::Outgoing;
+use super::partition_group::{Lag, PartitionGroup};
 use super::{now_ms, KafkaEnv, Task, TaskError};
 use crate::runtime::{CallOutput, GuestFault, TaskInstance};
 
@@ -41,6 +42,59 @@ impl Task {
         );
         self.batch.push((source, m.offset()));
         self.stream_time = self.stream_time.max(timestamp);
+    }
+
+    /// Whether its records wait in a partition group, to be taken in timestamp order across
+    /// its source partitions ([`enqueue`](Self::enqueue) and [`fill`](Self::fill), not
+    /// [`push`](Self::push)).
+    pub fn orders_inputs(&self) -> bool {
+        self.inputs.is_some()
+    }
+
+    /// Buffers a record of source `source` in its partition group.
+    pub fn enqueue(&mut self, source: u32, m: OwnedMessage) {
+        if let Some(group) = &mut self.inputs {
+            group.push(source as usize, m);
+        }
+    }
+
+    /// Whether source `source` has as much buffered as it may (its partition is paused).
+    pub fn is_backlogged(&self, source: u32) -> bool {
+        self.inputs.as_ref().is_some_and(|g| g.is_backlogged(source as usize))
+    }
+
+    /// Whether a paused source has room again.
+    pub fn has_room(&self, source: u32) -> bool {
+        self.inputs.as_ref().is_none_or(|g| g.has_room(source as usize))
+    }
+
+    /// Records buffered in its partition group, not yet in the batch.
+    pub fn buffered(&self) -> usize {
+        self.inputs.as_ref().map_or(0, PartitionGroup::len)
+    }
+
+    /// Moves records from its partition group into the batch, in timestamp order, while the
+    /// group may go on (see `partition_group`) and the batch has room; `lag` says how far
+    /// behind the broker an empty source is. How many it moved.
+    pub fn fill(&mut self, now: Instant, mut lag: impl FnMut(usize) -> Lag) -> usize {
+        let Some(mut group) = self.inputs.take() else {
+            return 0;
+        };
+        let mut moved = 0;
+        let enforced = group.enforced;
+        while !self.is_full() {
+            let Some((source, m)) = group.next(now, &mut lag) else {
+                break;
+            };
+            self.push(source as u32, &m);
+            moved += 1;
+        }
+        if group.enforced > enforced {
+            self.counters.enforced_processing.inc_by(group.enforced - enforced);
+            tracing::debug!(task = %self.id, "processing past an empty source partition it waited for in vain");
+        }
+        self.inputs = Some(group);
+        moved
     }
 
     pub(super) fn process_batch(&mut self, env: &mut KafkaEnv) -> Result<(), TaskError> {

@@ -19,6 +19,7 @@ mod commit;
 pub mod control;
 pub mod delivery;
 mod output;
+pub mod partition_group;
 mod rate;
 mod reject;
 mod source;
@@ -232,6 +233,9 @@ pub struct Task {
     output: TaskOutput,
     state: Option<TaskState>,
     writer: Writer,
+    /// With several source partitions: what was fetched of each, taken into the batch in
+    /// timestamp order (see `partition_group`).
+    inputs: Option<partition_group::PartitionGroup>,
     /// (source index, offset) of each record in the current batch.
     batch: Vec<(u32, i64)>,
     /// Bytes at which a batch is full (see `TaskSettings::max_batch_bytes`).
@@ -267,6 +271,7 @@ pub struct Task {
 /// This task's metric handles, looked up once.
 struct Counters {
     records_in: prometheus_client::metrics::counter::Counter,
+    enforced_processing: prometheus_client::metrics::counter::Counter,
     records_out: prometheus_client::metrics::counter::Counter,
     calls: prometheus_client::metrics::counter::Counter,
     call_seconds: prometheus_client::metrics::counter::Counter<f64>,

@@ -9,6 +9,7 @@ use sluice_wire::wire::Writer;
 use sluice_wire::TaskInfo;
 
 use super::delivery::DeliveryTracker;
+use super::partition_group::PartitionGroup;
 use super::state::{Opened, TaskState};
 use super::{
     rate, source, Counters, Ended, Guarantee, KafkaEnv, Task, TaskContext, TaskError, TaskOutput, TaskSummary,
@@ -288,6 +289,7 @@ impl Task {
         };
         let counters = Counters {
             records_in: ctx.metrics.records_in.get_or_create(&labels).clone(),
+            enforced_processing: ctx.metrics.enforced_processing.get_or_create(&labels).clone(),
             records_out: ctx.metrics.records_out.get_or_create(&labels).clone(),
             calls: ctx.metrics.guest_calls.get_or_create(&labels).clone(),
             call_seconds: ctx.metrics.guest_call_seconds.get_or_create(&labels).clone(),
@@ -299,7 +301,16 @@ impl Task {
         );
         tracing::info!(committed = ?committed, guarantee = ?ctx.settings.guarantee, task = %id, "started");
         let rate = topology.records_per_second.map(|r| rate::Rate::new(r, Instant::now()));
+        let batch_bytes = ctx
+            .settings
+            .max_batch_bytes
+            .min(topology.loaded.limits().memory_limit / 4)
+            .max(1);
+        let sources = ctx.stage().sources.len();
+        // Several source partitions are taken in timestamp order across them.
+        let inputs = (sources > 1).then(|| PartitionGroup::new(sources, topology.max_task_idle, batch_bytes));
         Ok(Some(Task {
+            inputs,
             group_metadata,
             group: topology.group.clone(),
             labels,
@@ -312,11 +323,7 @@ impl Task {
             state,
             writer: Writer::new(),
             batch: Vec::with_capacity(ctx.settings.batch_size),
-            batch_bytes: ctx
-                .settings
-                .max_batch_bytes
-                .min(topology.loaded.limits().memory_limit / 4)
-                .max(1),
+            batch_bytes,
             batch_records: ctx
                 .settings
                 .batch_size

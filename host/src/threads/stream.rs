@@ -19,6 +19,7 @@ use rustc_hash::FxHashMap;
 
 use super::slot::{Outcome, TaskSlot};
 use crate::kafka::{ConsumerEvents, KafkaSettings};
+use crate::task::partition_group::Lag;
 use crate::task::{KafkaEnv, Task};
 
 /// How long an idle stream thread waits for records before giving its tasks a turn.
@@ -107,6 +108,10 @@ struct Running {
     paused: bool,
     /// Whether a record was fed to it yet (for the handover trace).
     fed: bool,
+    /// Its source partitions, for their lags (a task that orders its inputs by time asks
+    /// them of the consumer), and which of them are paused because their queue is full.
+    parts: Vec<SourcePart>,
+    held: Vec<bool>,
     /// Thread time charged to it here (its virtual time, see [`ThreadTasks::share`]), its
     /// virtual time when its last charged work began (its start tag), and the task's own
     /// count when last charged.
@@ -138,6 +143,35 @@ impl Running {
             self.task.set_fair_turn(false);
         }
         used
+    }
+}
+
+/// One source partition of a task on this thread.
+struct SourcePart {
+    topic: String,
+    partition: i32,
+    /// Where the task positioned it (none: the log start).
+    start: Option<i64>,
+    /// For a partition positioned again after an earlier task here: until a record of it
+    /// comes, or this time, the consumer's high watermark may be from before (its lag is
+    /// taken as unknown).
+    stale_until: Option<Instant>,
+}
+
+/// How long the cached high watermark of a partition positioned again is not believed: a
+/// fetch answers within `fetch.wait.max.ms` (500 ms) once the partition is resumed.
+const STALE_WATERMARK: Duration = Duration::from_secs(1);
+
+impl SourcePart {
+    fn lag(&self, consumer: &StreamConsumer, now: Instant) -> Lag {
+        if self.stale_until.is_some_and(|t| now < t) {
+            return Lag::Unknown;
+        }
+        match crate::kafka::cached_lag(consumer, &self.topic, self.partition, self.start) {
+            None => Lag::Unknown,
+            Some(0) => Lag::CaughtUp,
+            Some(_) => Lag::Behind,
+        }
     }
 }
 
@@ -403,7 +437,15 @@ impl ThreadTasks {
         };
         let mut fresh = TopicPartitionList::new();
         let mut result = Ok(());
+        let mut parts = Vec::new();
         for (source, (topic, partition, committed)) in task.sources().into_iter().enumerate() {
+            let again = self.assigned.contains(&(topic.clone(), partition));
+            parts.push(SourcePart {
+                topic: topic.clone(),
+                partition,
+                start: committed,
+                stale_until: again.then(|| Instant::now() + STALE_WATERMARK),
+            });
             let offset = committed.map_or(Offset::Beginning, Offset::Offset);
             self.routes
                 .entry(topic.clone())
@@ -447,6 +489,8 @@ impl ThreadTasks {
             overflow: Vec::new(),
             paused: false,
             fed: false,
+            held: vec![false; parts.len()],
+            parts,
             vtime: self.entry,
             start: self.entry,
             seen,
@@ -465,6 +509,18 @@ impl ThreadTasks {
         let Some(running) = self.running[index].as_mut() else {
             return;
         };
+        if running.task.orders_inputs() {
+            running.fed = true;
+            running.parts[source as usize].stale_until = None;
+            running.task.enqueue(source, message.detach());
+            if running.task.is_backlogged(source) && !running.held[source as usize] {
+                running.held[source as usize] = true;
+                let part = &running.parts[source as usize];
+                let _ = consumer.pause(&one(&part.topic, part.partition));
+            }
+            self.fill_in_order(consumer, index, true);
+            return;
+        }
         if running.task.is_full() || !running.overflow.is_empty() {
             if running.overflow.is_empty() && running.task.may_process() {
                 let end = running.task.process_now(&mut self.env);
@@ -491,6 +547,45 @@ impl ThreadTasks {
         running.task.push(source, message);
     }
 
+    /// For a task that takes its inputs in timestamp order: moves what may go from its
+    /// partition group into its batch, and with `process`, processes each batch that fills
+    /// (while it may); then resumes the partitions whose queues drained.
+    fn fill_in_order(&mut self, consumer: &StreamConsumer, index: usize, process: bool) {
+        loop {
+            let Some(running) = self.running[index].as_mut() else {
+                return;
+            };
+            let now = Instant::now();
+            let parts = &running.parts;
+            running.task.fill(now, |s| parts[s].lag(consumer, now));
+            if !process || !running.task.is_full() || !running.task.may_process() {
+                break;
+            }
+            let end = running.task.process_now(&mut self.env);
+            self.charge(index);
+            if let Some(end) = end {
+                self.end(consumer, index, Some(end));
+                return;
+            }
+        }
+        self.release_drained(consumer, index);
+    }
+
+    /// Resumes a task's partitions that were paused for a full queue and have room again.
+    fn release_drained(&mut self, consumer: &StreamConsumer, index: usize) {
+        let Some(running) = self.running[index].as_mut() else {
+            return;
+        };
+        for s in 0..running.held.len() {
+            if running.held[s] && running.task.has_room(s as u32) {
+                running.held[s] = false;
+                let part = &running.parts[s];
+                let _ = consumer.resume(&one(&part.topic, part.partition));
+                let _ = self.waker.send((part.topic.clone(), part.partition));
+            }
+        }
+    }
+
     /// A task's turn: refill from what waited, then the task's own step; or, asked to stop,
     /// off to a finisher thread.
     fn turn(&mut self, consumer: &StreamConsumer, index: usize) {
@@ -501,10 +596,28 @@ impl ThreadTasks {
             self.hand_off(consumer, index);
             return;
         }
+        let ordered = running.task.orders_inputs();
+        if ordered {
+            self.fill_in_order(consumer, index, false);
+        }
+        let Some(running) = self.running[index].as_mut() else {
+            return;
+        };
         let mut used = Duration::ZERO;
         let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mut end = running.task.step(&mut self.env);
             used += running.charge();
+            // Records the partition group let go but the batch had no room for: batch by
+            // batch while the task may process (the group holds at most a bounded number).
+            while ordered && end.is_none() && running.task.may_process() {
+                let now = Instant::now();
+                let parts = &running.parts;
+                if running.task.fill(now, |s| parts[s].lag(consumer, now)) == 0 {
+                    break;
+                }
+                end = running.task.process_now(&mut self.env);
+                used += running.charge();
+            }
             while end.is_none() && !running.overflow.is_empty() && running.task.may_process() {
                 let waiting = std::mem::take(&mut running.overflow);
                 let mut rest = waiting.into_iter();
@@ -526,6 +639,9 @@ impl ThreadTasks {
         self.charged += used;
         match stepped {
             Ok(None) => {
+                if ordered {
+                    self.release_drained(consumer, index);
+                }
                 let running = self.running[index].as_mut().expect("still here");
                 if running.paused && running.overflow.is_empty() {
                     tracing::debug!(target: "handover", task = %running.task.id(), "resumed");

@@ -26,6 +26,8 @@ pub struct DeployedTopology {
     pub binding: Binding,
     /// What happens to a record the topology cannot process.
     pub on_error: OnError,
+    /// How long a task waits for an empty source partition (`max-task-idle-ms`).
+    pub max_task_idle: crate::manifest::MaxTaskIdle,
     /// Its sub-topologies: one (named none) for a topology of one, else one per declared
     /// sub-topology. A task runs one stage on one partition.
     pub stages: Vec<Stage>,
@@ -157,6 +159,7 @@ pub fn deploy(
         name: manifest.name,
         loaded,
         on_error: manifest.on_error,
+        max_task_idle: manifest.max_task_idle,
         binding,
         stages,
         changelogs,

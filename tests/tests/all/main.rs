@@ -7,6 +7,7 @@ mod consistency;
 mod density;
 mod dsl_examples;
 mod dsl_joins_e2e;
+mod event_time;
 mod globals;
 mod group;
 mod hostile;
