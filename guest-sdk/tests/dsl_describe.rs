@@ -331,3 +331,64 @@ fn aggregations_of_one_grouping_share_its_repartition_topic() {
     });
     assert!(e.contains("two groupings are both named \"by\""), "{e}");
 }
+
+/// Issue 35: a named table grouping aggregated twice was refused with a message that
+/// recommended exactly that pattern; its aggregations now share its repartition topic.
+#[test]
+fn aggregations_of_one_table_grouping_share_its_repartition_topic() {
+    for name in [Some("by_region"), None] {
+        let d = describe(|b| {
+            let mut grouped = b
+                .table::<String, String>("customers", "customers")
+                .group_by(|_, region| (region.clone(), 1u64));
+            if let Some(name) = name {
+                grouped = grouped.named(name);
+            }
+            grouped.count("customers_per_region").to_stream().to("counts");
+            grouped
+                .aggregate(|| 0u64, |_, v, a| a + v, |_, v, a| a - v, "sum_per_region")
+                .to_stream()
+                .to("sums");
+        });
+        let topic = name.unwrap_or("customers_per_region");
+        assert_eq!(
+            d.internal_topics,
+            [InternalTopic {
+                name: topic.into(),
+                partitions: None
+            }],
+            "one repartition topic for both aggregations ({name:?})"
+        );
+        assert_eq!(d.subtopologies.len(), 2, "{d:?}");
+        assert_eq!(
+            d.subtopologies[1],
+            sub(topic, &[topic], &["counts", "sums"], &["customers_per_region", "sum_per_region"])
+        );
+    }
+}
+
+/// Issue 35: two joins of one re-keyed stream wrote it to two repartition topics (each
+/// record written three times); Kafka Streams reuses the stream's join repartition topic.
+#[test]
+fn joins_of_one_rekeyed_stream_share_its_repartition_topic() {
+    let d = describe(|b| {
+        let customers = b.table::<String, String>("customers", "customers");
+        let payments = b.stream::<String, String>("payments");
+        let orders = b
+            .stream::<String, String>("orders")
+            .select_key(|_, order| order.split(' ').next().unwrap_or_default().to_string());
+        orders.left_join(&customers, |o, c| format!("{o} {c:?}")).to("enriched");
+        orders.join(&customers, |o, c| format!("{o} {c}")).to("known");
+        orders
+            .join_stream(&payments, |o, p| format!("{o} {p}"), sluice_guest::dsl::JoinWindows::of(Duration::from_secs(60)))
+            .to("paid");
+    });
+    assert_eq!(d.internal_topics.len(), 1, "one repartition topic for three joins: {:?}", d.internal_topics);
+    let topic = d.internal_topics[0].name.clone();
+    assert!(topic.ends_with("_left"), "{topic}");
+    let reading: Vec<&Subtopology> = d.subtopologies.iter().filter(|s| s.sources.contains(&topic)).collect();
+    assert_eq!(reading.len(), 1, "{d:?}");
+    for sink in ["enriched", "known", "paid"] {
+        assert!(reading[0].sinks.contains(&sink.to_string()), "{sink} in {:?}", reading[0]);
+    }
+}

@@ -12,7 +12,8 @@ use sluice_guest::dsl::StreamsBuilder;
 fn per_city(b: &mut StreamsBuilder) {
     let by_city = b
         .table::<u64, String>("users", "users")
-        .group_by(|user, city| (city.clone(), *user));
+        .group_by(|user, city| (city.clone(), *user))
+        .named("by_city"); // both aggregations read one repartition topic
     by_city.count("city_counts").to_stream().to("counts");
     by_city
         .aggregate(

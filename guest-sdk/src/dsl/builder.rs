@@ -324,6 +324,21 @@ pub(crate) fn add_internal_topic(graph: &Shared, topic: &str, partitions: Option
     g.internal_topics.push((topic.to_string(), partitions));
 }
 
+/// `stream` as a join reads it: as it is, or, after a key change, repartitioned through
+/// `topic` — once per stream, however many joins read it.
+pub(crate) fn join_input<K: Data, V: Data>(stream: &KStream<K, V>, topic: &str) -> KStream<K, V> {
+    if !stream.key_changed {
+        return stream.clone();
+    }
+    let made = stream.graph.borrow().join_repartitions.get(&stream.node).copied();
+    if let Some(node) = made {
+        return KStream::new(stream.graph.clone(), node, false);
+    }
+    let input = repartition(stream, topic, None);
+    stream.graph.borrow_mut().join_repartitions.insert(stream.node, input.node);
+    input
+}
+
 /// Writes `stream` to the internal topic `topic` and reads it back in a new sub-topology:
 /// each record lands on the partition (and so the task) of its key. Null keys are dropped.
 pub(crate) fn repartition<K: Data, V: Data>(

@@ -63,6 +63,10 @@ pub(crate) struct Graph {
     pub internal_topics: Vec<(String, Option<u32>)>,
     /// Global tables: store, topic.
     pub global_stores: Vec<(String, String)>,
+    /// For a re-keyed stream (by its operator) that a join repartitioned: the operator that
+    /// reads the repartition topic back. Every join of that stream reads it (Kafka Streams
+    /// reuses a stream's join repartition topic the same way).
+    pub join_repartitions: std::collections::BTreeMap<usize, usize>,
     /// Mistakes found while building, reported by [`Topology::build`].
     pub errors: Vec<String>,
 }

@@ -26,6 +26,9 @@ pub struct KGroupedTable<K, V> {
     partitions: Option<u32>,
     /// Makes the operator that re-keys the table's changes, given the topic it writes.
     regroup: Rc<dyn Fn(&str) -> Build>,
+    /// The operator that reads the repartition topic back, once an aggregation made it:
+    /// every aggregation of this grouping reads the same topic.
+    repartitioned: Rc<RefCell<Option<usize>>>,
 }
 
 impl<K0: Data, V0: Data> KTable<K0, V0> {
@@ -62,6 +65,7 @@ impl<K0: Data, V0: Data> KTable<K0, V0> {
             name: None,
             partitions: None,
             regroup,
+            repartitioned: Rc::default(),
         }
     }
 }
@@ -279,14 +283,13 @@ impl<K: Data, V: Data> KGroupedTable<K, V> {
         )
     }
 
-    fn aggregate_with<VA: Data>(
-        &self,
-        kind: &str,
-        materialized: Materialized,
-        step: impl FnMut(&K, Change<V>, Option<VA>) -> Option<VA> + 'static,
-    ) -> KTable<K, VA> {
-        let store = materialized.or(self.graph.borrow().next_name(kind));
-        let topic = self.name.clone().unwrap_or_else(|| store.clone());
+    /// The operator that reads this grouping's repartition topic (named after the grouping,
+    /// or else after the store of its first aggregation), made by the first aggregation.
+    fn input(&self, store: &str) -> usize {
+        if let Some(source) = *self.repartitioned.borrow() {
+            return source;
+        }
+        let topic = self.name.clone().unwrap_or_else(|| store.to_string());
         add_internal_topic(&self.graph, &topic, self.partitions);
         let mut g = self.graph.borrow_mut();
         let mut regroup = GraphNode::new(g.next_name("group_by"), vec![self.table_node], (self.regroup)(&topic));
@@ -309,6 +312,19 @@ impl<K: Data, V: Data> KGroupedTable<K, V> {
         source.source = Some(topic);
         source.internal_io = true;
         let source = g.add(source);
+        *self.repartitioned.borrow_mut() = Some(source);
+        source
+    }
+
+    fn aggregate_with<VA: Data>(
+        &self,
+        kind: &str,
+        materialized: Materialized,
+        step: impl FnMut(&K, Change<V>, Option<VA>) -> Option<VA> + 'static,
+    ) -> KTable<K, VA> {
+        let store = materialized.or(self.graph.borrow().next_name(kind));
+        let source = self.input(&store);
+        let mut g = self.graph.borrow_mut();
         let name = g.next_name(kind);
         let build = {
             let (name, store) = (name.clone(), store.clone());

@@ -5,7 +5,7 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use super::builder::{decode_stored, encode, repartition};
+use super::builder::{decode_stored, encode, join_input};
 use super::data::Data;
 use super::graph::{Build, GraphNode};
 use super::runtime::{built, BuildCx, Cx, Downstream, Node, NodeRef, Rec};
@@ -42,11 +42,7 @@ impl<K: Data, V: Data> KStream<K, V> {
         joiner: impl FnMut(&V, Option<&VT>) -> Option<VR> + 'static,
     ) -> KStream<K, VR> {
         let base = self.graph.borrow().next_name(kind);
-        let input = if self.key_changed {
-            repartition(self, &format!("{base}_left"), None)
-        } else {
-            self.clone()
-        };
+        let input = join_input(self, &format!("{base}_left"));
         let mut g = self.graph.borrow_mut();
         let name = g.next_name(kind);
         let getter = table.getter.clone();

@@ -26,7 +26,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
-use super::builder::{decode, encode, repartition};
+use super::builder::{decode, encode, join_input};
 use super::data::{pop_ordered, push_ordered, Data};
 use super::graph::{Build, GraphNode};
 use super::runtime::{built, BuildCx, Cx, Downstream, Node, NodeRef, Punctuate, Rec};
@@ -146,16 +146,8 @@ impl<K: Data, V: Data> KStream<K, V> {
                 "join windows of {op}: before, after and grace must not be negative"
             ));
         }
-        let this = if self.key_changed {
-            repartition(self, &format!("{base}_left"), None)
-        } else {
-            self.clone()
-        };
-        let that = if other.key_changed {
-            repartition(other, &format!("{base}_right"), None)
-        } else {
-            other.clone()
-        };
+        let this = join_input(self, &format!("{base}_left"));
+        let that = join_input(other, &format!("{base}_right"));
         let this_side = add_fn_node(
             &self.graph,
             vec![this.node],
