@@ -149,8 +149,24 @@ impl<K: Data, V: Data> KGroupedStream<K, V> {
         )
     }
 
-    /// Windows the groups: `.windowed_by(TimeWindows::tumbling(60_000))`, a
-    /// [`SessionWindows`](super::SessionWindows) or [`SlidingWindows`](super::SlidingWindows).
+    /// Windows the groups by [`TimeWindows`](super::TimeWindows) (tumbling or hopping),
+    /// [`SessionWindows`](super::SessionWindows) or [`SlidingWindows`](super::SlidingWindows):
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sluice_guest::dsl::{StreamsBuilder, TimeWindows, Topology};
+    ///
+    /// let topology = Topology::build("clicks", |b: &mut StreamsBuilder| {
+    ///     b.stream::<String, String>("clicks")
+    ///         .group_by_key()
+    ///         .windowed_by(TimeWindows::tumbling(Duration::from_secs(60)).grace(Duration::from_secs(10)))
+    ///         .count("clicks_per_minute")
+    ///         .to_stream()
+    ///         .map(|w, n| (w.key, n.unwrap_or(0)))
+    ///         .to("per_minute");
+    /// });
+    /// assert!(topology.is_ok());
+    /// ```
     pub fn windowed_by<W: Windows>(&self, windows: W) -> WindowedBy<K, V, W> {
         WindowedBy::new(self.clone_grouped(), windows)
     }
