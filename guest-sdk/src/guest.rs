@@ -431,6 +431,10 @@ macro_rules! export {
             }
         }
 
+        // Only a component exports the topology: a native build of the crate (an `rlib` for
+        // tests under `tests/`, or a `cdylib` built for the host's target) has no component
+        // model, and the exports' names (`sluice:topology/processor@…`) break native linkers.
+        #[cfg(target_arch = "wasm32")]
         $crate::__private::bindings::__export_topology!(__SluiceTopology with_types_in $crate::__private::bindings);
     };
 }

@@ -6,7 +6,8 @@
 
 use sluice_guest::dsl::StreamsBuilder;
 
-fn topology(b: &mut StreamsBuilder) {
+/// The topology (public, so that `tests/` can run it through a `TestDriver`).
+pub fn topology(b: &mut StreamsBuilder) {
     b.stream::<(), String>("lines")
         .flat_map_values(|line| line.split_whitespace().map(str::to_lowercase).collect::<Vec<_>>())
         .group_by(|_, word| word.clone())
