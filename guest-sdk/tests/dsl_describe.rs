@@ -362,7 +362,12 @@ fn aggregations_of_one_table_grouping_share_its_repartition_topic() {
         assert_eq!(d.subtopologies.len(), 2, "{d:?}");
         assert_eq!(
             d.subtopologies[1],
-            sub(topic, &[topic], &["counts", "sums"], &["customers_per_region", "sum_per_region"])
+            sub(
+                topic,
+                &[topic],
+                &["counts", "sums"],
+                &["customers_per_region", "sum_per_region"]
+            )
         );
     }
 }
@@ -380,15 +385,28 @@ fn joins_of_one_rekeyed_stream_share_its_repartition_topic() {
         orders.left_join(&customers, |o, c| format!("{o} {c:?}")).to("enriched");
         orders.join(&customers, |o, c| format!("{o} {c}")).to("known");
         orders
-            .join_stream(&payments, |o, p| format!("{o} {p}"), sluice_guest::dsl::JoinWindows::of(Duration::from_secs(60)))
+            .join_stream(
+                &payments,
+                |o, p| format!("{o} {p}"),
+                sluice_guest::dsl::JoinWindows::of(Duration::from_secs(60)),
+            )
             .to("paid");
     });
-    assert_eq!(d.internal_topics.len(), 1, "one repartition topic for three joins: {:?}", d.internal_topics);
+    assert_eq!(
+        d.internal_topics.len(),
+        1,
+        "one repartition topic for three joins: {:?}",
+        d.internal_topics
+    );
     let topic = d.internal_topics[0].name.clone();
     assert!(topic.ends_with("_left"), "{topic}");
     let reading: Vec<&Subtopology> = d.subtopologies.iter().filter(|s| s.sources.contains(&topic)).collect();
     assert_eq!(reading.len(), 1, "{d:?}");
     for sink in ["enriched", "known", "paid"] {
-        assert!(reading[0].sinks.contains(&sink.to_string()), "{sink} in {:?}", reading[0]);
+        assert!(
+            reading[0].sinks.contains(&sink.to_string()),
+            "{sink} in {:?}",
+            reading[0]
+        );
     }
 }

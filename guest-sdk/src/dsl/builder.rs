@@ -73,6 +73,16 @@ impl StreamsBuilder {
         }
     }
 
+    /// The bytes of each aggregation's record cache (Kafka Streams'
+    /// `statestore.cache.max.bytes`): the updates of a key between two commits go downstream
+    /// once, the last one, as Kafka Streams sends them with its cache on. Default
+    /// [`DEFAULT_CACHE_MAX_BYTES`](super::DEFAULT_CACHE_MAX_BYTES) per aggregation; `0` sends
+    /// every update on at once (Kafka Streams with `statestore.cache.max.bytes = 0`).
+    pub fn cache_max_bytes(&mut self, bytes: usize) -> &mut Self {
+        self.graph.borrow_mut().cache_max_bytes = Some(bytes);
+        self
+    }
+
     pub(crate) fn into_graph(self) -> Result<Graph, Error> {
         Ok(std::mem::take(&mut *self.graph.borrow_mut()))
     }
@@ -335,7 +345,11 @@ pub(crate) fn join_input<K: Data, V: Data>(stream: &KStream<K, V>, topic: &str) 
         return KStream::new(stream.graph.clone(), node, false);
     }
     let input = repartition(stream, topic, None);
-    stream.graph.borrow_mut().join_repartitions.insert(stream.node, input.node);
+    stream
+        .graph
+        .borrow_mut()
+        .join_repartitions
+        .insert(stream.node, input.node);
     input
 }
 

@@ -67,6 +67,8 @@ pub(crate) struct Graph {
     /// reads the repartition topic back. Every join of that stream reads it (Kafka Streams
     /// reuses a stream's join repartition topic the same way).
     pub join_repartitions: std::collections::BTreeMap<usize, usize>,
+    /// Bytes each aggregation's record cache holds (none: the default; 0: no cache).
+    pub cache_max_bytes: Option<usize>,
     /// Mistakes found while building, reported by [`Topology::build`].
     pub errors: Vec<String>,
 }
@@ -280,6 +282,10 @@ impl Topology {
             }
         }
         let mut cx = BuildCx::new(backend);
+        cx.cache_max_bytes = self
+            .graph
+            .cache_max_bytes
+            .unwrap_or(super::cache::DEFAULT_CACHE_MAX_BYTES);
         let mut built: BTreeMap<usize, Rc<dyn Any>> = BTreeMap::new();
         let mut sources = Vec::new();
         // Children are made after their parents, so building backwards builds them first.

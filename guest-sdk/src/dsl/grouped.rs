@@ -6,9 +6,10 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use super::builder::{decode_stored, encode, repartition, Materialized};
+use super::cache::RecordCache;
 use super::data::Data;
 use super::graph::{Build, GraphNode};
-use super::runtime::{built, BuildCx, Change, Cx, Downstream, Node, NodeRef, Rec};
+use super::runtime::{built, BuildCx, Change, Cx, Downstream, Node, NodeRef, Punctuate, Rec};
 use super::state::KeyValueStore;
 use super::stream::KStream;
 use super::table::{store_getter, KTable};
@@ -125,15 +126,20 @@ impl<K: Data, V: Data> KGroupedStream<K, V> {
             let (name, store) = (name.clone(), store.clone());
             Build::Node(Box::new(
                 move |cx: &mut BuildCx<'_>, children: &[Rc<dyn std::any::Any>]| {
-                    let node: NodeRef<K, V> = Rc::new(RefCell::new(StreamAggregate {
+                    let node = Rc::new(RefCell::new(StreamAggregate {
                         down: Downstream::from_built(&name, children)?,
                         store: cx.store(&store)?,
                         name,
                         step,
+                        cache: RecordCache::new(cx.cache_max_bytes),
                         key_buf: Vec::new(),
                         value_buf: Vec::new(),
                         _input: std::marker::PhantomData,
                     }));
+                    if cx.cache_max_bytes > 0 {
+                        cx.punctuate(node.clone());
+                    }
+                    let node: NodeRef<K, V> = node;
                     Ok(built(node))
                 },
             ))
@@ -217,9 +223,48 @@ struct StreamAggregate<K, V, VA, F> {
     store: Rc<dyn KeyValueStore>,
     step: F,
     down: Downstream<K, Change<VA>>,
+    /// Updates waiting to go downstream (see `cache`).
+    cache: RecordCache<K, VA>,
     key_buf: Vec<u8>,
     value_buf: Vec<u8>,
     _input: std::marker::PhantomData<fn(V)>,
+}
+
+/// Sends on what a record cache let out.
+pub(crate) fn forward_all<K: Clone + 'static, VA: Clone + 'static>(
+    down: &Downstream<K, Change<VA>>,
+    out: Vec<super::cache::Out<K, VA>>,
+    cx: &mut Cx<'_>,
+) -> Result<bool, Error> {
+    let sent = !out.is_empty();
+    for (key, value, ts) in out {
+        down.forward(Rec { key, value, ts }, cx)?;
+    }
+    Ok(sent)
+}
+
+impl<K, V, VA, F> Punctuate for StreamAggregate<K, V, VA, F>
+where
+    K: Data,
+    V: Data,
+    VA: Data,
+    F: FnMut(&K, V, Option<VA>) -> VA,
+{
+    fn punctuate(&mut self, _time: i64, _cx: &mut Cx<'_>) -> Result<(), Error> {
+        Ok(())
+    }
+    fn close(&mut self, _cx: &mut Cx<'_>) -> Result<(), Error> {
+        Ok(())
+    }
+    fn call_started(&mut self) {
+        self.cache.call_started();
+    }
+    fn call_done(&mut self) {
+        self.cache.call_done();
+    }
+    fn flush(&mut self, cx: &mut Cx<'_>) -> Result<bool, Error> {
+        forward_all(&self.down, self.cache.flush(), cx)
+    }
 }
 
 impl<K, V, VA, F> Node<K, V> for StreamAggregate<K, V, VA, F>
@@ -236,6 +281,11 @@ where
         let old: Option<VA> = read_aggregate(&self.name, &*self.store, raw_key)?;
         let new = (self.step)(&rec.key, rec.value, old.clone());
         write_aggregate(&self.name, &*self.store, raw_key, Some(&new), &mut self.value_buf)?;
+        if self.cache.enabled() {
+            let size = raw_key.len() + self.value_buf.len();
+            let out = self.cache.put(raw_key, rec.key, old, Some(new), rec.ts, size);
+            return forward_all(&self.down, out, cx).map(|_| ());
+        }
         self.down.forward(
             Rec {
                 key: rec.key,

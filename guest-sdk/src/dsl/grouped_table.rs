@@ -7,10 +7,11 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use super::builder::{add_internal_topic, decode, encode, Materialized};
+use super::cache::RecordCache;
 use super::data::Data;
 use super::graph::{Build, GraphNode};
-use super::grouped::{read_aggregate, write_aggregate};
-use super::runtime::{built, BuildCx, Change, Cx, Downstream, Node, NodeRef, RawSource, Rec};
+use super::grouped::{forward_all, read_aggregate, write_aggregate};
+use super::runtime::{built, BuildCx, Change, Cx, Downstream, Node, NodeRef, Punctuate, RawSource, Rec};
 use super::state::KeyValueStore;
 use super::table::{store_getter, KTable};
 use crate::Error;
@@ -330,15 +331,20 @@ impl<K: Data, V: Data> KGroupedTable<K, V> {
             let (name, store) = (name.clone(), store.clone());
             Build::Node(Box::new(
                 move |cx: &mut BuildCx<'_>, children: &[Rc<dyn std::any::Any>]| {
-                    let node: NodeRef<K, Change<V>> = Rc::new(RefCell::new(TableAggregate {
+                    let node = Rc::new(RefCell::new(TableAggregate {
                         down: Downstream::from_built(&name, children)?,
                         store: cx.store(&store)?,
                         name,
                         step,
+                        cache: RecordCache::new(cx.cache_max_bytes),
                         key_buf: Vec::new(),
                         value_buf: Vec::new(),
                         _input: std::marker::PhantomData,
                     }));
+                    if cx.cache_max_bytes > 0 {
+                        cx.punctuate(node.clone());
+                    }
+                    let node: NodeRef<K, Change<V>> = node;
                     Ok(built(node))
                 },
             ))
@@ -361,9 +367,35 @@ struct TableAggregate<K, V, VA, F> {
     store: Rc<dyn KeyValueStore>,
     step: F,
     down: Downstream<K, Change<VA>>,
+    /// Updates waiting to go downstream (see `cache`).
+    cache: RecordCache<K, VA>,
     key_buf: Vec<u8>,
     value_buf: Vec<u8>,
     _input: std::marker::PhantomData<fn(V)>,
+}
+
+impl<K, V, VA, F> Punctuate for TableAggregate<K, V, VA, F>
+where
+    K: Data,
+    V: Data,
+    VA: Data,
+    F: FnMut(&K, Change<V>, Option<VA>) -> Option<VA>,
+{
+    fn punctuate(&mut self, _time: i64, _cx: &mut Cx<'_>) -> Result<(), Error> {
+        Ok(())
+    }
+    fn close(&mut self, _cx: &mut Cx<'_>) -> Result<(), Error> {
+        Ok(())
+    }
+    fn call_started(&mut self) {
+        self.cache.call_started();
+    }
+    fn call_done(&mut self) {
+        self.cache.call_done();
+    }
+    fn flush(&mut self, cx: &mut Cx<'_>) -> Result<bool, Error> {
+        forward_all(&self.down, self.cache.flush(), cx)
+    }
 }
 
 impl<K, V, VA, F> Node<K, Change<V>> for TableAggregate<K, V, VA, F>
@@ -380,6 +412,11 @@ where
         let old: Option<VA> = read_aggregate(&self.name, &*self.store, raw_key)?;
         let new = (self.step)(&rec.key, rec.value, old.clone());
         write_aggregate(&self.name, &*self.store, raw_key, new.as_ref(), &mut self.value_buf)?;
+        if self.cache.enabled() {
+            let size = raw_key.len() + self.value_buf.len();
+            let out = self.cache.put(raw_key, rec.key, old, new, rec.ts, size);
+            return forward_all(&self.down, out, cx).map(|_| ());
+        }
         if new.is_none() && old.is_none() {
             return Ok(());
         }

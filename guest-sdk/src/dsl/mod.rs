@@ -107,6 +107,7 @@
 //! restarts on the same stores.
 
 mod builder;
+mod cache;
 mod data;
 mod export;
 mod graph;
@@ -124,6 +125,7 @@ pub mod testing;
 mod windows;
 
 pub use builder::{materialized, Materialized, StreamsBuilder};
+pub use cache::DEFAULT_CACHE_MAX_BYTES;
 pub use data::{Data, Windowed};
 pub use export::{DslProcessor, DslTopology};
 pub use graph::Topology;

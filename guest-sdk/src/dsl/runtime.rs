@@ -93,6 +93,15 @@ pub(crate) trait Punctuate {
     fn batch_done(&mut self) -> Result<(), Error> {
         Ok(())
     }
+    /// A call of the host begins (a batch, a punctuation, the close): what the last call
+    /// changed in memory is undone if that call did not end (see `cache`).
+    fn call_started(&mut self) {}
+    /// The call ended well.
+    fn call_done(&mut self) {}
+    /// Sends on what waits in a record cache; whether it sent anything.
+    fn flush(&mut self, _cx: &mut Cx<'_>) -> Result<bool, Error> {
+        Ok(false)
+    }
 }
 
 /// The children of an operator, all of one input type.
@@ -155,6 +164,8 @@ pub(crate) struct BuildCx<'a> {
     backend: &'a mut dyn StateBackend,
     opened: BTreeMap<String, Rc<dyn KeyValueStore>>,
     pub punctuators: Vec<Rc<RefCell<dyn Punctuate>>>,
+    /// Bytes of each aggregation's record cache (0: none).
+    pub cache_max_bytes: usize,
 }
 
 impl<'a> BuildCx<'a> {
@@ -163,6 +174,7 @@ impl<'a> BuildCx<'a> {
             backend,
             opened: BTreeMap::new(),
             punctuators: Vec::new(),
+            cache_max_bytes: 0,
         }
     }
 
@@ -241,57 +253,107 @@ impl DslTask {
             .map_err(|e| Error::msg(format!("the record at {source}/{partition}@{offset}: {e}")))
     }
 
-    /// Stream time has advanced to `stream_time`: windows close, join buffers expire.
+    /// Runs `f` on every operator that keeps time or a cache.
+    fn each(&self, mut f: impl FnMut(&mut dyn Punctuate) -> Result<(), Error>) -> Result<(), Error> {
+        for node in &self.punctuators {
+            let mut node = node
+                .try_borrow_mut()
+                .map_err(|_| Error::msg("internal error: an operator was re-entered"))?;
+            f(&mut *node)?;
+        }
+        Ok(())
+    }
+
+    /// Sends on everything waiting in record caches: operators nearer the sources first
+    /// (they were built last), again while any sent something into a cache below.
+    fn drain(&self, cx: &mut Cx<'_>) -> Result<(), Error> {
+        for _ in 0..=self.punctuators.len() {
+            let mut sent = false;
+            for node in self.punctuators.iter().rev() {
+                let mut node = node
+                    .try_borrow_mut()
+                    .map_err(|_| Error::msg("internal error: an operator was re-entered"))?;
+                sent |= node.flush(cx)?;
+            }
+            if !sent {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stream time has advanced to `stream_time`: windows close, join buffers expire, and
+    /// record caches are flushed (the host punctuates before each commit).
     pub fn punctuate(&mut self, stream_time: i64, out: &mut dyn Emitter) -> Result<(), Error> {
         let mut cx = Cx {
             out,
             position: Position::default(),
         };
-        for node in &self.punctuators {
-            let mut node = node
-                .try_borrow_mut()
-                .map_err(|_| Error::msg("internal error: an operator was re-entered"))?;
-            node.punctuate(stream_time, &mut cx)?;
-        }
-        Ok(())
+        self.each(|n| {
+            n.call_started();
+            Ok(())
+        })?;
+        self.each(|n| n.punctuate(stream_time, &mut cx))?;
+        self.drain(&mut cx)?;
+        self.each(|n| {
+            n.call_done();
+            Ok(())
+        })
+    }
+
+    /// Sends on what waits in record caches, and nothing else (the `TestDriver` does after
+    /// each record, as Kafka Streams' `TopologyTestDriver` commits after each).
+    pub fn flush(&mut self, out: &mut dyn Emitter) -> Result<(), Error> {
+        let mut cx = Cx {
+            out,
+            position: Position::default(),
+        };
+        self.each(|n| {
+            n.call_started();
+            Ok(())
+        })?;
+        self.drain(&mut cx)?;
+        self.each(|n| {
+            n.call_done();
+            Ok(())
+        })
     }
 
     /// A batch of records begins (see `Processor::batch_started`): operators read their
     /// stream time from their stores.
     pub fn batch_started(&mut self) -> Result<(), Error> {
-        for node in &self.punctuators {
-            let mut node = node
-                .try_borrow_mut()
-                .map_err(|_| Error::msg("internal error: an operator was re-entered"))?;
-            node.batch_started()?;
-        }
-        Ok(())
+        self.each(|n| {
+            n.call_started();
+            n.batch_started()
+        })
     }
 
     /// A batch of records ends: operators write their stream time to their stores, to be
     /// committed with the batch.
     pub fn batch_done(&mut self) -> Result<(), Error> {
-        for node in &self.punctuators {
-            let mut node = node
-                .try_borrow_mut()
-                .map_err(|_| Error::msg("internal error: an operator was re-entered"))?;
-            node.batch_done()?;
-        }
-        Ok(())
+        self.each(|n| {
+            n.batch_done()?;
+            n.call_done();
+            Ok(())
+        })
     }
 
-    /// The task ends cleanly: operators save their stream time.
+    /// The task ends cleanly: operators save their stream time, and record caches are
+    /// flushed.
     pub fn close(&mut self, out: &mut dyn Emitter) -> Result<(), Error> {
         let mut cx = Cx {
             out,
             position: Position::default(),
         };
-        for node in &self.punctuators {
-            let mut node = node
-                .try_borrow_mut()
-                .map_err(|_| Error::msg("internal error: an operator was re-entered"))?;
-            node.close(&mut cx)?;
-        }
-        Ok(())
+        self.each(|n| {
+            n.call_started();
+            Ok(())
+        })?;
+        self.each(|n| n.close(&mut cx))?;
+        self.drain(&mut cx)?;
+        self.each(|n| {
+            n.call_done();
+            Ok(())
+        })
     }
 }

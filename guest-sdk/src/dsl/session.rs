@@ -118,7 +118,7 @@ impl<K: Data, V: Data> WindowedBy<K, V, SessionWindows> {
         }
         let emit = self.emit;
         let store = self.store_name(kind, materialized);
-        self.add(kind, store, move |name, store, down| {
+        self.add(kind, store, move |name, store, down, _cache| {
             let mut lowest = Vec::new();
             push_ordered(&mut lowest, &i64::MIN);
             let floor = match store.range(Some(&lowest), None)?.next() {

@@ -111,7 +111,7 @@ impl<K: Data, V: Data> WindowedBy<K, V, SlidingWindows> {
         }
         let emit = self.emit;
         let store = self.store_name(kind, materialized);
-        self.add(kind, store, move |name, store, down| {
+        self.add(kind, store, move |name, store, down, _cache| {
             let closed_to = match store.get(CLOSED_KEY)? {
                 None => i64::MIN,
                 Some(bytes) => i64::from_be_bytes(bytes.as_slice().try_into().map_err(|_| {

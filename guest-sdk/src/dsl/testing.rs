@@ -191,6 +191,9 @@ impl TestDriver {
             task.task.batch_started()?;
             task.task.process(&record, &mut out)?;
             task.task.batch_done()?;
+            // And a commit after it, as Kafka Streams' TopologyTestDriver makes: what waits
+            // in record caches goes on.
+            task.task.flush(&mut out)?;
             task.stream_time = Some(task.stream_time.map_or(timestamp, |t| t.max(timestamp)));
             self.route(out, &mut queue);
         }

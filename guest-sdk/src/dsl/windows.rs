@@ -13,9 +13,10 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use super::builder::{decode, encode, Materialized};
+use super::cache::RecordCache;
 use super::data::{pop_ordered, push_ordered, Data, Windowed};
 use super::graph::{Build, GraphNode};
-use super::grouped::{read_aggregate, write_aggregate, KGroupedStream};
+use super::grouped::{forward_all, read_aggregate, write_aggregate, KGroupedStream};
 use super::runtime::{built, BuildCx, Change, Cx, Downstream, Node, NodeRef, Punctuate, Rec};
 use super::state::KeyValueStore;
 use super::table::{GetterFactory, KTable};
@@ -130,7 +131,8 @@ impl<K: Data, V: Data, W: Windows> WindowedBy<K, V, W> {
         &self,
         kind: &str,
         store: String,
-        make: impl FnOnce(String, Rc<dyn KeyValueStore>, Downstream<Windowed<K>, Change<VA>>) -> Result<N, Error> + 'static,
+        make: impl FnOnce(String, Rc<dyn KeyValueStore>, Downstream<Windowed<K>, Change<VA>>, usize) -> Result<N, Error>
+            + 'static,
     ) -> KTable<Windowed<K>, VA>
     where
         N: Node<K, V> + Punctuate + 'static,
@@ -144,7 +146,7 @@ impl<K: Data, V: Data, W: Windows> WindowedBy<K, V, W> {
                 move |cx: &mut BuildCx<'_>, children: &[Rc<dyn std::any::Any>]| {
                     let down = Downstream::from_built(&name, children)?;
                     let kv = cx.store(&store)?;
-                    let node = Rc::new(RefCell::new(make(name, kv, down)?));
+                    let node = Rc::new(RefCell::new(make(name, kv, down, cx.cache_max_bytes)?));
                     cx.punctuate(node.clone());
                     let node: NodeRef<K, V> = node;
                     Ok(built(node))
@@ -220,7 +222,7 @@ impl<K: Data, V: Data> WindowedBy<K, V, TimeWindows> {
         }
         let (windows, emit) = (self.windows, self.emit);
         let store = self.store_name(kind, materialized);
-        self.add(kind, store, move |name, store, down| {
+        self.add(kind, store, move |name, store, down, cache_bytes| {
             let time = StreamTime::load(&name, &*store)?;
             Ok(TimeWindowAggregate {
                 name,
@@ -229,6 +231,7 @@ impl<K: Data, V: Data> WindowedBy<K, V, TimeWindows> {
                 emit,
                 step,
                 down,
+                cache: RecordCache::new(if emit == Emit::OnUpdate { cache_bytes } else { 0 }),
                 time,
                 closed_below: i64::MIN,
                 raw_key: Vec::new(),
@@ -302,6 +305,8 @@ struct TimeWindowAggregate<K, V, VA, F> {
     emit: Emit,
     step: F,
     down: Downstream<Windowed<K>, Change<VA>>,
+    /// Updates waiting to go downstream (emitted on update only; see `cache`).
+    cache: RecordCache<Windowed<K>, VA>,
     time: StreamTime,
     /// Windows starting below this were closed at the last punctuation.
     closed_below: i64,
@@ -360,6 +365,12 @@ where
                     start,
                     end: start.saturating_add(size),
                 };
+                if self.cache.enabled() {
+                    let bytes = self.key_buf.len() + self.value_buf.len();
+                    let out = self.cache.put(&self.key_buf, key, old, Some(new), rec.ts, bytes);
+                    forward_all(&self.down, out, cx)?;
+                    continue;
+                }
                 let value = Change { new: Some(new), old };
                 self.down.forward(Rec { key, value, ts: rec.ts }, cx)?;
             }
@@ -378,6 +389,18 @@ where
     fn batch_started(&mut self) -> Result<(), Error> {
         self.time = StreamTime::load(&self.name, &*self.store)?;
         Ok(())
+    }
+
+    fn call_started(&mut self) {
+        self.cache.call_started();
+    }
+
+    fn call_done(&mut self) {
+        self.cache.call_done();
+    }
+
+    fn flush(&mut self, cx: &mut Cx<'_>) -> Result<bool, Error> {
+        forward_all(&self.down, self.cache.flush(), cx)
     }
 
     fn batch_done(&mut self) -> Result<(), Error> {

@@ -160,7 +160,7 @@ impl Task {
             Ok(output) => match self.produce(&output, self.stream_time, "a batch") {
                 Ok(()) => {
                     self.done(0..self.batch.len());
-                    return Ok(());
+                    return self.processed();
                 }
                 Err(TaskError::Guest { fault, .. }) => fault,
                 Err(other) => return Err(other),
@@ -187,6 +187,7 @@ impl Task {
 
     /// Marks records `range` of the batch processed: their offsets may be committed.
     pub(super) fn done(&mut self, range: std::ops::Range<usize>) {
+        self.unflushed = true;
         let n = range.len() as u64;
         self.summary.records_in += n;
         self.counters.records_in.inc_by(n);
@@ -272,6 +273,7 @@ impl Task {
         match self.produce(&output, self.stream_time, "a part of a batch") {
             Ok(()) => {
                 self.done(part);
+                self.processed()?;
                 Ok(None)
             }
             Err(TaskError::Guest { fault, .. }) => Ok(Some(fault)),
@@ -284,6 +286,10 @@ impl Task {
     pub(super) fn renew_instance(&mut self) -> Result<Option<GuestFault>, TaskError> {
         if !self.instance.is_faulted() {
             return Ok(None);
+        }
+        if self.unflushed {
+            // What the faulted instance held in its record caches is gone.
+            self.cache_lost = true;
         }
         let topology = &self.ctx.topology;
         let stores = self.instance.take_stores();
@@ -363,12 +369,55 @@ impl Task {
         if !(stream_due || self.last_punctuate.elapsed() >= interval) {
             return Ok(());
         }
+        self.punctuate_now()
+    }
+
+    /// Punctuates the guest now (its windows close, its record caches are flushed).
+    pub(super) fn punctuate_now(&mut self) -> Result<(), TaskError> {
+        if self.stream_time == i64::MIN {
+            return Ok(());
+        }
         self.last_punctuate = Instant::now();
         self.last_punctuate_stream = self.stream_time;
         let (stream_time, wall) = (self.stream_time, now_ms());
         let at = format!("punctuation (stream time {stream_time})");
         let output = self.call(&at, |i| i.punctuate(stream_time, wall))?;
-        self.produce(&output, stream_time, &at)
+        self.produce(&output, stream_time, &at)?;
+        self.unflushed = false;
+        Ok(())
+    }
+
+    /// Before a commit: the guest sends on what its record caches hold (see `unflushed`).
+    /// An error when that is lost (the task must start again from its last commit).
+    pub(super) fn flush_guest(&mut self) -> Result<(), TaskError> {
+        if self.unflushed && self.instance.is_faulted() {
+            self.cache_lost = true;
+        }
+        if self.cache_lost {
+            return Err(TaskError::State {
+                task: self.id.clone(),
+                detail: "the guest faulted while it held updates it had not sent yet (its record cache): \
+                         the task starts again from its last commit"
+                    .into(),
+            });
+        }
+        if self.unflushed {
+            let began = Instant::now();
+            let result = self.punctuate_now();
+            self.thread_time += super::thread_charge(began.elapsed());
+            result?;
+        }
+        Ok(())
+    }
+
+    /// After records were processed: under an error policy that goes on past a failing
+    /// record (`skip`, `dead-letter`), the guest is punctuated at once, so that a later
+    /// fault, which replaces the instance, loses nothing it held.
+    fn processed(&mut self) -> Result<(), TaskError> {
+        if self.ctx.topology.on_error != crate::manifest::OnError::Fail {
+            self.punctuate_now()?;
+        }
+        Ok(())
     }
 
     pub(super) fn call(

@@ -36,7 +36,10 @@ impl Task {
         if !self.ctx.lease.valid() {
             return Ok(Commit::Skipped);
         }
-        // 0. Within its state quota, or nothing of this commit happens.
+        // 0. The guest sends on what it holds back (its record caches): nothing a commit
+        //    covers may still wait in the guest.
+        self.flush_guest()?;
+        // Within its state quota, or nothing of this commit happens.
         if self.state.is_some() {
             self.check_state_quota()?;
         }

@@ -260,6 +260,13 @@ pub struct Task {
     purged: Vec<Option<i64>>,
     last_punctuate: Instant,
     last_punctuate_stream: i64,
+    /// Whether a batch was processed since the guest's last punctuation: the guest may hold
+    /// updates in a record cache (the SDK's aggregations do) that it sends on when
+    /// punctuated, so the task punctuates before it commits.
+    unflushed: bool,
+    /// A faulted instance was replaced while it was unflushed: what its cache held is gone
+    /// with it, so nothing from here may be committed (the task starts again).
+    cache_lost: bool,
     summary: TaskSummary,
     counters: Counters,
     /// Thread time its batches and punctuations have held (see [`Task::thread_time`]).

@@ -340,6 +340,8 @@ impl Task {
             purged: Vec::new(),
             last_punctuate: Instant::now(),
             last_punctuate_stream: i64::MIN,
+            unflushed: false,
+            cache_lost: false,
             summary: TaskSummary::default(),
             counters,
             thread_time: Duration::ZERO,
