@@ -95,7 +95,7 @@ fn model(gap: i64, grace: i64, emit_final: bool, events: &[Event]) -> Vec<Out> {
                 merged.sort_by_key(|s| s.last);
                 let first = merged.iter().map(|s| s.first).fold(*ts, i64::min);
                 let last = merged.iter().map(|s| s.last).fold(*ts, i64::max);
-                if last + grace < now {
+                if last + gap + grace < now {
                     continue;
                 }
                 sessions.retain(|s| !(s.key == *key && s.first - gap <= *ts && *ts <= s.last + gap));

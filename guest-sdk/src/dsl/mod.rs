@@ -84,7 +84,7 @@
 //! - [`TimeWindows`]: tumbling and hopping; a record is in every window that covers it.
 //! - [`SessionWindows`]: a record within the gap of a session joins it, and merges the
 //!   sessions it bridges; a session `[first, last]` is `Windowed { start: first, end:
-//!   last + 1 }`, late when `last + grace < T`, closed when `last + gap + grace < T`.
+//!   last + 1 }`, late and closed when `last + gap + grace < T` (as in Kafka Streams).
 //! - [`SlidingWindows`]: windows `[t - d, t]` for each record and `[t + 1, t + 1 + d]` when
 //!   a record follows within it (Kafka Streams' definition, both ends inclusive, so
 //!   `end = start + d + 1`). A window that only comes to exist once closed is not

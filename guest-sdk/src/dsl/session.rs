@@ -4,9 +4,10 @@
 //!
 //! A session `[first, last]` (record times) is keyed `Windowed { start: first, end: last + 1 }`.
 //! A record at `t` joins every session of its key with `first - gap <= t <= last + gap`;
-//! it is late (dropped) when the merged session's `last + grace < T` (the operator's
-//! stream time). A session is closed, emitted with [`Emit::Final`](super::Emit::Final) and
-//! forgotten, once `last + gap + grace < T`: no on-time record can reach it any more.
+//! it is late (dropped) when the merged session is closed: `last + gap + grace < T` (the
+//! operator's stream time; Kafka Streams' `mergedWindow.end() < T - grace - gap`). A
+//! session is closed, emitted with [`Emit::Final`](super::Emit::Final) and forgotten, at
+//! that same point: no on-time record can reach it any more.
 //! With [`Emit::OnUpdate`](super::Emit::OnUpdate) each merge sends a deletion (`None`) of
 //! every session it absorbs, then the new session.
 //!
@@ -242,7 +243,7 @@ where
         let found = self.overlapping(raw_key, rec.ts.saturating_sub(gap), rec.ts.saturating_add(gap))?;
         let first = found.iter().map(|f| f.first).fold(rec.ts, i64::min);
         let last = found.iter().map(|f| f.last).fold(rec.ts, i64::max);
-        if last.saturating_add(grace) < self.time.now {
+        if last.saturating_add(gap).saturating_add(grace) < self.time.now {
             return Ok(()); // late: the session it would make has closed
         }
         let mut agg: Option<VA> = None;

@@ -63,14 +63,20 @@ mod tests {
         assert_eq!(read(&mut driver), vec![], "both still open");
         // Late (stream time is t + 180 s), within the gap of both: one session of four.
         click(&mut driver, "ann", t + 100 * SEC);
-        // Late past grace, far from any session: dropped.
+        // Far from any session, 180 s behind stream time: a session of its own that closes
+        // only once its click + gap + grace has passed (Kafka Streams' rule), so not late.
         click(&mut driver, "bob", t);
+        // A millisecond earlier, its session would be closed already: late, dropped.
+        click(&mut driver, "carl", t - 1);
         // Stream time moves past the merged session's last click + gap + grace.
         click(&mut driver, "eve", t + 361 * SEC);
         driver.punctuate().unwrap();
         assert_eq!(
             read(&mut driver),
-            vec![("ann".to_string(), format!("{t} {} 4", t + 180 * SEC + 1), t + 180 * SEC)]
+            vec![
+                ("bob".to_string(), format!("{t} {} 1", t + 1), t),
+                ("ann".to_string(), format!("{t} {} 4", t + 180 * SEC + 1), t + 180 * SEC)
+            ]
         );
         let stores = driver.close().unwrap();
         // Restarted on the same stores: nothing goes out again, eve's session is still open.

@@ -713,9 +713,9 @@ type Click = View;
 /// clicks in bursts (2 to 5 clicks, 20 s apart) every five minutes; for some, the next
 /// burst comes only 150 s after the last click (more than the gap: a new session), and a
 /// late click between the two (within the gap of both, and within grace) merges them. After
-/// the first click of other bursts comes a late click past grace, near the session before.
-/// At the start of each phase, a user of its own clicks once within grace (a session of
-/// one) and another once past grace (dropped).
+/// the first click of other bursts comes a late click near the session before, which has
+/// closed (dropped). At the start of each phase, a user of its own clicks once within grace
+/// (a session of one) and another once past gap and grace (dropped).
 fn clicks() -> Vec<Click> {
     let mut out = Vec::new();
     for p in 0..VIEW_PARTITIONS {
@@ -752,7 +752,7 @@ fn clicks() -> Vec<Click> {
         for (ts, user, what, before) in timeline {
             if phase_of(ts) != phase {
                 phase = phase_of(ts);
-                for (who, late) in [("grace", now - 59 * SEC), ("late", now - 61 * SEC)] {
+                for (who, late) in [("grace", now - 59 * SEC), ("late", now - 181 * SEC)] {
                     out.push(Click {
                         phase,
                         partition: p,
@@ -776,12 +776,13 @@ fn clicks() -> Vec<Click> {
                     user,
                     ts: before + (ts - before) / 2,
                 }),
-                // A minute after the session before: within its gap, but past grace.
+                // 20 s after the session before: within its gap, but that session closed
+                // (its last click + gap + grace has passed): late.
                 2 => out.push(Click {
                     phase,
                     partition: p,
                     user,
-                    ts: before + 60 * SEC,
+                    ts: before + 20 * SEC,
                 }),
                 _ => {}
             }
@@ -813,7 +814,8 @@ fn sessions_truth(clicks: &[Click], closers: &BTreeMap<i32, i64>) -> (BTreeMap<(
             let found: Vec<Session> = sessions.iter().filter(|s| near(s)).cloned().collect();
             let first = found.iter().map(|s| s.first).fold(c.ts, i64::min);
             let last = found.iter().map(|s| s.last).fold(c.ts, i64::max);
-            if last + SESSION_GRACE < now {
+            // Late: the session it would make has closed (Kafka Streams' rule).
+            if last + GAP + SESSION_GRACE < now {
                 dropped += 1;
                 continue;
             }
