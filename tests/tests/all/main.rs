@@ -5,6 +5,7 @@ mod cluster;
 mod compile;
 mod consistency;
 mod density;
+mod differential;
 mod dsl_examples;
 mod dsl_joins_e2e;
 mod event_time;

@@ -1,0 +1,790 @@
+//! Differential tests: the DSL example topologies run by Sluice and by Kafka Streams, on the
+//! same seeded input on one broker, outputs compared record by record.
+//!
+//! The peer is `bench/kafka-streams` (`dev.sluice.bench.Dsl`): each example guest written
+//! again in Kafka Streams' DSL, as its users would write it, producing the same bytes. Both
+//! read the same input topics, written in full before either starts, and write outputs of
+//! their own. Once both have committed all their input and neither output has changed for a
+//! few seconds, the outputs are compared per sink:
+//!
+//! - the multiset of `(key, value)`, for operators that send each result once (joins,
+//!   windows emitted when they close);
+//! - the last value per key, for all (aggregations: both sides cache their updates, each
+//!   flushing at its own commits, so which intermediate values go out differs from run to
+//!   run even on one side);
+//! - the multiset of `(key, value, timestamp)`, except where the README's "where this
+//!   differs" list says Sluice stamps a result differently.
+//!
+//! CI runs each topology on one seed, under one guarantee each; `dev/trials differential`
+//! runs many seeds under both guarantees, with a SIGKILL or a scale step midway
+//! (`SLUICE_DIFF_SEEDS`, `SLUICE_DIFF_GUARANTEES`, `SLUICE_DIFF_FAULT`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use sluice_tests::{kafka, repo_root, unique_name, Received};
+
+use crate::dsl_examples::{base_ms, produce, Example, Out};
+
+// --- The peer --------------------------------------------------------------------------------
+
+/// `bench/kafka-streams` built (once per test process): its class path.
+fn peer_classpath() -> anyhow::Result<String> {
+    static CLASSPATH: OnceLock<Result<String, String>> = OnceLock::new();
+    CLASSPATH
+        .get_or_init(|| {
+            let dir = repo_root().join("bench/kafka-streams");
+            let mvn = |args: &[&str]| -> Result<(), String> {
+                let out = Command::new("mvn")
+                    .args(["-B", "-q", "-f"])
+                    .arg(dir.join("pom.xml"))
+                    .args(args)
+                    .output()
+                    .map_err(|e| format!("running mvn (Maven must be installed): {e}"))?;
+                if out.status.success() {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "mvn {args:?} in {} failed ({}):\n{}{}",
+                        dir.display(),
+                        out.status,
+                        String::from_utf8_lossy(&out.stdout),
+                        String::from_utf8_lossy(&out.stderr)
+                    ))
+                }
+            };
+            mvn(&["package", "-DskipTests"])?;
+            let list = dir.join("target/classpath.txt");
+            mvn(&[
+                "dependency:build-classpath",
+                &format!("-Dmdep.outputFile={}", list.display()),
+                "-Dmdep.includeScope=runtime",
+            ])?;
+            let deps = std::fs::read_to_string(&list).map_err(|e| format!("{}: {e}", list.display()))?;
+            Ok(format!("{}:{}", dir.join("target/classes").display(), deps.trim()))
+        })
+        .clone()
+        .map_err(|e| anyhow::anyhow!("building the Kafka Streams peer: {e}"))
+}
+
+/// A Kafka Streams application running one of the example topologies.
+struct Peer {
+    child: Child,
+    log: PathBuf,
+    app: String,
+}
+
+impl Peer {
+    fn start(app: &str, guarantee: &str, topology: &str, roles: &[(&str, &str)]) -> anyhow::Result<Peer> {
+        let classpath = peer_classpath()?;
+        let log = std::env::temp_dir().join(format!("{app}.log"));
+        let mut child = Command::new("java")
+            .args(["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp"])
+            .arg(&classpath)
+            .arg("dev.sluice.bench.Dsl")
+            // Kafka Streams' default record cache (10 MiB), as its users run it.
+            .args([kafka().bootstrap(), app, guarantee, "10485760", topology])
+            .args(roles.iter().map(|(role, topic)| format!("{role}={topic}")))
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()?;
+        let stdout = child.stdout.take().expect("piped");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line.trim() == "RUNNING" {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        let mut peer = Peer {
+            child,
+            log,
+            app: app.to_string(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            if rx.recv_timeout(Duration::from_millis(200)).is_ok() {
+                return Ok(peer);
+            }
+            if let Some(status) = peer.child.try_wait()? {
+                anyhow::bail!("the Kafka Streams peer exited with {status}:\n{}", peer.log());
+            }
+            if Instant::now() > deadline {
+                anyhow::bail!("the Kafka Streams peer did not reach RUNNING in 90 s:\n{}", peer.log());
+            }
+        }
+    }
+
+    fn log(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(60)..].join("\n")
+    }
+
+    /// SIGTERM (Kafka Streams closes), then SIGKILL if it has not exited in 30 s.
+    fn stop(&mut self) {
+        let _ = Command::new("kill").arg(self.child.id().to_string()).status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+// --- Seeded input ----------------------------------------------------------------------------
+
+/// SplitMix64: a seeded sequence, the same on every machine.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// In `0..n`.
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    /// True with probability `p` percent.
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+
+    /// In `-spread..=spread`.
+    fn jitter(&mut self, spread: i64) -> i64 {
+        self.below(2 * spread as u64 + 1) as i64 - spread
+    }
+}
+
+/// A keyed record placed by Java's partitioner (murmur2), as every producer of a
+/// co-partitioned topic must write it.
+fn keyed(key: impl Into<String>, value: Option<String>, ts: i64) -> Out {
+    Out {
+        partition: None,
+        key: key.into(),
+        value,
+        ts: Some(ts),
+    }
+}
+
+/// Timestamps unique across a whole case (ties between partitions are broken differently
+/// by Kafka Streams' priority queue and by Sluice, and neither is wrong): `slot` is a
+/// millisecond spread over ten, plus the case-wide record number.
+struct Clock {
+    n: i64,
+}
+
+impl Clock {
+    fn at(&mut self, ms: i64) -> i64 {
+        self.n += 1;
+        ms / 1000 * 1000 + self.n % 1000
+    }
+}
+
+/// One topology's input: `(role, partitions, records)` per source, and its sink roles.
+struct Case {
+    topology: &'static str,
+    sources: Vec<(&'static str, i32, Vec<Out>)>,
+    /// Sources Kafka Streams reads as a global table (no group offsets to wait for).
+    globals: Vec<&'static str>,
+    sinks: Vec<&'static str>,
+    /// Sinks whose timestamps are not compared, and why: the README lists them as a
+    /// difference, or they depend on how writers to a repartition topic interleave.
+    unstamped: Vec<&'static str>,
+    /// Only the last value per key is the same on every run: an aggregation's record cache
+    /// sends updates at each commit, so which intermediate values go out depends on timing.
+    last_only: bool,
+}
+
+const MIN: i64 = 60_000;
+
+fn word_count(rng: &mut Rng) -> Case {
+    let base = base_ms();
+    let lines = (0..600usize)
+        .map(|i| {
+            let words: Vec<String> = (0..1 + rng.below(8))
+                .map(|_| {
+                    let w = format!("w{}", rng.below(60));
+                    if rng.chance(10) {
+                        w.to_uppercase()
+                    } else {
+                        w
+                    }
+                })
+                .collect();
+            Out::at((i % 4) as i32, format!("l-{i}"), words.join(" "), base + i as i64 * 100)
+        })
+        .collect();
+    Case {
+        topology: "dsl-word-count",
+        sources: vec![("lines", 4, lines)],
+        globals: vec![],
+        sinks: vec!["totals"],
+        unstamped: vec!["totals"],
+        last_only: true,
+    }
+}
+
+/// Views of 20 users over 40 minutes, out of order within the grace and some past it.
+fn page_views(rng: &mut Rng) -> Case {
+    let base = base_ms();
+    let mut clock = Clock { n: 0 };
+    let views = (0..1_500)
+        .map(|i| {
+            let mut ts = base + i as i64 * 1_600 + rng.jitter(20_000);
+            if rng.chance(2) {
+                ts -= 5 * MIN; // late past the grace
+            }
+            keyed(
+                format!("u{}", rng.below(20)),
+                Some(format!("/p{}", rng.below(9))),
+                clock.at(ts),
+            )
+        })
+        .collect();
+    Case {
+        topology: "dsl-page-views",
+        sources: vec![("views", 4, views)],
+        globals: vec![],
+        sinks: vec!["per_minute", "per_5_minutes"],
+        // Sluice stamps a window sent when it closes with its last millisecond, Kafka
+        // Streams with its latest record's time (README, "where this differs").
+        unstamped: vec!["per_minute", "per_5_minutes"],
+        last_only: false,
+    }
+}
+
+/// Clicks of 15 users in bursts: sessions that merge, split and arrive late.
+fn sessions(rng: &mut Rng) -> Case {
+    let base = base_ms();
+    let mut clock = Clock { n: 0 };
+    let mut at = [base; 15];
+    // About 35 minutes per user (the broker takes timestamps up to an hour ahead of now).
+    let mut times: Vec<(i64, usize)> = (0..500)
+        .map(|_| {
+            let user = rng.below(15) as usize;
+            at[user] += if rng.chance(15) {
+                4 * MIN + rng.below(MIN as u64) as i64
+            } else {
+                rng.below(40_000) as i64
+            };
+            (at[user], user)
+        })
+        .collect();
+    // Written in about the order of time, each click up to 30 s out of place, and some ten
+    // minutes late: no click comes within the gap of a session that has closed already,
+    // where Sluice (closing sessions at punctuation) and Kafka Streams (at every record)
+    // differ (README, "where this differs").
+    times.sort();
+    let clicks = times
+        .into_iter()
+        .map(|(t, user)| {
+            let mut ts = t + rng.jitter(30_000);
+            if rng.chance(2) {
+                ts -= 10 * MIN;
+            }
+            keyed(format!("u{user}"), Some("click".into()), clock.at(ts))
+        })
+        .collect();
+    Case {
+        topology: "dsl-sessions",
+        sources: vec![("clicks", 4, clicks)],
+        globals: vec![],
+        sinks: vec!["sessions"],
+        unstamped: vec![],
+        last_only: false,
+    }
+}
+
+/// Orders, and payments for most of them: within the window, before the order, after the
+/// window, twice, or never.
+fn orders_payments(rng: &mut Rng) -> Case {
+    let base = base_ms();
+    let mut clock = Clock { n: 0 };
+    let mut orders = Vec::new();
+    let mut payments = Vec::new();
+    for i in 0..800 {
+        let t = base + i as i64 * 2_000;
+        orders.push(keyed(
+            format!("o-{i}"),
+            Some(format!("order-{i}")),
+            clock.at(t + rng.jitter(30_000)),
+        ));
+        let paid = rng.below(10);
+        let times = match paid {
+            0 => vec![],
+            1 => vec![t - rng.below(5 * MIN as u64) as i64],
+            2 => vec![t + 10 * MIN + rng.below(5 * MIN as u64) as i64],
+            3 => vec![
+                t + rng.below(10 * MIN as u64) as i64,
+                t + rng.below(10 * MIN as u64) as i64,
+            ],
+            _ => vec![t + rng.below(10 * MIN as u64) as i64],
+        };
+        for (n, ts) in times.into_iter().enumerate() {
+            payments.push(keyed(format!("o-{i}"), Some(format!("pay-{i}-{n}")), clock.at(ts)));
+        }
+    }
+    payments.sort_by_key(|p| p.ts);
+    Case {
+        topology: "dsl-orders-payments",
+        sources: vec![("orders", 4, orders), ("payments", 4, payments)],
+        globals: vec![],
+        sinks: vec!["paid"],
+        unstamped: vec![],
+        last_only: false,
+    }
+}
+
+/// Customers (a table, updated and deleted while orders come) and a directory (a global
+/// table), orders keyed by customer.
+fn enrich_orders(rng: &mut Rng) -> Case {
+    let base = base_ms();
+    let mut clock = Clock { n: 0 };
+    let mut customers = Vec::new();
+    let mut directory = Vec::new();
+    for c in 0..50 {
+        if rng.chance(90) {
+            customers.push(keyed(
+                format!("c{c}"),
+                Some(format!("name-{c}")),
+                clock.at(base - 10 * MIN),
+            ));
+        }
+        if rng.chance(90) {
+            directory.push(keyed(
+                format!("c{c}"),
+                Some(format!("dir-{c}")),
+                clock.at(base - 10 * MIN),
+            ));
+        }
+    }
+    let mut orders = Vec::new();
+    for i in 0..1_200 {
+        let t = base + i as i64 * 1_000;
+        orders.push(keyed(
+            format!("c{}", rng.below(55)),
+            Some(format!("order-{i}")),
+            clock.at(t),
+        ));
+        if rng.chance(8) {
+            let c = rng.below(50);
+            let value = (!rng.chance(25)).then(|| format!("name-{c}-v{i}"));
+            customers.push(keyed(format!("c{c}"), value, clock.at(t + 500)));
+        }
+        if rng.chance(4) {
+            let c = rng.below(50);
+            directory.push(keyed(format!("c{c}"), Some(format!("dir-{c}-v{i}")), clock.at(t + 500)));
+        }
+    }
+    Case {
+        topology: "dsl-enrich-orders",
+        sources: vec![
+            ("orders", 4, orders),
+            ("customers", 4, customers),
+            ("directory", 3, directory),
+        ],
+        globals: vec!["directory"],
+        sinks: vec!["enriched", "enriched_global"],
+        unstamped: vec![],
+        last_only: false,
+    }
+}
+
+/// Orders (a table: amounts change, customers change, orders are deleted) and their
+/// statuses (a table), revenue per customer.
+fn revenue(rng: &mut Rng) -> Case {
+    let base = base_ms();
+    let mut clock = Clock { n: 0 };
+    let mut orders = Vec::new();
+    let mut statuses = Vec::new();
+    for i in 0..1_500 {
+        let t = base + i as i64 * 1_000;
+        let id = format!("o-{}", rng.below(200));
+        if rng.chance(60) {
+            let value = (!rng.chance(10)).then(|| {
+                format!(
+                    r#"{{"customer":"c{}","amount":{}}}"#,
+                    rng.below(20),
+                    100 + rng.below(10_000)
+                )
+            });
+            orders.push(keyed(id, value, clock.at(t)));
+        } else {
+            let value = match rng.below(10) {
+                0 => None,
+                1..=2 => Some("pending".to_string()),
+                3 => Some("refunded".to_string()),
+                _ => Some("paid".to_string()),
+            };
+            statuses.push(keyed(id, value, clock.at(t)));
+        }
+    }
+    Case {
+        topology: "dsl-revenue",
+        sources: vec![("orders", 4, orders), ("statuses", 4, statuses)],
+        globals: vec![],
+        sinks: vec!["revenue"],
+        unstamped: vec!["revenue"],
+        last_only: true,
+    }
+}
+
+/// Events of 30 keys, counted per tumbling minute at every update.
+fn windowed_count(rng: &mut Rng) -> Case {
+    let base = base_ms();
+    let mut clock = Clock { n: 0 };
+    let events = (0..1_500)
+        .map(|i| {
+            let mut ts = base + i as i64 * 1_000 + rng.jitter(8_000);
+            if rng.chance(2) {
+                ts -= 3 * MIN;
+            }
+            keyed(format!("k{}", rng.below(30)), Some("e".into()), clock.at(ts))
+        })
+        .collect();
+    Case {
+        topology: "dsl-windowed-count",
+        sources: vec![("events", 4, events)],
+        globals: vec![],
+        sinks: vec!["counts"],
+        unstamped: vec![],
+        last_only: true,
+    }
+}
+
+// --- Running and comparing -------------------------------------------------------------------
+
+/// What one side wrote to one sink, in the order of each partition.
+type Output = Vec<Received>;
+
+/// Runs `case` on Sluice and on Kafka Streams under `guarantee`; the differences found, one
+/// line each (none: they agree).
+async fn differences(case: Case, guarantee: &'static str, seed: u64) -> anyhow::Result<Vec<String>> {
+    let name = case.topology.trim_start_matches("dsl-");
+    let t = |what: &str| unique_name(&format!("diff-{name}-{what}"));
+    let mut sources = Vec::new();
+    for (role, partitions, records) in &case.sources {
+        let topic = t(role);
+        kafka().create_topic(&topic, *partitions).await?;
+        produce(&topic, records).await?;
+        sources.push((*role, topic, *partitions, records.len()));
+    }
+    let mut sinks = Vec::new();
+    for role in &case.sinks {
+        let (ours, theirs) = (t(&format!("{role}-sluice")), t(&format!("{role}-ks")));
+        kafka().create_topic(&ours, 2).await?;
+        kafka().create_topic(&theirs, 2).await?;
+        sinks.push((*role, ours, theirs));
+    }
+    let source_roles: Vec<(&str, &str)> = sources.iter().map(|(r, t, _, _)| (*r, t.as_str())).collect();
+    let our_sinks: Vec<(&str, &str)> = sinks.iter().map(|(r, o, _)| (*r, o.as_str())).collect();
+    let mut their_roles = source_roles.clone();
+    their_roles.extend(sinks.iter().map(|(r, _, k)| (*r, k.as_str())));
+
+    let mut ex = Example::new(&format!("diff{name}"), case.topology, &source_roles, &our_sinks).under(guarantee);
+    ex.start_worker()?;
+    let fault = Fault::from_env();
+    if fault == Fault::Kill {
+        ex.start_worker()?;
+    }
+    let app = unique_name(&format!("diff-{name}-ks"));
+    let mut peer = Peer::start(&app, guarantee, case.topology, &their_roles)?;
+    if fault != Fault::None {
+        // Midway: once Sluice's first output is there, a second worker joins (scale), or
+        // the first of two is SIGKILLed (kill).
+        let first = &sinks[0].1;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while kafka().read_all(first, Duration::from_secs(10))?.is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        match fault {
+            Fault::Kill => ex.kill_first()?,
+            _ => ex.start_worker()?,
+        }
+    }
+    // At-least-once through a kill may send some updates twice: only the last value per key
+    // is the same as Kafka Streams' then.
+    let last_only = case.last_only || (fault == Fault::Kill && guarantee == "at-least-once");
+
+    // Both have committed all their input, and neither output changed for four seconds.
+    for (role, topic, partitions, total) in &sources {
+        if case.globals.contains(role) {
+            continue;
+        }
+        for (who, group) in [("Sluice", ex.group()), ("Kafka Streams", peer.app.clone())] {
+            kafka()
+                .wait_committed(&group, topic, *partitions, *total as i64, Duration::from_secs(120))
+                .await
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "{who} did not commit all of {role} ({e}); Sluice:\n{}\nKafka Streams:\n{}",
+                        ex.logs(),
+                        peer.log()
+                    )
+                })?;
+        }
+    }
+    let topics: Vec<&str> = sinks.iter().flat_map(|(_, o, k)| [o.as_str(), k.as_str()]).collect();
+    let read = || -> anyhow::Result<Vec<Output>> {
+        topics
+            .iter()
+            .map(|s| kafka().read_all(s, Duration::from_secs(60)))
+            .collect()
+    };
+    let counts = |out: &[Output]| out.iter().map(Vec::len).collect::<Vec<_>>();
+    let (mut last, mut since) = (counts(&read()?), Instant::now());
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while since.elapsed() < Duration::from_secs(4) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = counts(&read()?);
+        if now != last {
+            (last, since) = (now, Instant::now());
+        }
+    }
+    ex.stop()?;
+    peer.stop();
+    let out = read()?;
+
+    let mut found = Vec::new();
+    for (i, (role, _, _)) in sinks.iter().enumerate() {
+        let (ours, theirs) = (&out[2 * i], &out[2 * i + 1]);
+        let at = format!("{} seed {seed} {guarantee} {fault:?} sink {role}", case.topology);
+        if theirs.len() < 20 {
+            found.push(format!(
+                "{at}: Kafka Streams wrote {} records: the case shows nothing",
+                theirs.len()
+            ));
+        }
+        compare(&at, ours, theirs, !case.unstamped.contains(role), last_only, &mut found);
+    }
+    if !found.is_empty() {
+        eprintln!(
+            "{} differences; Sluice:\n{}\n\nKafka Streams:\n{}",
+            found.len(),
+            ex.logs(),
+            peer.log()
+        );
+    }
+    Ok(found)
+}
+
+fn show(bytes: &Option<Vec<u8>>) -> String {
+    match bytes {
+        None => "null".into(),
+        Some(b) => match std::str::from_utf8(b) {
+            Ok(s) if s.chars().all(|c| !c.is_control()) => format!("{s:?}"),
+            _ if b.len() == 8 => format!("{}", i64::from_be_bytes(b[..].try_into().expect("8 bytes"))),
+            _ => format!("0x{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>()),
+        },
+    }
+}
+
+/// Multiset differences of `ours` and `theirs` by `what`, as lines.
+fn multiset_diff<T: Ord + Clone>(ours: &[T], theirs: &[T]) -> (Vec<(T, i64)>, usize) {
+    let mut counts: BTreeMap<T, i64> = BTreeMap::new();
+    for r in ours {
+        *counts.entry(r.clone()).or_default() += 1;
+    }
+    for r in theirs {
+        *counts.entry(r.clone()).or_default() -= 1;
+    }
+    let diff: Vec<(T, i64)> = counts.into_iter().filter(|(_, n)| *n != 0).collect();
+    let n = diff.len();
+    (diff, n)
+}
+
+fn compare(at: &str, ours: &Output, theirs: &Output, stamps: bool, last_only: bool, found: &mut Vec<String>) {
+    type Kv = (Option<Vec<u8>>, Option<Vec<u8>>);
+    let kv = |o: &Output| o.iter().map(|r| (r.key.clone(), r.value.clone())).collect::<Vec<Kv>>();
+    let (diff, n) = if last_only {
+        (Vec::new(), 0)
+    } else {
+        multiset_diff(&kv(ours), &kv(theirs))
+    };
+    if n > 0 {
+        let lines: Vec<String> = diff
+            .iter()
+            .take(12)
+            .map(|((k, v), d)| {
+                let side = if *d > 0 { "only Sluice" } else { "only Kafka Streams" };
+                format!("    {side} ×{}: {} → {}", d.abs(), show(k), show(v))
+            })
+            .collect();
+        // Both sides' records of the first keys that differ, in the order they were written.
+        let keys: BTreeSet<&Option<Vec<u8>>> = diff.iter().map(|((k, _), _)| k).take(3).collect();
+        let mut sides = Vec::new();
+        for k in keys {
+            for (who, out) in [("Sluice", ours), ("Kafka Streams", theirs)] {
+                let values: Vec<String> = out
+                    .iter()
+                    .filter(|r| &r.key == k)
+                    .map(|r| format!("{} @{}", show(&r.value), r.timestamp.unwrap_or(-1)))
+                    .collect();
+                sides.push(format!("    {} from {who}: {}", show(k), values.join(", ")));
+            }
+        }
+        found.push(format!(
+            "{at}: {n} (key, value) records differ ({} from Sluice, {} from Kafka Streams):\n{}\n{}",
+            ours.len(),
+            theirs.len(),
+            lines.join("\n"),
+            sides.join("\n")
+        ));
+    }
+    // The last value per key: a key is on one partition of a sink, in offset order.
+    let last = |o: &Output| {
+        let mut m: BTreeMap<Option<Vec<u8>>, Option<Vec<u8>>> = BTreeMap::new();
+        for r in o {
+            m.insert(r.key.clone(), r.value.clone());
+        }
+        m
+    };
+    let (a, b) = (last(ours), last(theirs));
+    let keys: BTreeSet<_> = a.keys().chain(b.keys()).cloned().collect();
+    let wrong: Vec<String> = keys
+        .iter()
+        .filter(|k| a.get(*k) != b.get(*k))
+        .take(12)
+        .map(|k| {
+            let v = |m: &BTreeMap<_, Option<Vec<u8>>>| m.get(k).map_or("nothing".into(), show);
+            format!("    {}: Sluice {}, Kafka Streams {}", show(k), v(&a), v(&b))
+        })
+        .collect();
+    if !wrong.is_empty() {
+        found.push(format!("{at}: the last value differs for keys:\n{}", wrong.join("\n")));
+    }
+    if stamps && !last_only && n == 0 {
+        type Kvt = (Option<Vec<u8>>, Option<Vec<u8>>, Option<i64>);
+        let kvt = |o: &Output| {
+            o.iter()
+                .map(|r| (r.key.clone(), r.value.clone(), r.timestamp))
+                .collect::<Vec<Kvt>>()
+        };
+        let (diff, n) = multiset_diff(&kvt(ours), &kvt(theirs));
+        if n > 0 {
+            let lines: Vec<String> = diff
+                .iter()
+                .take(12)
+                .map(|((k, v, ts), d)| {
+                    let side = if *d > 0 { "only Sluice" } else { "only Kafka Streams" };
+                    format!("    {side}: {} → {} at {ts:?}", show(k), show(v))
+                })
+                .collect();
+            found.push(format!(
+                "{at}: {n} records are stamped differently:\n{}",
+                lines.join("\n")
+            ));
+        }
+    }
+}
+
+/// What happens to Sluice's workers midway (`SLUICE_DIFF_FAULT`: `kill`, `scale`; none
+/// by default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    None,
+    Kill,
+    Scale,
+}
+
+impl Fault {
+    fn from_env() -> Fault {
+        match std::env::var("SLUICE_DIFF_FAULT").as_deref() {
+            Ok("kill") => Fault::Kill,
+            Ok("scale") => Fault::Scale,
+            _ => Fault::None,
+        }
+    }
+}
+
+/// Seeds to run: `SLUICE_DIFF_SEEDS` (a count, from 1) or the one given.
+fn seeds(default: u64) -> Vec<u64> {
+    match std::env::var("SLUICE_DIFF_SEEDS")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+    {
+        Some(n) => (1..=n).collect(),
+        None => vec![default],
+    }
+}
+
+fn guarantees(default: &'static str) -> Vec<&'static str> {
+    match std::env::var("SLUICE_DIFF_GUARANTEES").as_deref() {
+        Ok("both") => vec!["at-least-once", "exactly-once"],
+        Ok("at-least-once") => vec!["at-least-once"],
+        Ok("exactly-once") => vec!["exactly-once"],
+        _ => vec![default],
+    }
+}
+
+async fn agree(make: fn(&mut Rng) -> Case, seed: u64, guarantee: &'static str) -> anyhow::Result<()> {
+    let mut found = Vec::new();
+    for seed in seeds(seed) {
+        for g in guarantees(guarantee) {
+            found.extend(differences(make(&mut Rng(seed)), g, seed).await?);
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "Sluice and Kafka Streams differ:\n{}",
+        found.join("\n")
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn word_count_agrees_with_kafka_streams() -> anyhow::Result<()> {
+    agree(word_count, 1, "at-least-once").await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tumbling_and_hopping_windows_emitted_final_agree_with_kafka_streams() -> anyhow::Result<()> {
+    agree(page_views, 2, "exactly-once").await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn session_windows_agree_with_kafka_streams() -> anyhow::Result<()> {
+    agree(sessions, 3, "at-least-once").await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stream_stream_left_join_agrees_with_kafka_streams() -> anyhow::Result<()> {
+    agree(orders_payments, 4, "exactly-once").await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stream_table_and_global_table_joins_agree_with_kafka_streams() -> anyhow::Result<()> {
+    agree(enrich_orders, 5, "at-least-once").await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_table_table_join_and_a_table_aggregation_agree_with_kafka_streams() -> anyhow::Result<()> {
+    agree(revenue, 6, "exactly-once").await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn windows_emitted_on_update_agree_with_kafka_streams() -> anyhow::Result<()> {
+    agree(windowed_count, 7, "at-least-once").await
+}
