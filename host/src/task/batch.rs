@@ -160,6 +160,7 @@ impl Task {
             Ok(output) => match self.produce(&output, self.stream_time, "a batch") {
                 Ok(()) => {
                     self.done(0..self.batch.len());
+                    self.unflushed = self.holds_back;
                     return self.processed();
                 }
                 Err(TaskError::Guest { fault, .. }) => fault,
@@ -187,7 +188,6 @@ impl Task {
 
     /// Marks records `range` of the batch processed: their offsets may be committed.
     pub(super) fn done(&mut self, range: std::ops::Range<usize>) {
-        self.unflushed = true;
         let n = range.len() as u64;
         self.summary.records_in += n;
         self.counters.records_in.inc_by(n);
@@ -273,6 +273,7 @@ impl Task {
         match self.produce(&output, self.stream_time, "a part of a batch") {
             Ok(()) => {
                 self.done(part);
+                self.unflushed = self.holds_back;
                 self.processed()?;
                 Ok(None)
             }
@@ -287,9 +288,17 @@ impl Task {
         if !self.instance.is_faulted() {
             return Ok(None);
         }
+        // A task that faults once may fault again: from here on it leaves nothing in the
+        // guest between batches.
+        self.flush_each_batch = self.holds_back;
         if self.unflushed {
-            // What the faulted instance held in its record caches is gone.
+            // What the faulted instance held in its record caches is gone: the task starts
+            // again from its last commit, and from then on flushes after every batch.
             self.cache_lost = true;
+            lost_caches()
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(self.id.clone());
         }
         let topology = &self.ctx.topology;
         let stores = self.instance.take_stores();
@@ -392,6 +401,10 @@ impl Task {
     pub(super) fn flush_guest(&mut self) -> Result<(), TaskError> {
         if self.unflushed && self.instance.is_faulted() {
             self.cache_lost = true;
+            lost_caches()
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(self.id.clone());
         }
         if self.cache_lost {
             return Err(TaskError::State {
@@ -414,7 +427,7 @@ impl Task {
     /// record (`skip`, `dead-letter`), the guest is punctuated at once, so that a later
     /// fault, which replaces the instance, loses nothing it held.
     fn processed(&mut self) -> Result<(), TaskError> {
-        if self.ctx.topology.on_error != crate::manifest::OnError::Fail {
+        if self.flush_each_batch {
             self.punctuate_now()?;
         }
         Ok(())
@@ -444,4 +457,18 @@ impl Task {
             fault,
         })
     }
+}
+
+/// Tasks (by id) that lost what a faulted instance held in its record caches on this worker:
+/// each starts again flushing after every batch, so the fault that recurs (a batch too large
+/// for the guest's memory, a record past the deadline) costs it one restart, not one per
+/// commit.
+fn lost_caches() -> &'static std::sync::Mutex<std::collections::BTreeSet<String>> {
+    static LOST: std::sync::OnceLock<std::sync::Mutex<std::collections::BTreeSet<String>>> = std::sync::OnceLock::new();
+    LOST.get_or_init(Default::default)
+}
+
+/// Whether task `id` lost a cache on this worker before (see [`lost_caches`]).
+pub(super) fn lost_cache_before(id: &str) -> bool {
+    lost_caches().lock().unwrap_or_else(|e| e.into_inner()).contains(id)
 }

@@ -267,6 +267,14 @@ pub struct Task {
     /// A faulted instance was replaced while it was unflushed: what its cache held is gone
     /// with it, so nothing from here may be committed (the task starts again).
     cache_lost: bool,
+    /// Punctuate after every batch, so that a fault (which replaces the instance) never
+    /// finds it unflushed: under `skip`/`dead-letter`, after a first fault, and for a task
+    /// that lost a cache on this worker before (see `batch::lost_caches`).
+    flush_each_batch: bool,
+    /// Whether its guest may hold updates back until punctuated: a topology built with the
+    /// SDK's stream DSL (it describes its operators), whose aggregations have record caches.
+    /// Other guests are punctuated on time only, and a fault costs them nothing more.
+    holds_back: bool,
     summary: TaskSummary,
     counters: Counters,
     /// Thread time its batches and punctuations have held (see [`Task::thread_time`]).

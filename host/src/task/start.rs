@@ -309,6 +309,9 @@ impl Task {
         let sources = ctx.stage().sources.len();
         // Several source partitions are taken in timestamp order across them.
         let inputs = (sources > 1).then(|| PartitionGroup::new(sources, topology.max_task_idle, batch_bytes));
+        let holds_back = !topology.loaded.operators().is_empty();
+        let flush_each_batch =
+            holds_back && (topology.on_error != crate::manifest::OnError::Fail || super::batch::lost_cache_before(&id));
         Ok(Some(Task {
             inputs,
             group_metadata,
@@ -342,6 +345,8 @@ impl Task {
             last_punctuate_stream: i64::MIN,
             unflushed: false,
             cache_lost: false,
+            flush_each_batch,
+            holds_back,
             summary: TaskSummary::default(),
             counters,
             thread_time: Duration::ZERO,

@@ -790,9 +790,15 @@ async fn a_dsl_scaffold_builds_deploys_and_counts_words() -> anyhow::Result<()> 
         .filter(|r| r.key.as_deref() == Some(&b"banana"[..]))
         .filter_map(|r| r.value.as_ref())
         .collect();
-    assert_eq!(bananas.len(), 100, "one update per banana");
+    // The record cache sends a word's count once per commit, not once per banana.
     assert!(
-        bananas.contains(&&100u64.to_be_bytes().to_vec()),
+        !bananas.is_empty() && bananas.len() < 100,
+        "{} updates for 100 bananas",
+        bananas.len()
+    );
+    assert_eq!(
+        bananas.last(),
+        Some(&&100u64.to_be_bytes().to_vec()),
         "the last banana count is 100"
     );
     let (ok, text, err) = cli(&["topologies", "describe", &name, "--admin", &format!("127.0.0.1:{port}")])?;
