@@ -282,9 +282,13 @@ impl DslTask {
         Ok(())
     }
 
-    /// Stream time has advanced to `stream_time`: windows close, join buffers expire, and
-    /// record caches are flushed (the host punctuates before each commit).
-    pub fn punctuate(&mut self, stream_time: i64, out: &mut dyn Emitter) -> Result<(), Error> {
+    /// One call of the host outside a batch: `work`, then the record caches drained, all
+    /// undone in the caches if the call fails (see `cache`).
+    fn outside_batch(
+        &self,
+        out: &mut dyn Emitter,
+        work: impl FnOnce(&Self, &mut Cx<'_>) -> Result<(), Error>,
+    ) -> Result<(), Error> {
         let mut cx = Cx {
             out,
             position: Position::default(),
@@ -293,7 +297,7 @@ impl DslTask {
             n.call_started();
             Ok(())
         })?;
-        self.each(|n| n.punctuate(stream_time, &mut cx))?;
+        work(self, &mut cx)?;
         self.drain(&mut cx)?;
         self.each(|n| {
             n.call_done();
@@ -301,22 +305,16 @@ impl DslTask {
         })
     }
 
+    /// Stream time has advanced to `stream_time`: windows close, join buffers expire, and
+    /// record caches are flushed (the host punctuates before each commit).
+    pub fn punctuate(&mut self, stream_time: i64, out: &mut dyn Emitter) -> Result<(), Error> {
+        self.outside_batch(out, |task, cx| task.each(|n| n.punctuate(stream_time, cx)))
+    }
+
     /// Sends on what waits in record caches, and nothing else (the `TestDriver` does after
     /// each record, as Kafka Streams' `TopologyTestDriver` commits after each).
     pub fn flush(&mut self, out: &mut dyn Emitter) -> Result<(), Error> {
-        let mut cx = Cx {
-            out,
-            position: Position::default(),
-        };
-        self.each(|n| {
-            n.call_started();
-            Ok(())
-        })?;
-        self.drain(&mut cx)?;
-        self.each(|n| {
-            n.call_done();
-            Ok(())
-        })
+        self.outside_batch(out, |_, _| Ok(()))
     }
 
     /// A batch of records begins (see `Processor::batch_started`): operators read their
@@ -341,19 +339,6 @@ impl DslTask {
     /// The task ends cleanly: operators save their stream time, and record caches are
     /// flushed.
     pub fn close(&mut self, out: &mut dyn Emitter) -> Result<(), Error> {
-        let mut cx = Cx {
-            out,
-            position: Position::default(),
-        };
-        self.each(|n| {
-            n.call_started();
-            Ok(())
-        })?;
-        self.each(|n| n.close(&mut cx))?;
-        self.drain(&mut cx)?;
-        self.each(|n| {
-            n.call_done();
-            Ok(())
-        })
+        self.outside_batch(out, |task, cx| task.each(|n| n.close(cx)))
     }
 }
