@@ -89,9 +89,12 @@ fn windows_of(records: &[(i64, u64)], d: i64) -> BTreeSet<i64> {
     starts
 }
 
-fn content(records: &[(i64, u64)], start: i64, d: i64) -> (u64, u64) {
+/// A window's count, sum and time: the latest of its records' (Kafka Streams').
+fn content(records: &[(i64, u64)], start: i64, d: i64) -> (u64, u64, i64) {
     let inside = records.iter().filter(|&&(t, _)| start <= t && t <= start + d);
-    inside.fold((0, 0), |(n, s), &(_, v)| (n + 1, s + v))
+    inside.fold((0, 0, i64::MIN), |(n, s, latest), &(t, v)| {
+        (n + 1, s + v, latest.max(t))
+    })
 }
 
 fn model(d: i64, grace: i64, emit_final: bool, events: &[Event]) -> Vec<Out> {
@@ -112,8 +115,8 @@ fn model(d: i64, grace: i64, emit_final: bool, events: &[Event]) -> Vec<Out> {
                     for start in windows_of(mine, d) {
                         let end = start + d; // last millisecond
                         if start <= *ts && *ts <= end && end >= now - grace {
-                            let (n, s) = content(mine, start, d);
-                            out.push((format!("k{key}"), start, end + 1, n, s, *ts));
+                            let (n, s, latest) = content(mine, start, d);
+                            out.push((format!("k{key}"), start, end + 1, n, s, latest));
                         }
                     }
                 }
@@ -125,8 +128,8 @@ fn model(d: i64, grace: i64, emit_final: bool, events: &[Event]) -> Vec<Out> {
                         for start in windows_of(mine, d) {
                             let end = start + d;
                             if closed_to <= end && end < close {
-                                let (n, s) = content(mine, start, d);
-                                out.push((format!("k{key}"), start, end + 1, n, s, end));
+                                let (n, s, latest) = content(mine, start, d);
+                                out.push((format!("k{key}"), start, end + 1, n, s, latest));
                             }
                         }
                     }

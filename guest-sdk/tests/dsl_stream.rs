@@ -36,13 +36,15 @@ fn a_word_count_counts_through_its_repartition_topic() {
             ("end".into(), Some(1), 20),
         ]
     );
-    // The store holds key → count with the codecs chosen: what an interactive query reads.
-    let counts = driver.store::<String, u64>("counts").unwrap();
-    assert_eq!(counts.iter().find(|(w, _)| w == "the"), Some(&("the".to_string(), 3)));
-    assert_eq!(
-        driver.store_raw("counts")[0],
-        (b"and".to_vec(), 1u64.to_be_bytes().to_vec())
-    );
+    // The store holds key → count with the codecs chosen (what an interactive query reads),
+    // and the count's time: the latest of the words counted (Kafka Streams').
+    let counts = driver.store_stamped::<String, u64>("counts").unwrap();
+    assert!(counts.contains(&("the".to_string(), 3, Some(20))));
+    assert!(counts.contains(&("hat".to_string(), 1, Some(10))));
+    let mut stamped = 1u64.to_be_bytes().to_vec();
+    stamped.extend(10i64.to_be_bytes());
+    stamped.extend([0xF5, 0xC1, b'S', b'l', b'T', b's', 0x00, 0x01]);
+    assert_eq!(driver.store_raw("counts")[0], (b"and".to_vec(), stamped));
 }
 
 #[test]

@@ -97,7 +97,8 @@ fn run(windows: TimeWindows, emit_final: bool, events: &[Event]) -> Vec<Out> {
 fn model(windows: TimeWindows, emit_final: bool, events: &[Event]) -> Vec<Out> {
     let (size, advance, grace) = sizes(windows);
     let mut now = i64::MIN;
-    let mut windows_of: BTreeMap<(String, i64), (u64, u64)> = BTreeMap::new();
+    // (count, sum, time): a window's time is the latest of its records' (Kafka Streams').
+    let mut windows_of: BTreeMap<(String, i64), (u64, u64, i64)> = BTreeMap::new();
     let mut out = Vec::new();
     // The stream time of the last punctuation, which closes windows; the host (and the
     // driver) punctuates a task only once it has read a record since it started.
@@ -121,11 +122,12 @@ fn model(windows: TimeWindows, emit_final: bool, events: &[Event]) -> Vec<Out> {
         while start <= *ts {
             let end = start + size;
             if start <= *ts && *ts < end && end > now - grace {
-                let w = windows_of.entry((format!("k{key}"), start)).or_default();
+                let w = windows_of.entry((format!("k{key}"), start)).or_insert((0, 0, i64::MIN));
                 w.0 += 1;
                 w.1 += value;
+                w.2 = w.2.max(*ts);
                 if !emit_final {
-                    out.push((format!("k{key}"), start, end, w.0, w.1, *ts));
+                    out.push((format!("k{key}"), start, end, w.0, w.1, w.2));
                 }
             }
             start += advance;
@@ -134,9 +136,9 @@ fn model(windows: TimeWindows, emit_final: bool, events: &[Event]) -> Vec<Out> {
     // Punctuations change when a window is emitted, not what: it is closed for good.
     if emit_final {
         let mut last = vec![];
-        for ((key, start), (count, sum)) in windows_of {
+        for ((key, start), (count, sum, latest)) in windows_of {
             if start + size + grace <= closed_at {
-                last.push((key, start, start + size, count, sum, start + size - 1));
+                last.push((key, start, start + size, count, sum, latest));
             }
         }
         out = last;
@@ -195,7 +197,7 @@ fn emit_final_after_a_restart_neither_repeats_a_closed_window_nor_emits_an_open_
     assert_eq!(first.len(), 1);
     assert_eq!(
         (first[0].key.start, first[0].value, first[0].timestamp),
-        (0, Some(1), 9)
+        (0, Some(1), 3)
     );
     let stores = driver.close().unwrap();
 

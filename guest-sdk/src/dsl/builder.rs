@@ -9,6 +9,7 @@ use std::rc::Rc;
 use super::data::{encode_into, Data};
 use super::graph::{check_store_like, Build, Graph, GraphNode};
 use super::runtime::{built, Change, Cx, Downstream, Node, RawSource, Rec};
+use super::stamp;
 use super::state::KeyValueStore;
 use super::table::{store_getter, GlobalKTable, KTable};
 use super::KStream;
@@ -248,17 +249,21 @@ pub(crate) fn upsert<K: Data, V: Data>(
     };
     let old = store
         .get(raw_key)?
-        .map(|bytes| decode_stored::<V>(name, "value", store.name(), &bytes))
+        .map(|bytes| decode_stored::<V>(name, "value", store.name(), stamp::split(&bytes).0))
         .transpose()?;
     if old.is_none() && new.is_none() {
         return Ok(());
     }
-    match &new {
-        Some(value) => match encode(name, "value", value, value_buf)? {
-            Some(raw_value) => store.put(raw_key, raw_value)?,
-            None => store.delete(raw_key)?,
-        },
-        None => store.delete(raw_key)?,
+    let present = match &new {
+        Some(value) => encode(name, "value", value, value_buf)?.is_some(),
+        None => false,
+    };
+    if present {
+        // Kept with the record's time, which a table-table join's result takes if later.
+        stamp::push(value_buf, ts);
+        store.put(raw_key, value_buf)?;
+    } else {
+        store.delete(raw_key)?;
     }
     down.forward(
         Rec {

@@ -10,6 +10,7 @@ use super::cache::RecordCache;
 use super::data::Data;
 use super::graph::{Build, GraphNode};
 use super::runtime::{built, BuildCx, Change, Cx, Downstream, Node, NodeRef, Punctuate, Rec};
+use super::stamp;
 use super::state::KeyValueStore;
 use super::stream::KStream;
 use super::table::{store_getter, KTable};
@@ -188,33 +189,43 @@ impl<K: Data, V: Data> KGroupedStream<K, V> {
     }
 }
 
-/// Reads the aggregate of `key` from `store`.
+/// Reads the aggregate of `key` from `store`, with its time ([`stamp::UNKNOWN`] if it was
+/// stored without one).
 pub(crate) fn read_aggregate<VA: Data>(
     operator: &str,
     store: &dyn KeyValueStore,
     raw_key: &[u8],
-) -> Result<Option<VA>, Error> {
+) -> Result<Option<(VA, i64)>, Error> {
     store
         .get(raw_key)?
-        .map(|bytes| decode_stored::<VA>(operator, "aggregate", store.name(), &bytes))
+        .map(|bytes| {
+            let (value, ts) = stamp::split(&bytes);
+            decode_stored::<VA>(operator, "aggregate", store.name(), value).map(|agg| (agg, ts))
+        })
         .transpose()
 }
 
-/// Writes the aggregate of `key` (a null deletes it).
+/// Writes the aggregate of `key` (a null deletes it), stamped with `ts` when given.
 pub(crate) fn write_aggregate<VA: Data>(
     operator: &str,
     store: &dyn KeyValueStore,
     raw_key: &[u8],
     agg: Option<&VA>,
+    ts: Option<i64>,
     buf: &mut Vec<u8>,
 ) -> Result<(), Error> {
-    match agg {
-        Some(agg) => match encode(operator, "aggregate", agg, buf)? {
-            Some(raw) => store.put(raw_key, raw),
-            None => store.delete(raw_key),
-        },
-        None => store.delete(raw_key),
+    let present = match agg {
+        Some(agg) => encode(operator, "aggregate", agg, buf)?.is_some(),
+        None => false,
+    };
+    if !present {
+        buf.clear();
+        return store.delete(raw_key);
     }
+    if let Some(ts) = ts {
+        stamp::push(buf, ts);
+    }
+    store.put(raw_key, buf)
 }
 
 /// A stream aggregation: the store holds key → aggregate.
@@ -278,19 +289,28 @@ where
         let Some(raw_key) = encode(&self.name, "key", &rec.key, &mut self.key_buf)? else {
             return Ok(()); // null keys are dropped, as Kafka Streams does
         };
-        let old: Option<VA> = read_aggregate(&self.name, &*self.store, raw_key)?;
+        let (old, old_ts) = read_aggregate::<VA>(&self.name, &*self.store, raw_key)?.unzip();
+        // Kafka Streams' time of an aggregate: the largest of its records'.
+        let ts = stamp::later(rec.ts, old_ts);
         let new = (self.step)(&rec.key, rec.value, old.clone());
-        write_aggregate(&self.name, &*self.store, raw_key, Some(&new), &mut self.value_buf)?;
+        write_aggregate(
+            &self.name,
+            &*self.store,
+            raw_key,
+            Some(&new),
+            Some(ts),
+            &mut self.value_buf,
+        )?;
         if self.cache.enabled() {
             let size = raw_key.len() + self.value_buf.len();
-            let out = self.cache.put(raw_key, rec.key, old, Some(new), rec.ts, size);
+            let out = self.cache.put(raw_key, rec.key, old, Some(new), ts, size);
             return forward_all(&self.down, out, cx).map(|_| ());
         }
         self.down.forward(
             Rec {
                 key: rec.key,
                 value: Change { new: Some(new), old },
-                ts: rec.ts,
+                ts,
             },
             cx,
         )

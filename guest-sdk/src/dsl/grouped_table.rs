@@ -12,6 +12,7 @@ use super::data::Data;
 use super::graph::{Build, GraphNode};
 use super::grouped::{forward_all, read_aggregate, write_aggregate};
 use super::runtime::{built, BuildCx, Change, Cx, Downstream, Node, NodeRef, Punctuate, RawSource, Rec};
+use super::stamp;
 use super::state::KeyValueStore;
 use super::table::{store_getter, KTable};
 use crate::Error;
@@ -409,12 +410,21 @@ where
         let Some(raw_key) = encode(&self.name, "key", &rec.key, &mut self.key_buf)? else {
             return Ok(());
         };
-        let old: Option<VA> = read_aggregate(&self.name, &*self.store, raw_key)?;
+        let (old, old_ts) = read_aggregate::<VA>(&self.name, &*self.store, raw_key)?.unzip();
+        // Kafka Streams' time of a table aggregate: the largest of its records'.
+        let ts = stamp::later(rec.ts, old_ts);
         let new = (self.step)(&rec.key, rec.value, old.clone());
-        write_aggregate(&self.name, &*self.store, raw_key, new.as_ref(), &mut self.value_buf)?;
+        write_aggregate(
+            &self.name,
+            &*self.store,
+            raw_key,
+            new.as_ref(),
+            Some(ts),
+            &mut self.value_buf,
+        )?;
         if self.cache.enabled() {
             let size = raw_key.len() + self.value_buf.len();
-            let out = self.cache.put(raw_key, rec.key, old, new, rec.ts, size);
+            let out = self.cache.put(raw_key, rec.key, old, new, ts, size);
             return forward_all(&self.down, out, cx).map(|_| ());
         }
         if new.is_none() && old.is_none() {
@@ -424,7 +434,7 @@ where
             Rec {
                 key: rec.key,
                 value: Change { new, old },
-                ts: rec.ts,
+                ts,
             },
             cx,
         )

@@ -140,7 +140,7 @@ where
         if rec.key.is_null() {
             return Ok(());
         }
-        let found = (self.lookup)(&rec.key)?;
+        let found = (self.lookup)(&rec.key)?.map(|(value, _)| value);
         match (self.joiner)(&rec.value, found.as_ref()) {
             Some(value) => self.down.forward(
                 Rec {

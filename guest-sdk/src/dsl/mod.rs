@@ -55,9 +55,13 @@
 //! layouts:
 //!
 //! - **Tables and aggregations** (`table`, `to_table`, `count`, `reduce`, `aggregate`):
-//!   key → value in the user's codecs, so an interactive query of a store named
-//!   `counts` reads the key's bytes and the count's.
-//! - **Time windows**: `[start: 8 bytes, order-preserving][key]` → aggregate; closing and
+//!   key → value in the user's codecs, then the value's time (Kafka Streams'
+//!   `ValueAndTimestamp`: 8 bytes big-endian and an 8-byte tag, see `stamp.rs`), so an
+//!   interactive query of a store named `counts` reads the key's bytes and the count's
+//!   (the host strips the time and answers it beside the value). Values stored by an SDK
+//!   from before times were kept read back without one, and take their next record's.
+//! - **Time windows**: `[start: 8 bytes, order-preserving][key]` → aggregate and its
+//!   time, as above; closing and
 //!   expiring windows are range operations over the oldest starts.
 //! - **Session windows**: `(segment of last, key, last, first)` → aggregate; **sliding
 //!   windows** keep the records, `(segment of t, key, t, id)` → value, and aggregate a
@@ -77,8 +81,9 @@
 //! time `T` is the largest timestamp it has seen; a record is late, and dropped, when the
 //! last window it belongs to has closed: `end + grace <= T`. With
 //! [`WindowedBy::emit_final`], a window's result goes out once, at the first punctuation
-//! after it closed (stamped with its last millisecond); otherwise at every update (stamped
-//! with the record's time). Punctuations ([`DslTask::punctuate`]) close windows, expire
+//! after it closed; otherwise at every update. Either way a window's result has Kafka
+//! Streams' time: the latest of its records' (an aggregate's time is the latest of the
+//! records folded into it; a session's is its last record's). Punctuations ([`DslTask::punctuate`]) close windows, expire
 //! state and send unmatched join records.
 //!
 //! - [`TimeWindows`]: tumbling and hopping; a record is in every window that covers it.
@@ -94,9 +99,8 @@
 //!   after + grace`, when no on-time record can join it any more (Kafka Streams 3.x: not
 //!   eagerly).
 //!
-//! Where this differs from Kafka Streams: a table-table join's result has the time of the
-//! update that made it (not the larger of both sides'); emit-final and join expiry happen
-//! at punctuation, not at every record; a stream's records without a value are an error
+//! Where this differs from Kafka Streams: emit-final and join expiry happen at
+//! punctuation, not at every record; a stream's records without a value are an error
 //! unless its value type is an `Option`.
 //!
 //! # Testing
@@ -117,6 +121,7 @@ mod joins;
 mod runtime;
 mod session;
 mod sliding;
+mod stamp;
 mod state;
 mod stream;
 mod stream_join;

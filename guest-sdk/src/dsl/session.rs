@@ -278,7 +278,14 @@ where
         let mut session_key = std::mem::take(&mut self.buf);
         self.session_key(&mut session_key, raw_key, first, last);
         self.floor = self.floor.min(last.div_euclid(self.segment));
-        let written = write_aggregate(&self.name, &*self.store, &session_key, Some(&new), &mut self.value_buf);
+        let written = write_aggregate(
+            &self.name,
+            &*self.store,
+            &session_key,
+            Some(&new),
+            None,
+            &mut self.value_buf,
+        );
         self.buf = session_key;
         written?;
         if self.emit == Emit::OnUpdate {

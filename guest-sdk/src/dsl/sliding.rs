@@ -239,14 +239,17 @@ impl<K: Data, V: Data, VA: Data> SlidingAggregate<K, V, VA> {
         starts
     }
 
-    fn aggregate(&mut self, key: &K, records: &Records, start: i64) -> Result<Option<VA>, Error> {
+    /// The aggregate of a window's records, and its time: the largest of theirs (Kafka
+    /// Streams').
+    fn aggregate(&mut self, key: &K, records: &Records, start: i64) -> Result<Option<(VA, i64)>, Error> {
         let end = start.saturating_add(self.windows.difference);
-        let mut agg = None;
-        for (_, value) in records.iter().filter(|(t, _)| start <= *t && *t <= end) {
+        let (mut agg, mut latest) = (None, i64::MIN);
+        for (t, value) in records.iter().filter(|(t, _)| start <= *t && *t <= end) {
             let value = decode::<V>(&self.name, "value in its store", Some(value))?;
             agg = Some((self.fold)(key, value, agg));
+            latest = latest.max(*t);
         }
-        Ok(agg)
+        Ok(agg.map(|agg| (agg, latest)))
     }
 
     fn forward(&mut self, key: &K, start: i64, agg: VA, ts: i64, cx: &mut Cx<'_>) -> Result<(), Error> {
@@ -302,8 +305,8 @@ impl<K: Data, V: Data, VA: Data> SlidingAggregate<K, V, VA> {
             let from = rec.ts.max(open_from);
             for start in self.windows_ending(&records, from, rec.ts.saturating_add(d)) {
                 if start <= rec.ts {
-                    if let Some(agg) = self.aggregate(&rec.key, &records, start)? {
-                        self.forward(&rec.key, start, agg, rec.ts, cx)?;
+                    if let Some((agg, ts)) = self.aggregate(&rec.key, &records, start)? {
+                        self.forward(&rec.key, start, agg, ts, cx)?;
                     }
                 }
             }
@@ -344,8 +347,8 @@ impl<K: Data, V: Data, VA: Data> Punctuate for SlidingAggregate<K, V, VA> {
             for (raw_key, records) in by_key {
                 let key = decode::<K>(&self.name, "key in its store", Some(&raw_key))?;
                 for start in self.windows_ending(&records, from, close.saturating_sub(1)) {
-                    if let Some(agg) = self.aggregate(&key, &records, start)? {
-                        self.forward(&key, start, agg, start.saturating_add(d), cx)?;
+                    if let Some((agg, ts)) = self.aggregate(&key, &records, start)? {
+                        self.forward(&key, start, agg, ts, cx)?;
                     }
                 }
             }

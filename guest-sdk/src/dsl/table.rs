@@ -11,6 +11,7 @@ use super::builder::{decode, encode, Shared};
 use super::data::Data;
 use super::graph::{Build, GraphNode};
 use super::runtime::{built, BuildCx, Change, Cx, Downstream, Node, NodeRef, Rec};
+use super::stamp;
 use super::stream::{add_fn_node, KStream};
 use crate::Error;
 
@@ -19,8 +20,9 @@ type TablePredicate<K, V> = Rc<dyn Fn(&K, &V) -> bool>;
 /// A join of two optional values (none: no result).
 type OptionJoiner<A, B, VR> = Rc<dyn Fn(Option<&A>, Option<&B>) -> Option<VR>>;
 
-/// Reads a table's current value for a key.
-pub(crate) type Getter<K, V> = Rc<dyn Fn(&K) -> Result<Option<V>, Error>>;
+/// Reads a table's current value for a key, with its time (Kafka Streams'
+/// `ValueAndTimestamp`; [`stamp::UNKNOWN`] for a value stored without one).
+pub(crate) type Getter<K, V> = Rc<dyn Fn(&K) -> Result<Option<(V, i64)>, Error>>;
 /// Makes a [`Getter`] at `init` (a table may be read by several operators).
 pub(crate) type GetterFactory<K, V> = Rc<dyn Fn(&mut BuildCx<'_>) -> Result<Getter<K, V>, Error>>;
 
@@ -38,7 +40,10 @@ pub(crate) fn store_getter<K: Data, V: Data>(store: String) -> GetterFactory<K, 
                 return Ok(None);
             };
             match kv.get(raw)? {
-                Some(bytes) => decode::<V>(&operator, "value", Some(&bytes)).map(Some),
+                Some(bytes) => {
+                    let (value, ts) = stamp::split(&bytes);
+                    decode::<V>(&operator, "value", Some(value)).map(|v| Some((v, ts)))
+                }
                 None => Ok(None),
             }
         });
@@ -107,7 +112,7 @@ impl<K: Data, V: Data> KTable<K, V> {
             let f = f.clone();
             Rc::new(move |cx: &mut BuildCx<'_>| {
                 let (get, f) = (parent(cx)?, f.clone());
-                let getter: Getter<K, V> = Rc::new(move |key: &K| Ok(get(key)?.filter(|v| f(key, v) == keep)));
+                let getter: Getter<K, V> = Rc::new(move |key: &K| Ok(get(key)?.filter(|(v, _)| f(key, v) == keep)));
                 Ok(getter)
             })
         };
@@ -137,7 +142,7 @@ impl<K: Data, V: Data> KTable<K, V> {
             let f = f.clone();
             Rc::new(move |cx: &mut BuildCx<'_>| {
                 let (get, f) = (parent(cx)?, f.clone());
-                let getter: Getter<K, V2> = Rc::new(move |key: &K| Ok(get(key)?.as_ref().map(|v| f(v))));
+                let getter: Getter<K, V2> = Rc::new(move |key: &K| Ok(get(key)?.map(|(v, ts)| (f(&v), ts))));
                 Ok(getter)
             })
         };
@@ -273,7 +278,18 @@ impl<K: Data, V: Data> KTable<K, V> {
         );
         let getter: GetterFactory<K, VR> = Rc::new(move |cx: &mut BuildCx<'_>| {
             let (this, other, joiner) = (this_getter(cx)?, other_getter(cx)?, joiner.clone());
-            let getter: Getter<K, VR> = Rc::new(move |key: &K| Ok(joiner(this(key)?.as_ref(), other(key)?.as_ref())));
+            // Kafka Streams' join value getters: the later of the two sides' times.
+            let getter: Getter<K, VR> = Rc::new(move |key: &K| {
+                let (a, b) = (this(key)?, other(key)?);
+                let ts = a
+                    .as_ref()
+                    .map(|(_, ts)| *ts)
+                    .into_iter()
+                    .chain(b.as_ref().map(|(_, ts)| *ts))
+                    .max();
+                let value = joiner(a.as_ref().map(|(v, _)| v), b.as_ref().map(|(v, _)| v));
+                Ok(value.zip(ts))
+            });
             Ok(getter)
         });
         let mut stores = self.stores.clone();
@@ -291,17 +307,20 @@ struct TableJoinSide<K, A, B, VR> {
 
 impl<K: Data, A: Data, B: Data, VR: Data> Node<K, Change<A>> for TableJoinSide<K, A, B, VR> {
     fn process(&mut self, rec: Rec<K, Change<A>>, cx: &mut Cx<'_>) -> Result<(), Error> {
-        let other = (self.lookup)(&rec.key)?;
+        let (other, other_ts) = (self.lookup)(&rec.key)?.unzip();
         let new = (self.joiner)(rec.value.new.as_ref(), other.as_ref());
         let old = (self.joiner)(rec.value.old.as_ref(), other.as_ref());
         if new.is_none() && old.is_none() {
             return Ok(());
         }
+        // Kafka Streams' time of a table-table join's result: the later of the update's and
+        // the other side's value's.
+        let ts = stamp::later(rec.ts, other_ts);
         self.down.forward(
             Rec {
                 key: rec.key,
                 value: Change { new, old },
-                ts: rec.ts,
+                ts,
             },
             cx,
         )

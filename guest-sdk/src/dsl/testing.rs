@@ -259,20 +259,30 @@ impl TestDriver {
     /// Every entry of the store `store`, decoded with its key and value codecs (as an
     /// interactive query reads them), in key order.
     pub fn store<K: Data, V: Data>(&self, store: &str) -> Result<Vec<(K, V)>, Error> {
+        let entries = self.store_stamped::<K, V>(store)?;
+        Ok(entries.into_iter().map(|(k, v, _)| (k, v)).collect())
+    }
+
+    /// Every entry of the store `store` with its time, for a table's or an aggregation's
+    /// store (the time Kafka Streams gives the value: its record's, or the latest of those
+    /// aggregated; `None` where the store keeps no time).
+    pub fn store_stamped<K: Data, V: Data>(&self, store: &str) -> Result<Vec<(K, V, Option<i64>)>, Error> {
         self.stores
             .entries(store)
             .into_iter()
             .map(|(k, v)| {
                 let key =
                     K::read_from(Some(&k)).map_err(|e| Error::msg(format!("store {store:?}: decoding a key: {e}")))?;
-                let value = V::read_from(Some(&v))
-                    .map_err(|e| Error::msg(format!("store {store:?}: decoding a value: {e}")))?;
-                Ok((key, value))
+                let (v, ts) = super::stamp::split(&v);
+                let value =
+                    V::read_from(Some(v)).map_err(|e| Error::msg(format!("store {store:?}: decoding a value: {e}")))?;
+                Ok((key, value, (ts != super::stamp::UNKNOWN).then_some(ts)))
             })
             .collect()
     }
 
-    /// Every entry of the store `store`, as bytes.
+    /// Every entry of the store `store`, as bytes (a value with a time ends with it: 8 bytes,
+    /// big-endian, then an 8-byte tag).
     pub fn store_raw(&self, store: &str) -> Vec<Entry> {
         self.stores.entries(store)
     }

@@ -18,6 +18,7 @@ use super::data::{pop_ordered, push_ordered, Data, Windowed};
 use super::graph::{Build, GraphNode};
 use super::grouped::{forward_all, read_aggregate, write_aggregate, KGroupedStream};
 use super::runtime::{built, BuildCx, Change, Cx, Downstream, Node, NodeRef, Punctuate, Rec};
+use super::stamp;
 use super::state::KeyValueStore;
 use super::table::{GetterFactory, KTable};
 use crate::Error;
@@ -356,9 +357,18 @@ where
             let value = if i + 1 == count { value.take() } else { value.clone() };
             let Some(value) = value else { break };
             window_key(start, raw_key, &mut self.key_buf);
-            let old: Option<VA> = read_aggregate(&self.name, &*self.store, &self.key_buf)?;
+            let (old, old_ts) = read_aggregate::<VA>(&self.name, &*self.store, &self.key_buf)?.unzip();
+            // Kafka Streams' time of a window: the largest of its records'.
+            let ts = stamp::later(rec.ts, old_ts);
             let new = (self.step)(&rec.key, value, old.clone());
-            write_aggregate(&self.name, &*self.store, &self.key_buf, Some(&new), &mut self.value_buf)?;
+            write_aggregate(
+                &self.name,
+                &*self.store,
+                &self.key_buf,
+                Some(&new),
+                Some(ts),
+                &mut self.value_buf,
+            )?;
             if self.emit == Emit::OnUpdate {
                 let key = Windowed {
                     key: rec.key.clone(),
@@ -367,12 +377,12 @@ where
                 };
                 if self.cache.enabled() {
                     let bytes = self.key_buf.len() + self.value_buf.len();
-                    let out = self.cache.put(&self.key_buf, key, old, Some(new), rec.ts, bytes);
+                    let out = self.cache.put(&self.key_buf, key, old, Some(new), ts, bytes);
                     forward_all(&self.down, out, cx)?;
                     continue;
                 }
                 let value = Change { new: Some(new), old };
-                self.down.forward(Rec { key, value, ts: rec.ts }, cx)?;
+                self.down.forward(Rec { key, value, ts }, cx)?;
             }
         }
         Ok(())
@@ -433,15 +443,18 @@ where
                 let (raw_key, raw_value) = entry?;
                 let (start, key) = split_window_key(&self.name, &raw_key)?;
                 let key = decode::<K>(&self.name, "key in its store", Some(key))?;
-                let value = decode::<VA>(&self.name, "aggregate in its store", Some(&raw_value))?;
+                let (raw_value, ts) = stamp::split(&raw_value);
+                let value = decode::<VA>(&self.name, "aggregate in its store", Some(raw_value))?;
                 let end = start.saturating_add(self.windows.size);
+                // Stored without a time (by an older SDK): the window's last millisecond.
+                let ts = if ts == stamp::UNKNOWN { end - 1 } else { ts };
                 let rec = Rec {
                     key: Windowed { key, start, end },
                     value: Change {
                         new: Some(value),
                         old: None,
                     },
-                    ts: end - 1,
+                    ts,
                 };
                 self.down.forward(rec, cx)?;
             }

@@ -12,7 +12,7 @@
 //! A view may arrive up to 30 s after its window ended (the grace period) and still count;
 //! a later one is dropped. Once stream time (the largest timestamp the task has read) is past
 //! a window's end and grace, the next punctuation sends `user → "<start> <end> <count>"`
-//! (milliseconds, `end` exclusive), stamped with the window's last millisecond, and forgets
+//! (milliseconds, `end` exclusive), stamped with its latest view's time, and forgets
 //! the window. Each operator keeps its stream time in its store, so after a restart or a
 //! move a window is neither sent again nor early.
 
@@ -83,12 +83,12 @@ mod tests {
         // Late past grace: dropped from the first minute.
         view(&mut driver, "ann", t0 + 40_000);
         driver.punctuate().unwrap();
-        let last_ms = t0 + MIN - 1;
+        // Each stamped with its latest view (Kafka Streams' time of a window).
         assert_eq!(
             read(&mut driver, "per_minute"),
             vec![
-                ("ann".to_string(), format!("{t0} {} 3", t0 + MIN), last_ms),
-                ("bob".to_string(), format!("{t0} {} 1", t0 + MIN), last_ms),
+                ("ann".to_string(), format!("{t0} {} 3", t0 + MIN), t0 + 59_000),
+                ("bob".to_string(), format!("{t0} {} 1", t0 + MIN), t0 + 2_000),
             ]
         );
         driver.punctuate().unwrap();

@@ -73,6 +73,10 @@ pub struct Found {
     /// Set (with no value) when the value is too large for an answer: its size in bytes.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub value_bytes: Option<usize>,
+    /// The value's time, for a value stored with one (a DSL table or aggregation keeps
+    /// Kafka Streams' `ValueAndTimestamp`); the value above is then without it.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub timestamp: Option<i64>,
     /// Which worker answered (its admin address; empty for a local answer).
     #[serde(default)]
     pub worker: String,
@@ -116,7 +120,24 @@ fn bytes_of(name: &str, text: &Option<String>, hex: &Option<String>) -> Result<O
     }
 }
 
-fn found(partition: i32, key: &[u8], value: &[u8]) -> Found {
+/// What ends a value stored with its time by the SDK's stream DSL: the time (8 bytes,
+/// big-endian), then this tag (`guest-sdk/src/dsl/stamp.rs`). Its first two bytes never
+/// occur in UTF-8.
+const STAMP_TAG: [u8; 8] = [0xF5, 0xC1, b'S', b'l', b'T', b's', 0x00, 0x01];
+
+/// A stored value's bytes and its time, if it was stored with one.
+fn unstamp(stored: &[u8]) -> (&[u8], Option<i64>) {
+    match stored.len().checked_sub(8 + STAMP_TAG.len()) {
+        Some(at) if stored.ends_with(&STAMP_TAG) => {
+            let ts: [u8; 8] = stored[at..at + 8].try_into().expect("8 bytes");
+            (&stored[..at], Some(i64::from_be_bytes(ts)))
+        }
+        _ => (stored, None),
+    }
+}
+
+fn found(partition: i32, key: &[u8], stored: &[u8]) -> Found {
+    let (value, timestamp) = unstamp(stored);
     Found {
         partition,
         key: std::str::from_utf8(key).ok().map(str::to_string),
@@ -124,6 +145,7 @@ fn found(partition: i32, key: &[u8], value: &[u8]) -> Found {
         value: std::str::from_utf8(value).ok().map(str::to_string),
         value_hex: hex(value),
         value_bytes: None,
+        timestamp,
         worker: String::new(),
     }
 }
@@ -388,4 +410,24 @@ fn read_local(
         it.status().map_err(failed)?;
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_value_stored_with_its_time_is_answered_without_it() {
+        let mut stored = b"42".to_vec();
+        stored.extend(1_700_000_000_123i64.to_be_bytes());
+        stored.extend(STAMP_TAG);
+        let f = found(3, b"k", &stored);
+        assert_eq!((f.value.as_deref(), f.timestamp), (Some("42"), Some(1_700_000_000_123)));
+        assert_eq!(f.value_hex, "3432");
+        let f = found(3, b"k", b"plain");
+        assert_eq!((f.value.as_deref(), f.timestamp), (Some("plain"), None));
+        // Too short to hold a time, though it ends with the tag.
+        let f = found(0, b"k", &STAMP_TAG);
+        assert_eq!((f.value_hex.len(), f.timestamp), (16, None));
+    }
 }

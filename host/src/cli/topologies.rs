@@ -602,17 +602,21 @@ pub async fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
     match admin.output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&json)?),
         Output::Text => {
-            println!("{:>9}  {:<40} VALUE", "PARTITION", "KEY");
+            println!("{:>9}  {:<40} {:<14} VALUE", "PARTITION", "KEY", "TIMESTAMP");
             for e in json["entries"].as_array().into_iter().flatten() {
                 let text_or_hex = |t: &Value, h: &Value| {
                     t.as_str()
                         .filter(|s| !s.chars().any(char::is_control))
                         .map_or_else(|| format!("0x{}", h.as_str().unwrap_or("")), str::to_string)
                 };
+                let timestamp = e["timestamp"]
+                    .as_i64()
+                    .map_or_else(|| "-".to_string(), |t| t.to_string());
                 println!(
-                    "{:>9}  {:<40} {}",
+                    "{:>9}  {:<40} {:<14} {}",
                     e["partition"],
                     text_or_hex(&e["key"], &e["key_hex"]),
+                    timestamp,
                     text_or_hex(&e["value"], &e["value_hex"])
                 );
             }
