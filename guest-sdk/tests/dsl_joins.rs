@@ -230,58 +230,95 @@ mod stream_stream {
         out
     }
 
-    /// The model: every on-time pair within the window; every on-time record without a
-    /// partner, once a punctuation found its window and grace period passed.
-    fn model((before, after, grace): (i64, i64, i64), events: &[Event]) -> [Vec<Out>; 3] {
-        let (mut now, mut closed_at, mut read) = (i64::MIN, i64::MIN, false);
-        let (mut lefts, mut rights) = (Vec::new(), Vec::new());
-        for event in events.iter().chain([&Event::Punctuate]) {
-            match event {
-                Event::Left { key, ts, value } => {
-                    read = true;
-                    now = now.max(*ts);
-                    if ts + after + grace >= now {
-                        lefts.push((*key, *ts, *value));
+    /// Which records of a join go out alone: none (inner), left ones (left), both (outer).
+    #[derive(Clone, Copy, PartialEq)]
+    enum Alone {
+        Never,
+        Left,
+        Both,
+    }
+
+    /// The model: Kafka Streams 4.x's stream-stream join, record by record. Each side keeps
+    /// its records for before + after + grace of its own stream time; a record joins every
+    /// kept partner in its window; one without a partner goes out alone at once if the part
+    /// of its window ahead of it has passed, or else waits until a record that moves stream
+    /// time finds that part and the grace period passed (unless a partner came first).
+    /// Punctuations and restarts change nothing.
+    fn simulate((before, after, grace): (i64, i64, i64), alone: Alone, events: &[Event]) -> Vec<Out> {
+        let retention = before + after + grace;
+        // (side, key, ts, value), side 0 = left.
+        let mut seen: Vec<(u8, u8, i64, u64)> = Vec::new();
+        let mut side_time = [i64::MIN, i64::MIN];
+        let mut waiting: Vec<(u8, u8, i64, u64)> = Vec::new();
+        let mut out = Vec::new();
+        let ahead = |side: u8| if side == 0 { after } else { before };
+        let text = |side: u8, value: u64, partner: Option<u64>| match (side, alone) {
+            (0, Alone::Never) => format!("{value}+{}", partner.unwrap()),
+            (1, Alone::Never) => format!("{}+{value}", partner.unwrap()),
+            (0, Alone::Left) => format!("{value}+{partner:?}"),
+            (1, Alone::Left) => format!("{}+Some({value})", partner.unwrap()),
+            (0, _) => format!("Some({value})+{partner:?}"),
+            (_, _) => format!("{:?}+Some({value})", partner),
+        };
+        for event in events {
+            let (side, key, ts, value) = match event {
+                Event::Left { key, ts, value } => (0u8, *key, *ts, *value),
+                Event::Right { key, ts, value } => (1u8, *key, *ts, *value),
+                Event::Punctuate | Event::Restart => continue,
+            };
+            let before_now = side_time[0].max(side_time[1]);
+            side_time[usize::from(side)] = side_time[usize::from(side)].max(ts);
+            let now = side_time[0].max(side_time[1]);
+            if ts >= before_now {
+                waiting.sort_by_key(|w| (w.2, w.0));
+                waiting.retain(|w| {
+                    let closed = w.2 + ahead(w.0) + grace < now;
+                    if closed {
+                        out.push((format!("k{}", w.1), text(w.0, w.3, None), w.2));
                     }
+                    !closed
+                });
+            }
+            let other = 1 - side;
+            let kept_from = side_time[usize::from(other)].saturating_sub(retention) + 1;
+            let (back, fwd) = if side == 0 { (before, after) } else { (after, before) };
+            let partners: Vec<(u8, u8, i64, u64)> = seen
+                .iter()
+                .filter(|o| o.0 == other && o.1 == key && o.2 >= kept_from)
+                .filter(|o| ts - back <= o.2 && o.2 <= ts + fwd)
+                .copied()
+                .collect();
+            for p in &partners {
+                waiting.retain(|w| w != p);
+                let (l, r) = if side == 0 { (value, p.3) } else { (p.3, value) };
+                let joined = match alone {
+                    Alone::Never => format!("{l}+{r}"),
+                    Alone::Left => format!("{l}+Some({r})"),
+                    Alone::Both => format!("Some({l})+Some({r})"),
+                };
+                out.push((format!("k{key}"), joined, ts.max(p.2)));
+            }
+            let me = (side, key, ts, value);
+            seen.push(me);
+            let keeps = alone == Alone::Both || (alone == Alone::Left && side == 0);
+            if partners.is_empty() && keeps {
+                if ts + fwd < now {
+                    out.push((format!("k{key}"), text(side, value, None), ts));
+                } else {
+                    waiting.push(me);
                 }
-                Event::Right { key, ts, value } => {
-                    read = true;
-                    now = now.max(*ts);
-                    if ts + before + grace >= now {
-                        rights.push((*key, *ts, *value));
-                    }
-                }
-                Event::Punctuate if read => closed_at = now,
-                Event::Punctuate => {}
-                Event::Restart => read = false,
             }
         }
-        let window = before + after + grace;
-        let mut out: [Vec<Out>; 3] = Default::default();
-        let joins = |l: &(u8, i64, u64), r: &(u8, i64, u64)| l.0 == r.0 && l.1 - before <= r.1 && r.1 <= l.1 + after;
-        for l in &lefts {
-            let mut matched = false;
-            for r in rights.iter().filter(|r| joins(l, r)) {
-                matched = true;
-                let ts = l.1.max(r.1);
-                out[0].push((format!("k{}", l.0), format!("{}+{}", l.2, r.2), ts));
-                out[1].push((format!("k{}", l.0), format!("{}+Some({})", l.2, r.2), ts));
-                out[2].push((format!("k{}", l.0), format!("Some({})+Some({})", l.2, r.2), ts));
-            }
-            if !matched && closed_at > l.1 + window {
-                out[1].push((format!("k{}", l.0), format!("{}+None", l.2), l.1));
-                out[2].push((format!("k{}", l.0), format!("Some({})+None", l.2), l.1));
-            }
-        }
-        for r in &rights {
-            if !lefts.iter().any(|l| joins(l, r)) && closed_at > r.1 + window {
-                out[2].push((format!("k{}", r.0), format!("None+Some({})", r.2), r.1));
-            }
-        }
-        for o in &mut out {
-            o.sort();
-        }
+        out.sort();
         out
+    }
+
+    fn model(windows: (i64, i64, i64), events: &[Event]) -> [Vec<Out>; 3] {
+        [
+            simulate(windows, Alone::Never, events),
+            simulate(windows, Alone::Left, events),
+            simulate(windows, Alone::Both, events),
+        ]
     }
 
     proptest! {

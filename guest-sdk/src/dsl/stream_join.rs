@@ -1,26 +1,31 @@
-//! Stream-stream joins within a time window (inner, left, outer), as Kafka Streams 3.x
+//! Stream-stream joins within a time window (inner, left, outer), as Kafka Streams 4.x
 //! has them: a record of one side joins every record of the other side with the same key
-//! whose time is within the window; with a left or outer join, a record that found no
-//! partner goes out alone (`None` for the other side) once no partner can come any more.
+//! whose time is within the window and that the other side still keeps; with a left or
+//! outer join, a record that found no partner goes out alone (`None` for the other side)
+//! once its window has passed.
 //!
-//! Both sides share a stream time `T` (the largest timestamp either has seen, kept in the
-//! `<join>_this` store under the empty key, so it survives restarts). With a window of
-//! `before` and `after` (a left record at `t` joins right records in `[t - before,
-//! t + after]`) and a grace period:
+//! With a window of `before` and `after` (a left record at `t` joins right records in
+//! `[t - before, t + after]`; a right record at `t` left records in `[t - after,
+//! t + before]`) and a grace period, each side has a stream time (the largest timestamp of
+//! its records, kept in its store under the empty key, so it survives restarts) and the
+//! join's, `T`, is the larger of the two. Kafka Streams' rules, record by record:
 //!
-//! - a left record at `t` is late (dropped) when `t + after + grace < T`; a right one when
-//!   `t + before + grace < T`;
-//! - an unmatched record at `t` goes out alone once `T > t + before + after + grace`: from
-//!   then on no record that could join it is on time (so it never goes out both joined and
-//!   alone);
-//! - records are kept while `t >= T - (before + after + grace)`.
+//! - a side keeps its records for `before + after + grace` (the retention) of its own
+//!   stream time: a record at `t` is found by the other side while `t > S - retention`;
+//!   there is no other lateness check, so an out-of-order record joins whatever the other
+//!   side still keeps;
+//! - a record that found no partner goes out alone at once if the part of its window ahead
+//!   of it has passed (`t + after < T` for a left record, `t + before < T` for a right one);
+//!   otherwise it waits, and goes out alone when a record moves `T` past that and the grace
+//!   period, unless a partner came first. A partner that comes later still joins it, so a
+//!   record can go out alone and joined both (Kafka Streams does the same).
 //!
 //! Each side's records are kept in a store keyed by `(segment, key, time, id)` (a segment
-//! is a span of time, so expiring is a range deletion of the oldest segments, and a lookup
-//! scans the few segments the window covers); unmatched records wait in `<join>_outer`,
-//! keyed by `(time, side, key, id)`, so emitting them is a range scan. The id is the input
-//! record's (source, offset, n-th record it made): processing the same input again after a
-//! failure writes the same entries.
+//! is a span of time, so expiring is a range deletion of the oldest segments, at
+//! punctuation, and a lookup scans the few segments the window covers); unmatched records
+//! wait in `<join>_outer`, keyed by `(time, side, key, id)`, so emitting them is a range
+//! scan. The id is the input record's (source, offset, n-th record it made): processing
+//! the same input again after a failure writes the same entries.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -191,10 +196,14 @@ impl<K: Data, V: Data> KStream<K, V> {
                     } else {
                         Some(cx.store(&stores[2])?)
                     };
+                    let other_store = cx.store(&stores[1])?;
                     let node = Rc::new(RefCell::new(StreamStreamJoin {
-                        time: StreamTime::load(&name, &*this_store)?,
+                        times: [
+                            StreamTime::load(&name, &*this_store)?,
+                            StreamTime::load(&name, &*other_store)?,
+                        ],
                         down: Downstream::<K, VR>::from_built(&name, children)?,
-                        stores: [this_store, cx.store(&stores[1])?],
+                        stores: [this_store, other_store],
                         outer,
                         windows,
                         kind,
@@ -229,10 +238,12 @@ struct StreamStreamJoin<K, V, V2, VR, F> {
     kind: Kind,
     joiner: F,
     down: Downstream<K, VR>,
-    time: StreamTime,
+    /// Each side's stream time (the largest timestamp of its records), kept in its store
+    /// under the empty key; the join's is the larger of the two.
+    times: [StreamTime; 2],
     /// Milliseconds per segment of the window stores.
     segment: i64,
-    /// What was older than this went out or was expired at the last punctuation.
+    /// The join's stream time at the last punctuation (nothing to expire if unchanged).
     expired_below: i64,
     bufs: [Vec<u8>; 4],
     _types: std::marker::PhantomData<fn(V, V2)>,
@@ -357,19 +368,28 @@ where
         } else {
             (w.after, w.before)
         };
-        self.time.observe(ts);
-        if ts.saturating_add(reach_ahead).saturating_add(w.grace) < self.time.now {
-            return Ok(()); // late: its window and grace period have passed
+        let advanced = ts >= self.now();
+        self.times[usize::from(side)].observe(ts);
+        let now = self.now();
+        if advanced {
+            // Only a record that moves stream time closes windows (Kafka Streams).
+            self.emit_closed(now, cx)?;
         }
         let id = cx.next_id();
         let mut entry_key = std::mem::take(&mut self.bufs[1]);
         self.window_key(&mut entry_key, raw_key, ts, id);
         self.stores[usize::from(side)].put(&entry_key, &value)?;
         self.bufs[1] = entry_key;
+        // The other side's records the store still keeps: those within the retention of
+        // that side's stream time (Kafka Streams' window store hides older ones).
+        let kept_from = self.times[usize::from(1 - side)]
+            .now
+            .saturating_sub(w.retention())
+            .saturating_add(1);
         let partners = self.partners(
             side,
             raw_key,
-            ts.saturating_sub(reach_back),
+            ts.saturating_sub(reach_back).max(kept_from),
             ts.saturating_add(reach_ahead),
         )?;
         for (their_ts, their_id, theirs) in &partners {
@@ -394,12 +414,87 @@ where
             }
         }
         if partners.is_empty() && self.keeps_unmatched(side) {
-            if let Some(outer) = &self.outer {
+            if ts.saturating_add(reach_ahead) < now {
+                // Its window has passed already: alone at once (Kafka Streams).
+                self.forward_alone(key, side, &value, ts, cx)?;
+            } else if let Some(outer) = &self.outer {
                 let mut k = std::mem::take(&mut self.bufs[2]);
                 Self::outer_key(&mut k, ts, side, raw_key, id);
                 outer.put(&k, &value)?;
                 self.bufs[2] = k;
             }
+        }
+        Ok(())
+    }
+
+    /// The join's stream time: the largest timestamp of either side.
+    fn now(&self) -> i64 {
+        self.times[0].now.max(self.times[1].now)
+    }
+
+    /// How long after its time a record of `side` may still find a partner: the part of the
+    /// window ahead of it.
+    fn reach_ahead(&self, side: u8) -> i64 {
+        if side == THIS {
+            self.windows.after
+        } else {
+            self.windows.before
+        }
+    }
+
+    fn forward_alone(&mut self, key: K, side: u8, value: &[u8], ts: i64, cx: &mut Cx<'_>) -> Result<(), Error> {
+        let value = if side == THIS {
+            let v = decode::<V>(&self.name, "left value", Some(value))?;
+            (self.joiner)(Some(&v), None)
+        } else {
+            let v = decode::<V2>(&self.name, "right value", Some(value))?;
+            (self.joiner)(None, Some(&v))
+        };
+        match value {
+            Some(value) => self.down.forward(Rec { key, value, ts }, cx),
+            None => Ok(()),
+        }
+    }
+
+    /// Sends the unmatched records whose window and grace period have passed at stream
+    /// time `now`: a record of `side` at `t` once `t + reach_ahead(side) + grace < now`.
+    fn emit_closed(&mut self, now: i64, cx: &mut Cx<'_>) -> Result<(), Error> {
+        let Some(outer) = self.outer.clone() else {
+            return Ok(());
+        };
+        let shortest = self.windows.before.min(self.windows.after);
+        let cut = now.saturating_sub(self.windows.grace).saturating_sub(shortest);
+        let (mut lower, mut upper) = (Vec::new(), Vec::new());
+        push_ordered(&mut lower, &i64::MIN);
+        push_ordered(&mut upper, &cut);
+        let mut sent = Vec::new();
+        for entry in outer.range(Some(&lower), Some(&upper))? {
+            let (raw, value) = entry?;
+            let mut rest = &raw[..];
+            let parsed = (|| {
+                let ts: i64 = pop_ordered(&mut rest)?;
+                let side: u8 = pop_ordered(&mut rest)?;
+                let key: Vec<u8> = pop_ordered(&mut rest)?;
+                Ok::<_, crate::CodecError>((ts, side, key))
+            })();
+            let (ts, side, key) = parsed.map_err(|e| {
+                Error::msg(format!(
+                    "operator {}: a key in store {:?}: {e}",
+                    self.name,
+                    outer.name()
+                ))
+            })?;
+            let reach = self.reach_ahead(side);
+            if ts.saturating_add(reach).saturating_add(self.windows.grace) >= now {
+                continue; // the other side's window is longer: not yet
+            }
+            let key = decode::<K>(&self.name, "key of an unmatched record", Some(&key))?;
+            self.forward_alone(key, side, &value, ts, cx)?;
+            sent.push(raw);
+        }
+        if !sent.is_empty() {
+            let deletions: Vec<(Vec<u8>, Option<Vec<u8>>)> = sent.into_iter().map(|k| (k, None)).collect();
+            outer.write_batch(&deletions)?;
         }
         Ok(())
     }
@@ -443,68 +538,47 @@ where
     F: FnMut(Option<&V>, Option<&V2>) -> Option<VR>,
 {
     fn batch_started(&mut self) -> Result<(), Error> {
-        self.time = StreamTime::load(&self.name, &*self.stores[0])?;
+        for side in [THIS, OTHER] {
+            let store = &*self.stores[usize::from(side)];
+            self.times[usize::from(side)] = StreamTime::load(&self.name, store)?;
+        }
         Ok(())
     }
 
     fn batch_done(&mut self) -> Result<(), Error> {
-        self.time.save(&*self.stores[0])
+        self.save_times()
     }
 
-    fn punctuate(&mut self, _time: i64, cx: &mut Cx<'_>) -> Result<(), Error> {
-        if self.time.now == i64::MIN {
-            return Ok(());
+    fn punctuate(&mut self, _time: i64, _cx: &mut Cx<'_>) -> Result<(), Error> {
+        let now = self.now();
+        if now == i64::MIN || now == self.expired_below {
+            return self.save_times(); // stream time has not moved: nothing more expires
         }
-        // Unmatched records whose window and grace period have passed: t < T - retention.
-        let cut = self.time.now.saturating_sub(self.windows.retention());
-        if cut == self.expired_below {
-            return self.time.save(&*self.stores[0]); // stream time has not moved
-        }
-        self.expired_below = cut;
-        let (mut lower, mut upper) = (Vec::new(), Vec::new());
+        self.expired_below = now;
+        // Each side's records older than its retention are no longer looked up: deleted a
+        // segment at a time. (Unmatched records go out as records move stream time.)
+        let mut lower = Vec::new();
         push_ordered(&mut lower, &i64::MIN);
-        push_ordered(&mut upper, &cut);
-        if let Some(outer) = &self.outer {
-            for entry in outer.range(Some(&lower), Some(&upper))? {
-                let (raw, value) = entry?;
-                let mut rest = &raw[..];
-                let parsed = (|| {
-                    let ts: i64 = pop_ordered(&mut rest)?;
-                    let side: u8 = pop_ordered(&mut rest)?;
-                    let key: Vec<u8> = pop_ordered(&mut rest)?;
-                    Ok::<_, crate::CodecError>((ts, side, key))
-                })();
-                let (ts, side, key) = parsed.map_err(|e| {
-                    Error::msg(format!(
-                        "operator {}: a key in store {:?}: {e}",
-                        self.name,
-                        outer.name()
-                    ))
-                })?;
-                let key = decode::<K>(&self.name, "key of an unmatched record", Some(&key))?;
-                let value = if side == THIS {
-                    let v = decode::<V>(&self.name, "left value", Some(&value))?;
-                    (self.joiner)(Some(&v), None)
-                } else {
-                    let v = decode::<V2>(&self.name, "right value", Some(&value))?;
-                    (self.joiner)(None, Some(&v))
-                };
-                if let Some(value) = value {
-                    self.down.forward(Rec { key, value, ts }, cx)?;
-                }
-            }
-            outer.delete_range(Some(&lower), Some(&upper))?;
+        for side in [THIS, OTHER] {
+            let cut = self.times[usize::from(side)]
+                .now
+                .saturating_sub(self.windows.retention());
+            let mut first_kept = Vec::new();
+            push_ordered(&mut first_kept, &cut.div_euclid(self.segment));
+            self.stores[usize::from(side)].delete_range(Some(&lower), Some(&first_kept))?;
         }
-        // Records no on-time record can join any more, a segment at a time.
-        let mut first_kept = Vec::new();
-        push_ordered(&mut first_kept, &cut.div_euclid(self.segment));
-        for store in &self.stores {
-            store.delete_range(Some(&lower), Some(&first_kept))?;
-        }
-        self.time.save(&*self.stores[0])
+        self.save_times()
     }
 
     fn close(&mut self, _cx: &mut Cx<'_>) -> Result<(), Error> {
-        self.time.save(&*self.stores[0])
+        self.save_times()
+    }
+}
+
+impl<K, V, V2, VR, F> StreamStreamJoin<K, V, V2, VR, F> {
+    fn save_times(&mut self) -> Result<(), Error> {
+        let [this, other] = &mut self.times;
+        this.save(&*self.stores[0])?;
+        other.save(&*self.stores[1])
     }
 }

@@ -7,9 +7,10 @@
 //! - Each (order, payment) pair within the window goes to `paid` at once:
 //!   `order id → "<order> paid by <payment>"`, stamped with the later of the two times.
 //! - An order no payment joined goes out once, alone, `"<order> unpaid"`, stamped with the
-//!   order's time, when no payment can join it any more: stream time is past its time,
-//!   the window and the grace period (two minutes). Out of order records are taken within
-//!   the grace period; later ones are dropped.
+//!   order's time, once stream time is past its time, the window and the grace period (two
+//!   minutes). Each side keeps its records for the window and the grace period of its own
+//!   stream time: a payment out of order joins the orders still kept, as in Kafka Streams
+//!   (also an order already sent as unpaid: then it goes out paid too).
 //!
 //! Both sides' records wait in the join's stores (`left_join_stream_<n>_this` / `_other`,
 //! and unmatched orders in `…_outer`) with the join's stream time, so a restarted or moved
@@ -76,17 +77,22 @@ mod tests {
         assert_eq!(read(&mut driver), vec![]);
         let stores = driver.close().unwrap();
         let mut driver = TestDriver::with_stores("dsl-orders-payments", super::topology, stores).unwrap();
-        // Late past grace: dropped, o2 stays unpaid.
+        // Out of order, and the orders at t are still kept (12 minutes of the orders'
+        // stream time): it joins o2.
         pipe(&mut driver, "payments", "o2", "late", t + 1);
         pipe(&mut driver, "payments", "x", "py", t + 12 * MIN + 1);
         driver.punctuate().unwrap();
         assert_eq!(
             read(&mut driver),
             vec![
-                ("o2".to_string(), "o2 unpaid".to_string(), t),
+                ("o2".to_string(), "o2 paid by late".to_string(), t + 1),
                 ("o3".to_string(), "o3 unpaid".to_string(), t)
             ]
         );
+        // An order the orders' stream time has left behind joins nothing.
+        pipe(&mut driver, "orders", "o4", "o4", t + 30 * MIN);
+        pipe(&mut driver, "payments", "o1", "after", t + 9 * MIN);
+        assert_eq!(read(&mut driver), vec![]);
         driver.punctuate().unwrap();
         assert_eq!(read(&mut driver), vec![], "once");
     }

@@ -58,10 +58,11 @@ const SCALE_ROUND: usize = 5;
 /// number divided by 4 (so that each partition has every kind): 0-4 paid once within the
 /// window (some written a round late, still within grace), 5 paid before the order (outside
 /// the window), 6 paid twice, 7 paid 11 minutes later (outside), 8 never paid, 9 paid within
-/// the window but written five minutes late (past grace: dropped). The first order of kind 8
-/// on each partition gets a payment within its window but past grace, written first after
-/// the scale step (the first record of the moved tasks: one that lost the join's stream time
-/// would take it). And 20 orders written 15 minutes late, with a payment (both dropped).
+/// the window but written five minutes late (the order is still kept: it joins). The first
+/// order of kind 8 on each partition gets a payment within its window written first after
+/// the scale step (the first record of the moved tasks, joined only if they kept the orders
+/// and the join's stream times). And 20 orders written 15 minutes late, each with a payment
+/// a minute after it: the order goes out unpaid at once, and its payment finds it no more.
 fn orders_and_payments() -> Vec<Event> {
     let mut events = Vec::new();
     let mut event = |topic: Topic, partition: i32, key: &str, value: String, ts: i64, round: usize| {
@@ -124,46 +125,123 @@ fn orders_and_payments() -> Vec<Event> {
     events
 }
 
-/// Whether each event (by index) is on time: its window and grace have not passed when it
-/// is read. Stream time is shared by both topics of a partition; records of earlier rounds
-/// were all read before, records of its own round in any interleaving of the two topics.
-/// Panics if the answer depends on the interleaving (the test data would be wrong).
-fn on_time(events: &[Event]) -> Vec<bool> {
-    let mut answers = vec![false; events.len()];
-    for p in 0..JOIN_PARTITIONS {
-        let mut before = i64::MIN;
-        let rounds: std::collections::BTreeSet<usize> = events.iter().map(|e| e.round).collect();
-        for round in rounds {
-            let here: Vec<usize> = (0..events.len())
-                .filter(|&i| events[i].partition == p && events[i].round == round)
-                .collect();
-            let mut seen = [before, before];
-            for &i in &here {
-                let e = &events[i];
-                let side = e.topic as usize;
-                seen[side] = seen[side].max(e.ts);
-                let other_max = here
+/// The example's results when a partition's records are read in `order`: Kafka Streams 4.x's
+/// left join, record by record (see `guest-sdk/src/dsl/stream_join.rs`). Each side keeps its
+/// records for the window and grace of its own stream time; an order finds the payments
+/// kept within its window; a payment the orders kept that it falls within; an order with no
+/// payment goes out alone at once if its window has passed, or once a record moves stream
+/// time past its window and grace, unless a payment came first.
+fn left_join(events: &[Event], order: &[usize]) -> BTreeMap<(String, String, i64), usize> {
+    let retention = WINDOW + JOIN_GRACE;
+    let mut out: BTreeMap<(String, String, i64), usize> = BTreeMap::new();
+    let mut add = |key: &str, value: String, ts: i64| *out.entry((key.to_string(), value, ts)).or_default() += 1;
+    let (mut kept_orders, mut kept_payments): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
+    let mut waiting: Vec<usize> = Vec::new();
+    let mut time = [i64::MIN, i64::MIN]; // orders, payments
+    for &i in order {
+        let e = &events[i];
+        let side = e.topic as usize;
+        let before = time[0].max(time[1]);
+        time[side] = time[side].max(e.ts);
+        let now = time[0].max(time[1]);
+        if e.ts >= before {
+            waiting.sort_by_key(|&w| events[w].ts);
+            waiting.retain(|&w| {
+                let o = &events[w];
+                let closed = o.ts + WINDOW + JOIN_GRACE < now;
+                if closed {
+                    add(&o.key, format!("{} unpaid", o.value), o.ts);
+                }
+                !closed
+            });
+        }
+        let other_from = time[1 - side].saturating_sub(retention) + 1;
+        match e.topic {
+            Topic::Orders => {
+                let found: Vec<usize> = kept_payments
                     .iter()
-                    .filter(|&&j| events[j].topic != e.topic)
-                    .map(|&j| events[j].ts)
-                    .fold(before, i64::max);
-                let (low, high) = (seen[side], seen[side].max(other_max));
-                let reach = match e.topic {
-                    Topic::Orders => WINDOW,
-                    Topic::Payments => 0,
-                };
-                let late = |now: i64| e.ts + reach + JOIN_GRACE < now;
-                assert_eq!(
-                    late(low),
-                    late(high),
-                    "test data: whether {e:?} is late depends on the interleaving (stream time {low}..{high})"
-                );
-                answers[i] = !late(low);
+                    .copied()
+                    .filter(|&j| {
+                        let pay = &events[j];
+                        pay.key == e.key && pay.ts >= other_from && e.ts <= pay.ts && pay.ts <= e.ts + WINDOW
+                    })
+                    .collect();
+                for &j in &found {
+                    let pay = &events[j];
+                    add(&e.key, format!("{} paid by {}", e.value, pay.value), e.ts.max(pay.ts));
+                }
+                kept_orders.push(i);
+                if found.is_empty() {
+                    if e.ts + WINDOW < now {
+                        add(&e.key, format!("{} unpaid", e.value), e.ts);
+                    } else {
+                        waiting.push(i);
+                    }
+                }
             }
-            before = here.iter().map(|&i| events[i].ts).fold(before, i64::max);
+            Topic::Payments => {
+                for &j in &kept_orders {
+                    let o = &events[j];
+                    if o.key == e.key && o.ts >= other_from && o.ts <= e.ts && e.ts <= o.ts + WINDOW {
+                        waiting.retain(|&w| w != j);
+                        add(&o.key, format!("{} paid by {}", o.value, e.value), o.ts.max(e.ts));
+                    }
+                }
+                kept_payments.push(i);
+            }
         }
     }
-    answers
+    out
+}
+
+/// The truth, and that it does not depend on how the two topics of a partition interleave
+/// within a round (records of earlier rounds were all read before): the left join of each
+/// partition when a round's orders are read first, its payments first, or both in time
+/// order. Panics if these differ (the test data would be wrong).
+fn truth_of(events: &[Event], closer_at: i64) -> BTreeMap<(String, String, i64), usize> {
+    let mut truth = BTreeMap::new();
+    for p in 0..JOIN_PARTITIONS {
+        let mine: Vec<usize> = (0..events.len()).filter(|&i| events[i].partition == p).collect();
+        let chunks: std::collections::BTreeSet<(usize, bool)> =
+            mine.iter().map(|&i| (events[i].round, !events[i].first)).collect();
+        let mut answers = Vec::new();
+        for interleaving in 0..3 {
+            let mut order = Vec::new();
+            for &(round, later) in &chunks {
+                let mut chunk: Vec<usize> = mine
+                    .iter()
+                    .copied()
+                    .filter(|&i| events[i].round == round && events[i].first != later)
+                    .collect();
+                match interleaving {
+                    0 => chunk.sort_by_key(|&i| (events[i].topic as usize, events[i].ts)),
+                    1 => chunk.sort_by_key(|&i| (1 - events[i].topic as usize, events[i].ts)),
+                    _ => chunk.sort_by_key(|&i| events[i].ts),
+                }
+                order.extend(chunk);
+            }
+            let mut all = events.to_vec();
+            all.push(Event {
+                round: usize::MAX,
+                first: false,
+                topic: Topic::Orders,
+                partition: p,
+                key: format!("o-closer-{p}"),
+                value: format!("order o-closer-{p}"),
+                ts: closer_at,
+            });
+            order.push(all.len() - 1);
+            answers.push(left_join(&all, &order));
+        }
+        assert!(
+            answers[0] == answers[1] && answers[1] == answers[2],
+            "test data: the results of partition {p} depend on how its topics interleave"
+        );
+        for (k, n) in answers.swap_remove(0) {
+            *truth.entry(k).or_default() += n;
+        }
+    }
+    truth
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -183,43 +261,25 @@ async fn dsl_orders_join_payments_within_ten_minutes_exactly_through_a_scale_ste
         &[("paid", &paid)],
     );
     let events = orders_and_payments();
-    let timely = on_time(&events);
     // Closers: an order 45 minutes in on every partition ends every window above; theirs
     // stays open (they must not come out).
     let closer_at = base_ms() + 45 * MIN;
-
-    // The truth: every on-time pair within the window, joined; every on-time order with no
-    // pair, alone (its window and grace have passed at the closer).
-    let mut truth: BTreeMap<(String, String, i64), usize> = BTreeMap::new();
-    let (mut dropped, mut unpaid) = (0, 0);
-    for (i, o) in events.iter().enumerate().filter(|(_, e)| e.topic == Topic::Orders) {
-        if !timely[i] {
-            dropped += 1;
-            continue;
-        }
-        let mut matched = false;
-        for (j, pay) in events.iter().enumerate() {
-            let joins = pay.topic == Topic::Payments && pay.key == o.key && o.ts <= pay.ts && pay.ts <= o.ts + WINDOW;
-            if joins && timely[j] {
-                matched = true;
-                let value = format!("{} paid by {}", o.value, pay.value);
-                *truth.entry((o.key.clone(), value, o.ts.max(pay.ts))).or_default() += 1;
-            }
-        }
-        if !matched {
-            assert!(o.ts + WINDOW + JOIN_GRACE < closer_at);
-            unpaid += 1;
-            *truth
-                .entry((o.key.clone(), format!("{} unpaid", o.value), o.ts))
-                .or_default() += 1;
-        }
-    }
-    let late_payments = (0..events.len())
-        .filter(|&i| events[i].topic == Topic::Payments && !timely[i])
-        .count();
+    let truth = truth_of(&events, closer_at);
+    // The data does what it is meant to: orders 15 minutes late go out unpaid at once (their
+    // payments find them no more), payments written five minutes late still join, many
+    // orders go out unpaid, and a pair within the window goes out joined.
+    let count =
+        |f: &dyn Fn(&(String, String, i64)) -> bool| truth.iter().filter(|(k, _)| f(k)).map(|(_, n)| n).sum::<usize>();
+    let late_unpaid = count(&|(k, v, _)| k.starts_with("o-late") && v.ends_with("unpaid"));
+    let unpaid = count(&|(_, v, _)| v.ends_with("unpaid"));
+    let joined = count(&|(_, v, _)| v.contains("paid by"));
+    let kind_9_paid = count(&|(k, v, _)| {
+        let i: usize = k.trim_start_matches("o-").parse().unwrap_or(0);
+        !k.starts_with("o-late") && (i / 4) % 10 == 9 && v.contains("paid by")
+    });
     assert!(
-        dropped == 20 && late_payments >= 50 && unpaid >= 150,
-        "test data: {dropped} late orders, {late_payments} late payments, {unpaid} unpaid orders"
+        late_unpaid == 20 && unpaid >= 120 && joined >= 300 && kind_9_paid >= 30,
+        "test data: {late_unpaid} late orders unpaid, {unpaid} unpaid, {joined} paid, {kind_9_paid} paid late"
     );
     let rounds = events.iter().map(|e| e.round).max().unwrap_or(0) + 1;
     assert_eq!(
