@@ -87,18 +87,20 @@ fn model(gap: i64, grace: i64, emit_final: bool, events: &[Event]) -> Vec<Out> {
             Event::Record { key, ts, value } => {
                 read = true;
                 now = now.max(*ts);
-                let mut merged: Vec<Session> = sessions
-                    .iter()
-                    .filter(|s| s.key == *key && s.first - gap <= *ts && *ts <= s.last + gap)
-                    .copied()
-                    .collect();
+                // Sessions within the gap, and still kept (Kafka Streams' default retention:
+                // gap + grace of stream time; a closed one waiting to go out is not).
+                let joins = |s: &Session| {
+                    s.key == *key && s.first - gap <= *ts && *ts <= s.last + gap && s.last + gap + grace > now
+                };
+                let mut merged: Vec<Session> = sessions.iter().filter(|s| joins(s)).copied().collect();
                 merged.sort_by_key(|s| s.last);
                 let first = merged.iter().map(|s| s.first).fold(*ts, i64::min);
                 let last = merged.iter().map(|s| s.last).fold(*ts, i64::max);
                 if last + gap + grace < now {
                     continue;
                 }
-                sessions.retain(|s| !(s.key == *key && s.first - gap <= *ts && *ts <= s.last + gap));
+                sessions.retain(|s| !joins(s));
+                let in_place = first == *ts && last == *ts;
                 let mut new = Session {
                     key: *key,
                     first,
@@ -107,14 +109,14 @@ fn model(gap: i64, grace: i64, emit_final: bool, events: &[Event]) -> Vec<Out> {
                     sum: *value,
                 };
                 for s in &merged {
-                    if !emit_final {
-                        out.push((k(*key), s.first, s.last + 1, None, None, *ts));
+                    if !emit_final && !in_place {
+                        out.push((k(*key), s.first, s.last + 1, None, None, s.last));
                     }
                     new.count += s.count;
                     new.sum += s.sum;
                 }
                 if !emit_final {
-                    out.push((k(*key), first, last + 1, Some(new.count), Some(new.sum), *ts));
+                    out.push((k(*key), first, last + 1, Some(new.count), Some(new.sum), last));
                 }
                 sessions.push(new);
             }
@@ -158,8 +160,56 @@ proptest! {
 }
 
 #[test]
+fn a_record_that_bridges_two_sessions_merges_them_while_both_are_kept() {
+    let bridge = |grace: u64| -> Vec<(i64, i64, Option<u64>, i64)> {
+        let windows = SessionWindows::with_inactivity_gap(Duration::from_millis(5)).grace(Duration::from_millis(grace));
+        let topology = move |b: &mut StreamsBuilder| {
+            b.stream::<String, u64>("in")
+                .group_by_key()
+                .windowed_by(windows)
+                .count("sessions")
+                .to_stream()
+                .to("out");
+        };
+        let mut driver = TestDriver::new("s", topology).unwrap();
+        for ts in [10, 20, 15] {
+            driver.pipe("in", "a".to_string(), 1u64, ts).unwrap();
+        }
+        driver
+            .read::<Windowed<String>, Option<u64>>("out")
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.key.start, r.key.end, r.value, r.timestamp))
+            .collect()
+    };
+    // [10] and [20] apart; 15 is within 5 of both: one session [10, 20] of 3, each session
+    // (and each deletion) stamped with its last record's time.
+    assert_eq!(
+        bridge(10),
+        [
+            (10, 11, Some(1), 10),
+            (20, 21, Some(1), 20),
+            (10, 11, None, 10),
+            (20, 21, None, 20),
+            (10, 21, Some(3), 20)
+        ]
+    );
+    // Without grace, [10] closed when stream time reached 20 (10 + 5 < 20): it is no longer
+    // kept, and 15 joins [20] alone (Kafka Streams' session store has dropped [10] too).
+    assert_eq!(
+        bridge(0),
+        [
+            (10, 11, Some(1), 10),
+            (20, 21, Some(1), 20),
+            (20, 21, None, 20),
+            (15, 21, Some(2), 20)
+        ]
+    );
+}
+
+#[test]
 fn a_record_that_bridges_two_sessions_merges_them() {
-    let windows = SessionWindows::with_inactivity_gap(Duration::from_millis(5));
+    let windows = SessionWindows::with_inactivity_gap(Duration::from_millis(5)).grace(Duration::from_millis(10));
     let topology = move |b: &mut StreamsBuilder| {
         b.stream::<String, u64>("in")
             .group_by_key()

@@ -3,13 +3,15 @@
 //! `SessionWindows`).
 //!
 //! A session `[first, last]` (record times) is keyed `Windowed { start: first, end: last + 1 }`.
-//! A record at `t` joins every session of its key with `first - gap <= t <= last + gap`;
-//! it is late (dropped) when the merged session is closed: `last + gap + grace < T` (the
-//! operator's stream time; Kafka Streams' `mergedWindow.end() < T - grace - gap`). A
-//! session is closed, emitted with [`Emit::Final`](super::Emit::Final) and forgotten, at
-//! that same point: no on-time record can reach it any more.
+//! A record at `t` joins every session of its key with `first - gap <= t <= last + gap`
+//! that is still kept: `last + gap + grace > T` (the operator's stream time; Kafka Streams'
+//! session store keeps a session for the gap and grace, its default retention); it is late
+//! (dropped) when the merged session is closed: `last + gap + grace < T` (Kafka Streams'
+//! `mergedWindow.end() < T - grace - gap`). A closed session is emitted with
+//! [`Emit::Final`](super::Emit::Final) at the next punctuation, and forgotten.
 //! With [`Emit::OnUpdate`](super::Emit::OnUpdate) each merge sends a deletion (`None`) of
-//! every session it absorbs, then the new session.
+//! every session it absorbs, then the new session, each stamped with its last record's
+//! time (Kafka Streams' time of a session).
 //!
 //! The store holds, per session, `(segment of last, key, last, first)` (order-preserving)
 //! → the aggregate: closing sessions scans the oldest segments, and finding a key's
@@ -240,17 +242,23 @@ where
         }
         self.time.observe(rec.ts);
         let (gap, grace) = (self.windows.gap, self.windows.grace);
-        let found = self.overlapping(raw_key, rec.ts.saturating_sub(gap), rec.ts.saturating_add(gap))?;
+        let mut found = self.overlapping(raw_key, rec.ts.saturating_sub(gap), rec.ts.saturating_add(gap))?;
+        // A session kept past its gap and grace of stream time (it closed, and waits to go
+        // out) takes nothing more: Kafka Streams' session store no longer finds it.
+        let now = self.time.now;
+        found.retain(|f| f.last.saturating_add(gap).saturating_add(grace) > now);
         let first = found.iter().map(|f| f.first).fold(rec.ts, i64::min);
         let last = found.iter().map(|f| f.last).fold(rec.ts, i64::max);
-        if last.saturating_add(gap).saturating_add(grace) < self.time.now {
+        if last.saturating_add(gap).saturating_add(grace) < now {
             return Ok(()); // late: the session it would make has closed
         }
+        // A record on the only record time of its session replaces it in place.
+        let in_place = first == rec.ts && last == rec.ts;
         let mut agg: Option<VA> = None;
         for f in &found {
             let old: VA = decode(&self.name, "aggregate in its store", Some(&f.agg))?;
             self.store.delete(&f.store_key)?;
-            if self.emit == Emit::OnUpdate {
+            if self.emit == Emit::OnUpdate && !in_place {
                 let key = Windowed {
                     key: rec.key.clone(),
                     start: f.first,
@@ -260,11 +268,12 @@ where
                     new: None,
                     old: Some(old.clone()),
                 };
+                // Stamped with the session's end, as Kafka Streams stamps sessions.
                 self.down.forward(
                     Rec {
                         key,
                         value: change,
-                        ts: rec.ts,
+                        ts: f.last,
                     },
                     cx,
                 )?;
@@ -302,7 +311,7 @@ where
                 Rec {
                     key,
                     value: change,
-                    ts: rec.ts,
+                    ts: last,
                 },
                 cx,
             )?;
