@@ -97,7 +97,41 @@ fn content(records: &[(i64, u64)], start: i64, d: i64) -> (u64, u64, i64) {
     })
 }
 
+/// The model: Kafka Streams closes windows as each record comes (a record only joins the
+/// windows still open when it comes, and a window that only comes to exist once closed is
+/// never sent), so its results are those of [`punctuated`] with a punctuation after every
+/// record; the operator sends each at the first punctuation after the window closed,
+/// whenever its punctuations come.
 fn model(d: i64, grace: i64, emit_final: bool, events: &[Event]) -> Vec<Out> {
+    if !emit_final {
+        return punctuated(d, grace, false, events);
+    }
+    let each_record: Vec<Event> = events
+        .iter()
+        .flat_map(|e| match e {
+            Event::Record { .. } => vec![e.clone(), Event::Punctuate],
+            Event::Punctuate => vec![],
+            other => vec![other.clone()],
+        })
+        .collect();
+    // How far the operator's own punctuations closed windows (only those with a record
+    // read since the task started count).
+    let (mut now, mut read, mut closed) = (i64::MIN, false, i64::MIN);
+    for event in events.iter().chain([&Event::Punctuate]) {
+        match event {
+            Event::Record { ts, .. } => (now, read) = (now.max(*ts), true),
+            Event::Punctuate if read => closed = closed.max(now - grace),
+            Event::Punctuate => {}
+            Event::Restart => read = false,
+        }
+    }
+    let mut out = punctuated(d, grace, true, &each_record);
+    out.retain(|(_, _, end, ..)| end - 1 < closed);
+    out
+}
+
+/// Windows closed at each punctuation, with the records then in them.
+fn punctuated(d: i64, grace: i64, emit_final: bool, events: &[Event]) -> Vec<Out> {
     let (mut now, mut read, mut closed_to) = (i64::MIN, false, i64::MIN);
     let mut records: BTreeMap<u8, Vec<(i64, u64)>> = BTreeMap::new();
     let mut out = Vec::new();

@@ -5,15 +5,19 @@
 //! keyed `Windowed { start, end: start + d + 1 }`.
 //!
 //! A window is closed when `end + grace <= T` (the operator's stream time); a record at `t`
-//! is late (dropped) when the last window that could hold it, `[t, t + d]`, is closed.
-//! With [`Emit::Final`](super::Emit::Final), each window goes out once, at the first
-//! punctuation after it closed, holding the on-time records that came until then (a window
-//! that only comes to exist once closed is not emitted). With
+//! is late (dropped) when the last window that could hold it, `[t, t + d]`, is closed, and
+//! otherwise counts in the windows that were open when it came (Kafka Streams adds a record
+//! to those only). With [`Emit::Final`](super::Emit::Final), each window goes out once, at
+//! the first punctuation after it closed, holding the records that came while it was open;
+//! a window that only comes to exist once closed is never sent. Each stored record keeps
+//! the closing time (`T - grace`) when it came, so the results do not depend on when the
+//! punctuations come. With
 //! [`Emit::OnUpdate`](super::Emit::OnUpdate), each on-time record sends every open window
 //! that holds it (Kafka Streams also sends the new record's right window, which does not
 //! hold it; this does not).
 //!
-//! The store keeps the records themselves, `(segment of t, key, t, id)` → value, and
+//! The store keeps the records themselves, `(segment of t, key, t, id)` → value and the
+//! closing time when it came (as a [`stamp`](super::stamp) of the value), and
 //! aggregates a window's records (in time order) when it goes out; records are kept while
 //! a window that is not closed could hold them. The empty key holds the stream time, the
 //! key `[0]` where the last punctuation's closing stopped.
@@ -25,6 +29,7 @@ use std::time::Duration;
 use super::builder::{decode, encode, Materialized};
 use super::data::{pop_ordered, push_ordered, Data, Windowed};
 use super::runtime::{Change, Cx, Downstream, Node, Punctuate, Rec};
+use super::stamp;
 use super::state::KeyValueStore;
 use super::table::KTable;
 use super::windows::{millis, Emit, StreamTime, WindowedBy, Windows};
@@ -155,8 +160,8 @@ struct SlidingAggregate<K, V, VA> {
     buf: Vec<u8>,
 }
 
-/// A key's records: (time, value bytes), in time order.
-type Records = Vec<(i64, Vec<u8>)>;
+/// A key's records in time order: (time, the closing time when it came, value bytes).
+type Records = Vec<(i64, i64, Vec<u8>)>;
 
 impl<K: Data, V: Data, VA: Data> SlidingAggregate<K, V, VA> {
     fn record_key(&self, out: &mut Vec<u8>, key: &[u8], ts: i64, id: (u32, i64, u32)) {
@@ -184,10 +189,13 @@ impl<K: Data, V: Data, VA: Data> SlidingAggregate<K, V, VA> {
     fn records(&self, key: Option<&[u8]>, from: i64, to: i64) -> Result<BTreeMap<Vec<u8>, Records>, Error> {
         let mut found: BTreeMap<Vec<u8>, Records> = BTreeMap::new();
         let mut add = |entry: Result<(Vec<u8>, Vec<u8>), Error>| -> Result<(), Error> {
-            let (raw, value) = entry?;
+            let (raw, stored) = entry?;
             let (k, ts) = self.parse(&raw)?;
             if from <= ts && ts <= to {
-                found.entry(k).or_default().push((ts, value));
+                // Stored with the closing time when it came; a record stored by an older
+                // SDK has none, and counts in every window that holds it.
+                let (value, came) = stamp::split(&stored);
+                found.entry(k).or_default().push((ts, came, value.to_vec()));
             }
             Ok(())
         };
@@ -218,20 +226,33 @@ impl<K: Data, V: Data, VA: Data> SlidingAggregate<K, V, VA> {
         Ok(found)
     }
 
-    /// The windows of a key's `records` (sorted by time) that end in `[from, to]` and hold
-    /// at least one record: their starts.
+    /// The windows of a key's `records` (sorted by time) that end in `[from, to]` and came
+    /// to exist while open: their starts. A window exists once its records do — the window
+    /// ending at a record when that record comes, the window starting just after a record
+    /// when both it and a later record within reach have come — and one that only comes to
+    /// exist once closed (its end before the closing time then) is never sent, as in Kafka
+    /// Streams, which does not create it.
     fn windows_ending(&self, records: &Records, from: i64, to: i64) -> Vec<i64> {
         let d = self.windows.difference;
         let mut starts = Vec::new();
-        for (i, (t, _)) in records.iter().enumerate() {
+        for (i, (t, came, _)) in records.iter().enumerate() {
             // The window that ends at a record.
-            if from <= *t && *t <= to {
+            if from <= *t && *t <= to && *t >= *came {
                 starts.push(t.saturating_sub(d));
             }
-            // The window that starts just after it, if a later record is in it.
+            // The window that starts just after it, if a later record is in it: it came to
+            // exist with the later of this record and the first of those (closing times
+            // only grow, so that is the larger closing time).
             let end = t.saturating_add(1).saturating_add(d);
-            if from <= end && end <= to && records[i + 1..].iter().any(|(u, _)| u > t && *u <= end) {
-                starts.push(t.saturating_add(1));
+            if from <= end && end <= to {
+                let first_later = records[i + 1..]
+                    .iter()
+                    .filter(|(u, _, _)| u > t && *u <= end)
+                    .map(|(_, c, _)| *c)
+                    .min();
+                if first_later.is_some_and(|c| end >= (*came).max(c)) {
+                    starts.push(t.saturating_add(1));
+                }
             }
         }
         starts.sort_unstable();
@@ -244,7 +265,10 @@ impl<K: Data, V: Data, VA: Data> SlidingAggregate<K, V, VA> {
     fn aggregate(&mut self, key: &K, records: &Records, start: i64) -> Result<Option<(VA, i64)>, Error> {
         let end = start.saturating_add(self.windows.difference);
         let (mut agg, mut latest) = (None, i64::MIN);
-        for (t, value) in records.iter().filter(|(t, _)| start <= *t && *t <= end) {
+        // A record counts in the windows that were open when it came (end >= its closing
+        // time then): Kafka Streams adds it to those only.
+        let held = |(t, came, _): &&(i64, i64, Vec<u8>)| start <= *t && *t <= end && end >= *came;
+        for (t, _, value) in records.iter().filter(held) {
             let value = decode::<V>(&self.name, "value in its store", Some(value))?;
             agg = Some((self.fold)(key, value, agg));
             latest = latest.max(*t);
@@ -280,6 +304,9 @@ impl<K: Data, V: Data, VA: Data> SlidingAggregate<K, V, VA> {
         }
         let mut value = std::mem::take(&mut self.buf);
         let stored = encode(&self.name, "value", &rec.value, &mut value).map(|v| v.is_some());
+        // With the closing time as it came: the windows ending before it are closed to it.
+        let came = self.time.now.saturating_sub(grace);
+        stamp::push(&mut value, came);
         let id = cx.next_id();
         let mut key = std::mem::take(&mut self.key_buf);
         self.record_key(&mut key, raw_key, rec.ts, id);
