@@ -78,30 +78,37 @@
 //! # Time and windows
 //!
 //! Windows are `[start, end)` in milliseconds ([`Windowed`]). A windowed operator's stream
-//! time `T` is the largest timestamp it has seen; a record is late, and dropped, when the
-//! last window it belongs to has closed: `end + grace <= T`. With
-//! [`WindowedBy::emit_final`], a window's result goes out once, at the first punctuation
-//! after it closed; otherwise at every update. Either way a window's result has Kafka
-//! Streams' time: the latest of its records' (an aggregate's time is the latest of the
-//! records folded into it; a session's is its last record's). Punctuations ([`DslTask::punctuate`]) close windows, expire
-//! state and send unmatched join records.
+//! time `T` is the largest timestamp it has seen; a record counts in the windows still open
+//! when it comes, and is late, and dropped, when the last window it belongs to has closed:
+//! `end + grace <= T`. With [`WindowedBy::emit_final`], a window's result goes out once, at
+//! the first punctuation after it closed; otherwise at every update. Either way a window's
+//! result has Kafka Streams' time: the latest of its records' (an aggregate's time is the
+//! latest of the records folded into it; a session's is its last record's). Punctuations
+//! ([`DslTask::punctuate`]) send closed windows and expire state; what they send does not
+//! depend on when they come.
 //!
 //! - [`TimeWindows`]: tumbling and hopping; a record is in every window that covers it.
 //! - [`SessionWindows`]: a record within the gap of a session joins it, and merges the
 //!   sessions it bridges; a session `[first, last]` is `Windowed { start: first, end:
-//!   last + 1 }`, late and closed when `last + gap + grace < T` (as in Kafka Streams).
+//!   last + 1 }`, late and closed when `last + gap + grace < T` (as in Kafka Streams), and
+//!   joined by nothing more once `last + gap + grace <= T` (Kafka Streams' session store,
+//!   with its default retention, no longer finds it).
 //! - [`SlidingWindows`]: windows `[t - d, t]` for each record and `[t + 1, t + 1 + d]` when
 //!   a record follows within it (Kafka Streams' definition, both ends inclusive, so
 //!   `end = start + d + 1`). A window that only comes to exist once closed is not
 //!   emitted; on update, a record sends the open windows that hold it.
 //! - [`JoinWindows`]: a left record at `t` joins right records in `[t - before,
-//!   t + after]`; left and outer joins send an unmatched record once `T > t + before +
-//!   after + grace`, when no on-time record can join it any more (Kafka Streams 3.x: not
-//!   eagerly).
+//!   t + after]` that the right side still keeps (for `before + after + grace` of its own
+//!   stream time), with no other lateness check; left and outer joins send a record that
+//!   found no partner alone once a record moves `T` past the part of its window ahead of
+//!   it and the grace period, or at once if that part had passed when it came (Kafka
+//!   Streams 4.x, record for record).
 //!
-//! Where this differs from Kafka Streams: emit-final and join expiry happen at
-//! punctuation, not at every record; a stream's records without a value are an error
-//! unless its value type is an `Option`.
+//! Where this differs from Kafka Streams: closed windows go out at punctuation (about once
+//! a second), not at the record that closes them (the same results, later); on update, a
+//! sliding window aggregation does not send the new record's right window (Kafka Streams
+//! does); a stream's records without a value are an error unless its value type is an
+//! `Option`.
 //!
 //! # Testing
 //!

@@ -36,6 +36,7 @@ import org.apache.kafka.streams.kstream.KTable;
 import org.apache.kafka.streams.kstream.Materialized;
 import org.apache.kafka.streams.kstream.Produced;
 import org.apache.kafka.streams.kstream.SessionWindows;
+import org.apache.kafka.streams.kstream.SlidingWindows;
 import org.apache.kafka.streams.kstream.StreamJoined;
 import org.apache.kafka.streams.kstream.TimeWindows;
 import org.apache.kafka.streams.kstream.Windowed;
@@ -99,8 +100,10 @@ public final class Dsl {
             case "dsl-enrich-orders" -> enrichOrders(builder, roles);
             case "dsl-revenue" -> revenue(builder, roles);
             case "dsl-windowed-count" -> windowedCount(builder, roles);
+            case "dsl-activity" -> activity(builder, roles);
             default -> usage("no topology " + topologyName + "; there are dsl-word-count, dsl-page-views, "
-                    + "dsl-sessions, dsl-orders-payments, dsl-enrich-orders, dsl-revenue, dsl-windowed-count");
+                    + "dsl-sessions, dsl-orders-payments, dsl-enrich-orders, dsl-revenue, dsl-windowed-count, "
+                    + "dsl-activity");
         }
         roles.check();
 
@@ -339,6 +342,79 @@ public final class Dsl {
                 .map((window, n) -> KeyValue.pair(
                         window.key() + "@" + window.window().start(), Long.toString(n == null ? 0 : n)))
                 .to(r.topic("counts"), Produced.with(Serdes.String(), Serdes.String()));
+    }
+
+    /**
+     * Mirrors `guests/dsl-activity`: clicks (user → page) and purchases (user → item), tables
+     * profiles (user → name) and plans (user → plan).
+     * <ul>
+     * <li>`sliding`: clicks per user in sliding windows of 60 s with 30 s of grace (store
+     * `clicks_sliding`), each window once when it closes: user → "&lt;start&gt; &lt;end + 1&gt;
+     * &lt;count&gt;" (Sluice's end is exclusive);</li>
+     * <li>`session_updates`: sessions (gap 120 s, grace 60 s, store `clicks_sessions`), every
+     * update: "&lt;user&gt; &lt;start&gt; &lt;end + 1&gt;" → "&lt;count&gt;" or null;</li>
+     * <li>`hopping_updates`: hopping windows of 60 s advancing by 20 s, 10 s of grace (store
+     * `clicks_hopping`), every update: "&lt;user&gt;@&lt;start&gt;" → "&lt;count&gt;";</li>
+     * <li>`bought_after_click`, `click_or_purchase`: clicks joined with purchases at most 60 s
+     * apart either way, 30 s of grace, inner ("page → item") and outer ("- " for a missing
+     * side);</li>
+     * <li>`profile_plans`, `profiles_or_plans`: the tables' left join ("name/plan", "-" for no
+     * plan) and outer join.</li>
+     * </ul>
+     */
+    static void activity(StreamsBuilder b, Roles r) {
+        KStream<String, String> clicks = b.stream(r.topic("clicks"), Consumed.with(Serdes.String(), Serdes.String()));
+        KStream<String, String> purchases = b.stream(r.topic("purchases"), Consumed.with(Serdes.String(), Serdes.String()));
+        KGroupedStream<String, String> byUser = clicks.groupByKey(Grouped.with(Serdes.String(), Serdes.String()));
+        byUser.windowedBy(SlidingWindows.ofTimeDifferenceAndGrace(Duration.ofSeconds(60), Duration.ofSeconds(30)))
+                .emitStrategy(EmitStrategy.onWindowClose())
+                .count(finalWindowStore("clicks_sliding"))
+                .toStream()
+                .map((w, n) -> KeyValue.pair(w.key(),
+                        w.window().start() + " " + (w.window().end() + 1) + " " + (n == null ? 0 : n)))
+                .to(r.topic("sliding"), Produced.with(Serdes.String(), Serdes.String()));
+        // Without the record cache: with it, a session that closed stays visible to merges
+        // until the cache flushes (the session store itself hides it once past gap + grace),
+        // so whether a late click extends it depends on when Kafka Streams commits.
+        byUser.windowedBy(SessionWindows.ofInactivityGapAndGrace(Duration.ofSeconds(120), Duration.ofSeconds(60)))
+                .count(Materialized.<String, Long, SessionStore<Bytes, byte[]>>as("clicks_sessions")
+                        .withKeySerde(Serdes.String()).withValueSerde(Serdes.Long())
+                        .withCachingDisabled())
+                .toStream()
+                .map((w, n) -> KeyValue.pair(
+                        w.key() + " " + w.window().start() + " " + (w.window().end() + 1),
+                        n == null ? null : Long.toString(n)))
+                .to(r.topic("session_updates"), Produced.with(Serdes.String(), Serdes.String()));
+        byUser.windowedBy(TimeWindows.ofSizeAndGrace(Duration.ofSeconds(60), Duration.ofSeconds(10))
+                        .advanceBy(Duration.ofSeconds(20)))
+                .count(windowStore("clicks_hopping"))
+                .toStream()
+                .map((w, n) -> KeyValue.pair(w.key() + "@" + w.window().start(), Long.toString(n == null ? 0 : n)))
+                .to(r.topic("hopping_updates"), Produced.with(Serdes.String(), Serdes.String()));
+        JoinWindows windows = JoinWindows.ofTimeDifferenceAndGrace(Duration.ofSeconds(60), Duration.ofSeconds(30));
+        StreamJoined<String, String, String> joined = StreamJoined.with(Serdes.String(), Serdes.String(), Serdes.String());
+        clicks.join(purchases, (page, item) -> page + " → " + item, windows, joined)
+                .to(r.topic("bought_after_click"), Produced.with(Serdes.String(), Serdes.String()));
+        clicks.outerJoin(purchases, (page, item) -> orDash(page) + " → " + orDash(item), windows, joined)
+                .to(r.topic("click_or_purchase"), Produced.with(Serdes.String(), Serdes.String()));
+        // Kafka Streams' default: the tables' stores are cached (Sluice's are not; the
+        // differential test compares the joins' last value per key).
+        KTable<String, String> profiles = b.table(r.topic("profiles"),
+                Consumed.with(Serdes.String(), Serdes.String()),
+                keyValueStore("profiles", Serdes.String(), Serdes.String()));
+        KTable<String, String> plans = b.table(r.topic("plans"),
+                Consumed.with(Serdes.String(), Serdes.String()),
+                keyValueStore("plans", Serdes.String(), Serdes.String()));
+        profiles.leftJoin(plans, (name, plan) -> name + "/" + orDash(plan))
+                .toStream()
+                .to(r.topic("profile_plans"), Produced.with(Serdes.String(), Serdes.String()));
+        profiles.outerJoin(plans, (name, plan) -> orDash(name) + "/" + orDash(plan))
+                .toStream()
+                .to(r.topic("profiles_or_plans"), Produced.with(Serdes.String(), Serdes.String()));
+    }
+
+    private static String orDash(String value) {
+        return value == null ? "-" : value;
     }
 
     // ---------------------------------------------------------------------------------------
