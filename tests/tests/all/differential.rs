@@ -631,6 +631,11 @@ async fn differences(case: Case, guarantee: &'static str, seed: u64) -> anyhow::
                 })?;
         }
     }
+    // And Sluice has read its repartition topics to their end: a task that reads one may
+    // have been on the killed worker, and restarts only when its session times out.
+    caught_up_internally(&ex, Duration::from_secs(120))
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}; Sluice:\n{}", ex.logs()))?;
     let topics: Vec<&str> = sinks.iter().flat_map(|(_, o, k)| [o.as_str(), k.as_str()]).collect();
     let read = || -> anyhow::Result<Vec<Output>> {
         topics
@@ -667,13 +672,92 @@ async fn differences(case: Case, guarantee: &'static str, seed: u64) -> anyhow::
     }
     if !found.is_empty() {
         eprintln!(
-            "{} differences; Sluice:\n{}\n\nKafka Streams:\n{}",
+            "{} differences:\n{}\nSluice:\n{}\n\nKafka Streams:\n{}",
             found.len(),
+            found.join("\n"),
             ex.logs(),
             peer.log()
         );
     }
     Ok(found)
+}
+
+/// Whether `topic`/`partition` holds a committed record at or after `from` (transaction
+/// markers and aborted records are not records).
+fn has_records_from(topic: &str, partition: i32, from: i64) -> anyhow::Result<bool> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::error::KafkaError;
+    use rdkafka::{Offset, TopicPartitionList};
+    let consumer: BaseConsumer = kafka()
+        .config()
+        .set("group.id", unique_name("peek"))
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, partition, Offset::Offset(from))?;
+    consumer.assign(&tpl)?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        match consumer.poll(Duration::from_millis(500)) {
+            Some(Ok(_)) => return Ok(true),
+            Some(Err(KafkaError::PartitionEOF(_))) => return Ok(false),
+            Some(Err(e)) => anyhow::bail!("reading {topic}/{partition}: {e}"),
+            None => {}
+        }
+    }
+    anyhow::bail!("reading {topic}/{partition} from {from}: no answer in 20 s")
+}
+
+/// Waits until the topology's group has committed every partition of its repartition topics
+/// (`<topology>-<name>-repartition`) past its last record: all it wrote there has been read.
+/// (Under exactly-once a partition ends with transaction markers, which no offset commit
+/// covers.)
+async fn caught_up_internally(ex: &Example, timeout: Duration) -> anyhow::Result<()> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::{Offset, TopicPartitionList};
+    let deadline = Instant::now() + timeout;
+    let group = ex.group();
+    let consumer: BaseConsumer = kafka().config().set("group.id", &group).create()?;
+    let metadata = consumer.fetch_metadata(None, Duration::from_secs(10))?;
+    let prefix = format!("{}-", ex.name);
+    let internal: Vec<(String, i32)> = metadata
+        .topics()
+        .iter()
+        .filter(|t| t.name().starts_with(&prefix) && t.name().ends_with("-repartition"))
+        .map(|t| (t.name().to_string(), t.partitions().len() as i32))
+        .collect();
+    loop {
+        let mut behind = Vec::new();
+        for (topic, partitions) in &internal {
+            let mut tpl = TopicPartitionList::new();
+            for p in 0..*partitions {
+                tpl.add_partition(topic, p);
+            }
+            let committed = consumer.committed_offsets(tpl, Duration::from_secs(30))?;
+            for p in 0..*partitions {
+                let (_, end) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10))?;
+                let at = match committed.find_partition(topic, p).map(|e| e.offset()) {
+                    Some(Offset::Offset(o)) => o,
+                    _ => 0,
+                };
+                if at < end && has_records_from(topic, p, at)? {
+                    behind.push(format!("{topic}/{p}: {at} of {end}"));
+                }
+            }
+        }
+        if behind.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!(
+                "group {group} did not read its repartition topics to the end: {}",
+                behind.join(", ")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
 }
 
 fn show(bytes: &Option<Vec<u8>>) -> String {
@@ -816,13 +900,18 @@ impl Fault {
 }
 
 /// Seeds to run: `SLUICE_DIFF_SEEDS` (a count, from 1) or the one given.
+/// `SLUICE_DIFF_SEEDS`: `N` runs seeds 1 to N, `A-B` seeds A to B; unset, the test's own.
 fn seeds(default: u64) -> Vec<u64> {
-    match std::env::var("SLUICE_DIFF_SEEDS")
-        .ok()
-        .and_then(|s| s.parse::<u64>().ok())
-    {
-        Some(n) => (1..=n).collect(),
-        None => vec![default],
+    let Ok(text) = std::env::var("SLUICE_DIFF_SEEDS") else {
+        return vec![default];
+    };
+    let (from, to) = match text.split_once('-') {
+        Some((a, b)) => (a.trim().parse().ok(), b.trim().parse().ok()),
+        None => (Some(1), text.trim().parse().ok()),
+    };
+    match (from, to) {
+        (Some(from), Some(to)) => (from..=to).collect(),
+        _ => panic!("SLUICE_DIFF_SEEDS={text:?}: give N (seeds 1 to N) or A-B"),
     }
 }
 

@@ -426,11 +426,13 @@ public final class Dsl {
     }
 
     /**
-     * The store of a source table. Not exactly Kafka Streams' default: Sluice's record cache
-     * is only in front of aggregations (a table's updates always go on at once), so the
-     * table's store here has no cache either; with it, a table would forward only the last
-     * update of a key per commit (when CACHE_BYTES > 0) and dsl-revenue would send fewer
-     * intermediate revenues than Sluice.
+     * The store of a source table. Not Kafka Streams' default: Sluice's record cache is only
+     * in front of aggregations (a table's updates always go on at once), so the table's store
+     * here has no cache either. With it, a table-table join whose two sides both change a key
+     * within one commit computes the retraction of its old result from the other side's
+     * current value, not from the result it sent: seen here, dsl-revenue's sums came out
+     * different on every run, up to twice the truth. Sluice does not cache tables for that
+     * reason (README, "Where this differs from Kafka Streams").
      */
     private static <K, V> Materialized<K, V, KeyValueStore<Bytes, byte[]>> tableStore(
             String name, Serde<K> keys, Serde<V> values) {
