@@ -431,7 +431,7 @@ public final class Dsl {
      * here has no cache either. With it, a table-table join whose two sides both change a key
      * within one commit computes the retraction of its old result from the other side's
      * current value, not from the result it sent: seen here, dsl-revenue's sums came out
-     * different on every run, up to twice the truth. Sluice does not cache tables for that
+     * different on each run tried, up to nearly three times the truth. Sluice does not cache tables for that
      * reason (README, "Where this differs from Kafka Streams").
      */
     private static <K, V> Materialized<K, V, KeyValueStore<Bytes, byte[]>> tableStore(
