@@ -289,6 +289,9 @@ where
     fn partners(&self, side: u8, key: &[u8], from: i64, to: i64) -> Result<Vec<(i64, Id, Vec<u8>)>, Error> {
         let store = &self.stores[usize::from(1 - side)];
         let mut found = Vec::new();
+        if from > to {
+            return Ok(found); // the other side keeps nothing this far back
+        }
         let (mut lower, mut upper) = (Vec::new(), Vec::new());
         for segment in from.div_euclid(self.segment)..=to.div_euclid(self.segment) {
             lower.clear();

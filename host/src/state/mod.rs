@@ -61,6 +61,18 @@ pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
     None
 }
 
+/// Whether no key lies between `lower` and `upper`. A guest may hand any bounds (`start`
+/// after `end`, or `after` at or past `end`): such a scan is empty, where `BTreeMap::range`
+/// would panic.
+pub(crate) fn empty_range(lower: Bound<&[u8]>, upper: Bound<&[u8]>) -> bool {
+    match (lower, upper) {
+        (Bound::Included(a), Bound::Excluded(b)) | (Bound::Excluded(a), Bound::Excluded(b)) => a >= b,
+        (Bound::Included(a), Bound::Included(b)) => a > b,
+        (Bound::Excluded(a), Bound::Included(b)) => a >= b,
+        _ => false,
+    }
+}
+
 /// The lower bound of a page: after `after` if given, else from `start`.
 pub(crate) fn lower_bound<'a>(start: Option<&'a [u8]>, after: Option<&'a [u8]>) -> Bound<&'a [u8]> {
     match (start, after) {
@@ -112,13 +124,13 @@ impl StateStore for MemoryStore {
         max_bytes: usize,
     ) -> Result<Vec<Entry>, String> {
         let upper = end.map_or(Bound::Unbounded, Bound::Excluded);
+        let lower = lower_bound(start, after);
+        if empty_range(lower, upper) {
+            return Ok(Vec::new());
+        }
         let mut bytes = 0;
         let mut out = Vec::new();
-        for (k, v) in self
-            .entries
-            .range::<[u8], _>((lower_bound(start, after), upper))
-            .take(max)
-        {
+        for (k, v) in self.entries.range::<[u8], _>((lower, upper)).take(max) {
             bytes += k.len() + v.len();
             if !out.is_empty() && bytes > max_bytes {
                 break;
@@ -160,5 +172,22 @@ mod tests {
             .scan(Some(b"b"), Some(b"e"), Some(b"d"), 2, usize::MAX)
             .unwrap()
             .is_empty());
+    }
+
+    #[test]
+    fn a_scan_with_bounds_that_hold_nothing_is_empty_not_a_panic() {
+        let mut store = MemoryStore::default();
+        for k in [b"a", b"b", b"c"] {
+            store.put(k.to_vec(), k.to_vec()).unwrap();
+        }
+        // What a guest may hand: start past end, start equal to end, after at or past end.
+        for (start, end, after) in [
+            (Some(&b"c"[..]), Some(&b"a"[..]), None),
+            (Some(b"b"), Some(b"b"), None),
+            (None, Some(b"b"), Some(&b"b"[..])),
+            (None, Some(b"b"), Some(b"z")),
+        ] {
+            assert!(store.scan(start, end, after, 10, usize::MAX).unwrap().is_empty());
+        }
     }
 }
