@@ -206,37 +206,3 @@ fn a_record_that_bridges_two_sessions_merges_them_while_both_are_kept() {
         ]
     );
 }
-
-#[test]
-fn a_record_that_bridges_two_sessions_merges_them() {
-    let windows = SessionWindows::with_inactivity_gap(Duration::from_millis(5)).grace(Duration::from_millis(10));
-    let topology = move |b: &mut StreamsBuilder| {
-        b.stream::<String, u64>("in")
-            .group_by_key()
-            .windowed_by(windows)
-            .count("sessions")
-            .to_stream()
-            .to("out");
-    };
-    let mut driver = TestDriver::new("s", topology).unwrap();
-    for ts in [10, 20, 15] {
-        driver.pipe("in", "a".to_string(), 1u64, ts).unwrap();
-    }
-    let out: Vec<(i64, i64, Option<u64>)> = driver
-        .read::<Windowed<String>, Option<u64>>("out")
-        .unwrap()
-        .into_iter()
-        .map(|r| (r.key.start, r.key.end, r.value))
-        .collect();
-    // [10] and [20] apart; 15 is within 5 of both: one session [10, 20] of 3.
-    assert_eq!(
-        out,
-        [
-            (10, 11, Some(1)),
-            (20, 21, Some(1)),
-            (10, 11, None),
-            (20, 21, None),
-            (10, 21, Some(3))
-        ]
-    );
-}
