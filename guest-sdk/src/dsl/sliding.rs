@@ -1,28 +1,31 @@
 //! Sliding windows (Kafka Streams' `SlidingWindows`): windows of a fixed time difference
 //! `d` that slide with the records. A key's windows are `[t - d, t]` for each of its
 //! records at `t` (both ends included), and `[t + 1, t + 1 + d]` when a record follows `t`
-//! within that span: every distinct set of records no more than `d` apart, each window
-//! keyed `Windowed { start, end: start + d + 1 }`.
+//! within that span, each keyed `Windowed { start, end: start + d + 1 }`.
 //!
-//! A window is closed when `end + grace <= T` (the operator's stream time); a record at `t`
-//! is late (dropped) when the last window that could hold it, `[t, t + d]`, is closed, and
-//! otherwise counts in the windows that were open when it came (Kafka Streams adds a record
-//! to those only). With [`Emit::Final`](super::Emit::Final), each window goes out once, at
-//! the first punctuation after it closed, holding the records that came while it was open;
-//! a window that only comes to exist once closed is never sent. Each stored record keeps
-//! the closing time (`T - grace`) when it came, so the results do not depend on when the
-//! punctuations come. With
-//! [`Emit::OnUpdate`](super::Emit::OnUpdate), each on-time record sends every open window
-//! that holds it (Kafka Streams also sends the new record's right window, which does not
-//! hold it; this does not).
+//! The operator keeps what Kafka Streams keeps: each window's aggregate and its time (the
+//! largest of its records'), not the records, and derives a new window's aggregate from
+//! the windows already there, record by record as Kafka Streams 4.x does (its
+//! `KStreamSlidingWindowAggregate`, reverse-iterator path, and its path for records earlier
+//! than `d`). So where Kafka Streams' aggregates are not those of the records a window
+//! spans (a record that came after its own window closed is missing from a window created
+//! later from its neighbour's; a right window created from the aggregate of a window that
+//! also holds older records), these are the same.
 //!
-//! The store keeps the records themselves, `(segment of t, key, t, id)` → value and the
-//! closing time when it came (as a [`stamp`](super::stamp) of the value), and
-//! aggregates a window's records (in time order) when it goes out; records are kept while
-//! a window that is not closed could hold them. The empty key holds the stream time, the
-//! key `[0]` where the last punctuation's closing stopped.
+//! A window is closed when `start + d < T - grace` (`T`: the operator's stream time, the
+//! largest timestamp it has seen); a closed window is never updated again, and a record
+//! whose last window `[t, t + d]` is closed is dropped. With
+//! [`Emit::Final`](super::Emit::Final), each window goes out once, at the first
+//! punctuation after it closed (Kafka Streams: when a record moves stream time past it;
+//! the same results). With [`Emit::OnUpdate`](super::Emit::OnUpdate), every window a
+//! record creates or updates goes out, as Kafka Streams forwards them.
+//!
+//! The store keys a window `(segment of start, key, start)` → the aggregate stamped with
+//! its time ([`stamp`](super::stamp)); the empty key holds the stream time, `[0]` where the
+//! last punctuation's closing stopped. Windows no record can reach any more (start before
+//! `T - grace - 3d`) and already sent are deleted a segment at a time at punctuation.
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -160,120 +163,132 @@ struct SlidingAggregate<K, V, VA> {
     buf: Vec<u8>,
 }
 
-/// A key's records in time order: (time, the closing time when it came, value bytes).
-type Records = Vec<(i64, i64, Vec<u8>)>;
+/// A window of the store: its start, its aggregate's bytes and its time.
+#[derive(Clone)]
+struct Found {
+    start: i64,
+    agg: Vec<u8>,
+    ts: i64,
+}
 
 impl<K: Data, V: Data, VA: Data> SlidingAggregate<K, V, VA> {
-    fn record_key(&self, out: &mut Vec<u8>, key: &[u8], ts: i64, id: (u32, i64, u32)) {
+    fn window_key(&self, out: &mut Vec<u8>, key: &[u8], start: i64) {
         out.clear();
-        push_ordered(out, &ts.div_euclid(self.segment));
+        push_ordered(out, &start.div_euclid(self.segment));
         push_ordered(out, key);
-        push_ordered(out, &ts);
-        push_ordered(out, &id.0);
-        push_ordered(out, &id.1);
-        push_ordered(out, &id.2);
+        push_ordered(out, &start);
     }
 
+    /// A stored window's key: (key, start).
     fn parse(&self, raw: &[u8]) -> Result<(Vec<u8>, i64), Error> {
         let mut rest = raw;
         let parsed = (|| {
             let _segment: i64 = pop_ordered(&mut rest)?;
             let key: Vec<u8> = pop_ordered(&mut rest)?;
-            let ts: i64 = pop_ordered(&mut rest)?;
-            Ok::<_, crate::CodecError>((key, ts))
+            let start: i64 = pop_ordered(&mut rest)?;
+            Ok::<_, crate::CodecError>((key, start))
         })();
-        parsed.map_err(|e| Error::msg(format!("operator {}: a record key in its store: {e}", self.name)))
+        let (key, start) =
+            parsed.map_err(|e| Error::msg(format!("operator {}: a window key in its store: {e}", self.name)))?;
+        if !rest.is_empty() {
+            // Before this SDK kept windows, it kept records: (segment, key, time, id).
+            return Err(Error::msg(format!(
+                "operator {}: store {:?} holds sliding-window state of an older SDK (records, not \
+                 windows): reset the topology's state (or name the store anew) to run this version",
+                self.name,
+                self.store.name()
+            )));
+        }
+        Ok((key, start))
     }
 
-    /// The records of `key` (or of every key: none) with times in `[from, to]`, by key.
-    fn records(&self, key: Option<&[u8]>, from: i64, to: i64) -> Result<BTreeMap<Vec<u8>, Records>, Error> {
-        let mut found: BTreeMap<Vec<u8>, Records> = BTreeMap::new();
-        let mut add = |entry: Result<(Vec<u8>, Vec<u8>), Error>| -> Result<(), Error> {
-            let (raw, stored) = entry?;
-            let (k, ts) = self.parse(&raw)?;
-            if from <= ts && ts <= to {
-                // Stored with the closing time when it came; a record stored by an older
-                // SDK has none, and counts in every window that holds it.
-                let (value, came) = stamp::split(&stored);
-                found.entry(k).or_default().push((ts, came, value.to_vec()));
-            }
-            Ok(())
-        };
-        let (first, last) = (from.div_euclid(self.segment), to.div_euclid(self.segment));
-        match key {
-            // One key: a prefix scan per segment (a window spans a few).
-            Some(key) => {
-                let mut prefix = Vec::new();
-                for segment in first..=last {
-                    prefix.clear();
-                    push_ordered(&mut prefix, &segment);
-                    push_ordered(&mut prefix, key);
-                    for entry in self.store.prefix(&prefix)? {
-                        add(entry)?;
-                    }
-                }
-            }
-            // Every key: one scan over the segments.
-            None => {
-                let (mut lower, mut upper) = (Vec::new(), Vec::new());
-                push_ordered(&mut lower, &first);
-                push_ordered(&mut upper, &last.saturating_add(1));
-                for entry in self.store.range(Some(&lower), Some(&upper))? {
-                    add(entry)?;
+    /// The windows of `key` with starts in `[from, to]`, by start.
+    fn fetch(&self, key: &[u8], from: i64, to: i64) -> Result<Vec<Found>, Error> {
+        let mut found = Vec::new();
+        if from > to {
+            return Ok(found);
+        }
+        let mut prefix = Vec::new();
+        for segment in from.div_euclid(self.segment)..=to.div_euclid(self.segment) {
+            prefix.clear();
+            push_ordered(&mut prefix, &segment);
+            push_ordered(&mut prefix, key);
+            for entry in self.store.prefix(&prefix)? {
+                let (raw, stored) = entry?;
+                let (_, start) = self.parse(&raw)?;
+                if from <= start && start <= to {
+                    let (agg, ts) = stamp::split(&stored);
+                    found.push(Found {
+                        start,
+                        agg: agg.to_vec(),
+                        ts,
+                    });
                 }
             }
         }
+        found.sort_by_key(|w| w.start);
         Ok(found)
     }
 
-    /// The windows of a key's `records` (sorted by time) that end in `[from, to]` and came
-    /// to exist while open: their starts. A window exists once its records do — the window
-    /// ending at a record when that record comes, the window starting just after a record
-    /// when both it and a later record within reach have come — and one that only comes to
-    /// exist once closed (its end before the closing time then) is never sent, as in Kafka
-    /// Streams, which does not create it.
-    fn windows_ending(&self, records: &Records, from: i64, to: i64) -> Vec<i64> {
-        let d = self.windows.difference;
-        let mut starts = Vec::new();
-        for (i, (t, came, _)) in records.iter().enumerate() {
-            // The window that ends at a record.
-            if from <= *t && *t <= to && *t >= *came {
-                starts.push(t.saturating_sub(d));
+    fn put(&mut self, key: &[u8], start: i64, agg: &VA, ts: i64) -> Result<(), Error> {
+        let mut value = std::mem::take(&mut self.buf);
+        value.clear();
+        let encoded = encode(&self.name, "aggregate", agg, &mut value);
+        let mut k = std::mem::take(&mut self.key_buf);
+        self.window_key(&mut k, key, start);
+        let result = match encoded {
+            Ok(Some(_)) => {
+                stamp::push(&mut value, ts);
+                self.store.put(&k, &value)
             }
-            // The window that starts just after it, if a later record is in it: it came to
-            // exist with the later of this record and the first of those (closing times
-            // only grow, so that is the larger closing time).
-            let end = t.saturating_add(1).saturating_add(d);
-            if from <= end && end <= to {
-                let first_later = records[i + 1..]
-                    .iter()
-                    .filter(|(u, _, _)| u > t && *u <= end)
-                    .map(|(_, c, _)| *c)
-                    .min();
-                if first_later.is_some_and(|c| end >= (*came).max(c)) {
-                    starts.push(t.saturating_add(1));
-                }
-            }
-        }
-        starts.sort_unstable();
-        starts.dedup();
-        starts
+            Ok(None) => self.store.delete(&k), // a null aggregate: no window
+            Err(e) => Err(e),
+        };
+        self.buf = value;
+        self.key_buf = k;
+        result
     }
 
-    /// The aggregate of a window's records, and its time: the largest of theirs (Kafka
-    /// Streams').
-    fn aggregate(&mut self, key: &K, records: &Records, start: i64) -> Result<Option<(VA, i64)>, Error> {
-        let end = start.saturating_add(self.windows.difference);
-        let (mut agg, mut latest) = (None, i64::MIN);
-        // A record counts in the windows that were open when it came (end >= its closing
-        // time then): Kafka Streams adds it to those only.
-        let held = |(t, came, _): &&(i64, i64, Vec<u8>)| start <= *t && *t <= end && end >= *came;
-        for (t, _, value) in records.iter().filter(held) {
-            let value = decode::<V>(&self.name, "value in its store", Some(value))?;
-            agg = Some((self.fold)(key, value, agg));
-            latest = latest.max(*t);
+    /// Kafka Streams' `updateWindowAndForward`: the window at `start`, holding `old` (none:
+    /// the initializer's), takes the record, unless it is closed.
+    fn update(
+        &mut self,
+        rec: &Rec<K, V>,
+        raw_key: &[u8],
+        start: i64,
+        old: Option<(&[u8], i64)>,
+        close: i64,
+        cx: &mut Cx<'_>,
+    ) -> Result<(), Error> {
+        if start.saturating_add(self.windows.difference) < close {
+            return Ok(()); // a closed window takes nothing more
         }
-        Ok(agg.map(|agg| (agg, latest)))
+        let old_agg = match old {
+            Some((bytes, _)) => Some(decode::<VA>(&self.name, "aggregate in its store", Some(bytes))?),
+            None => None,
+        };
+        let ts = match old {
+            Some((_, old_ts)) => rec.ts.max(old_ts),
+            None => rec.ts,
+        };
+        let agg = (self.fold)(&rec.key, rec.value.clone(), old_agg);
+        self.put(raw_key, start, &agg, ts)?;
+        if self.emit == Emit::OnUpdate {
+            self.forward(&rec.key, start, agg, ts, cx)?;
+        }
+        Ok(())
+    }
+
+    /// Kafka Streams' `createCurrentRecordRightWindow`: `[t + 1, t + 1 + d]` with the
+    /// aggregate found (as it is, without the record).
+    fn right_window(&mut self, rec: &Rec<K, V>, raw_key: &[u8], found: &Found, cx: &mut Cx<'_>) -> Result<(), Error> {
+        let start = rec.ts.saturating_add(1);
+        let agg = decode::<VA>(&self.name, "aggregate in its store", Some(&found.agg))?;
+        self.put(raw_key, start, &agg, found.ts)?;
+        if self.emit == Emit::OnUpdate {
+            self.forward(&rec.key, start, agg, found.ts, cx)?;
+        }
+        Ok(())
     }
 
     fn forward(&mut self, key: &K, start: i64, agg: VA, ts: i64, cx: &mut Cx<'_>) -> Result<(), Error> {
@@ -296,49 +311,119 @@ impl<K: Data, V: Data, VA: Data> SlidingAggregate<K, V, VA> {
         if rec.ts < 0 || encode(&self.name, "key", &rec.key, raw_key)?.is_none() {
             return Ok(()); // null keys and negative times are dropped
         }
+        let mut probe = std::mem::take(&mut self.buf);
+        let null_value = encode(&self.name, "value", &rec.value, &mut probe).map(|v| v.is_none());
+        self.buf = probe;
+        if null_value? {
+            return Ok(()); // Kafka Streams drops a null value before it counts its time
+        }
         let (d, grace) = (self.windows.difference, self.windows.grace);
         self.time.observe(rec.ts);
-        // Late when its last window [t, t + d] is closed: t + d + 1 + grace <= T.
-        if rec.ts.saturating_add(d).saturating_add(1).saturating_add(grace) <= self.time.now {
-            return Ok(());
+        let close = self.time.now.saturating_sub(grace);
+        if rec.ts.saturating_add(d) < close {
+            return Ok(()); // late: its last window [t, t + d] is closed
         }
-        let mut value = std::mem::take(&mut self.buf);
-        let stored = encode(&self.name, "value", &rec.value, &mut value).map(|v| v.is_some());
-        // With the closing time as it came: the windows ending before it are closed to it.
-        let came = self.time.now.saturating_sub(grace);
-        stamp::push(&mut value, came);
-        let id = cx.next_id();
-        let mut key = std::mem::take(&mut self.key_buf);
-        self.record_key(&mut key, raw_key, rec.ts, id);
-        let result = match stored {
-            Ok(true) => self.store.put(&key, &value),
-            Ok(false) => Ok(()), // a null value adds nothing
-            Err(e) => Err(e),
-        };
-        self.buf = value;
-        self.key_buf = key;
-        result?;
-        if self.emit == Emit::OnUpdate {
-            // Every open window that holds the record: those ending in [t, t + d].
-            let records = self
-                .records(
-                    Some(raw_key),
-                    rec.ts.saturating_sub(d).saturating_sub(1),
-                    rec.ts.saturating_add(d),
-                )?
-                .remove(raw_key.as_slice())
-                .unwrap_or_default();
-            let open_from = self.time.now.saturating_sub(grace);
-            let from = rec.ts.max(open_from);
-            for start in self.windows_ending(&records, from, rec.ts.saturating_add(d)) {
-                if start <= rec.ts {
-                    if let Some((agg, ts)) = self.aggregate(&rec.key, &records, start)? {
-                        self.forward(&rec.key, start, agg, ts, cx)?;
-                    }
+        if rec.ts < d {
+            self.early(&rec, raw_key, close, cx)
+        } else {
+            self.in_time(&rec, raw_key, close, cx)
+        }
+    }
+
+    /// A record at `t >= d` (Kafka Streams' `processReverse`): the key's windows starting in
+    /// `[t - 2d, t + 1]`, latest first.
+    fn in_time(&mut self, rec: &Rec<K, V>, raw_key: &[u8], close: i64, cx: &mut Cx<'_>) -> Result<(), Error> {
+        let (t, d) = (rec.ts, self.windows.difference);
+        let found = self.fetch(
+            raw_key,
+            t.saturating_sub(d.saturating_mul(2)).max(0),
+            t.saturating_add(1),
+        )?;
+        let starts: BTreeSet<i64> = found.iter().map(|w| w.start).collect();
+        let (mut left_agg, mut right_agg): (Option<&Found>, Option<&Found>) = (None, None);
+        let (mut left_exists, mut right_exists) = (false, false);
+        let mut previous: Option<i64> = None;
+        for w in found.iter().rev() {
+            let end = w.start.saturating_add(d);
+            if w.start == t.saturating_add(1) {
+                right_exists = true;
+            } else if end > t {
+                right_agg.get_or_insert(w);
+                self.update(rec, raw_key, w.start, Some((&w.agg, w.ts)), close, cx)?;
+            } else if end == t {
+                left_exists = true;
+                self.update(rec, raw_key, w.start, Some((&w.agg, w.ts)), close, cx)?;
+                if w.ts < t {
+                    previous = Some(w.ts);
+                } else {
+                    return Ok(()); // a record at t was here before: every window exists
                 }
+            } else {
+                left_agg = Some(w);
+                previous = Some(w.ts);
+                break;
             }
         }
+        // The previous record's right window, if the record falls in it and it is missing.
+        if let Some(p) = previous {
+            let start = p.saturating_add(1);
+            if !starts.contains(&start) && start.saturating_add(d) >= t {
+                self.update(rec, raw_key, start, None, close, cx)?;
+            }
+        }
+        // The record's left window: the previous record's window's aggregate, if that
+        // record is within reach.
+        if !left_exists {
+            let old = match (previous, left_agg) {
+                (Some(p), Some(w)) if t.saturating_sub(d) <= p => Some((&w.agg[..], t)),
+                _ => None,
+            };
+            self.update(rec, raw_key, t.saturating_sub(d), old, close, cx)?;
+        }
+        // The record's right window, from the latest window holding a later record.
+        if let Some(w) = right_agg.filter(|w| !right_exists && w.ts > t) {
+            let w = w.clone();
+            self.right_window(rec, raw_key, &w, cx)?;
+        }
         Ok(())
+    }
+
+    /// A record at `0 <= t < d` (Kafka Streams' `processEarly`): its left window would
+    /// start before 0, so the early records share the window `[0, d]`.
+    fn early(&mut self, rec: &Rec<K, V>, raw_key: &[u8], close: i64, cx: &mut Cx<'_>) -> Result<(), Error> {
+        let t = rec.ts;
+        let found = self.fetch(raw_key, 0, t.saturating_add(1))?;
+        let starts: BTreeSet<i64> = found.iter().map(|w| w.start).collect();
+        let (mut combined, mut right_agg): (Option<&Found>, Option<&Found>) = (None, None);
+        let mut right_exists = false;
+        let mut previous: Option<i64> = None;
+        for w in &found {
+            if w.start == 0 {
+                combined = Some(w);
+                if w.ts < t {
+                    previous = Some(w.ts);
+                }
+            } else if w.start <= t {
+                right_agg = Some(w);
+                self.update(rec, raw_key, w.start, Some((&w.agg, w.ts)), close, cx)?;
+            } else if w.start == t.saturating_add(1) {
+                right_exists = true;
+            }
+        }
+        if right_agg.is_none() {
+            right_agg = combined.filter(|c| c.ts > t);
+        }
+        if let Some(w) = right_agg.filter(|w| !right_exists && w.ts > t) {
+            let w = w.clone();
+            self.right_window(rec, raw_key, &w, cx)?;
+        }
+        if let Some(p) = previous {
+            if !starts.contains(&p.saturating_add(1)) {
+                self.update(rec, raw_key, p.saturating_add(1), None, close, cx)?;
+            }
+        }
+        let old = combined.map(|c| (&c.agg[..], c.ts));
+        self.update(rec, raw_key, 0, old, close, cx)
     }
 }
 
@@ -366,30 +451,47 @@ impl<K: Data, V: Data, VA: Data> Punctuate for SlidingAggregate<K, V, VA> {
             return Ok(());
         }
         let d = self.windows.difference;
-        // Windows ending before `close` are closed: end (exclusive) + grace <= T.
+        // Windows ending before `close` are closed: start + d < T - grace.
         let close = self.time.now.saturating_sub(self.windows.grace);
         if close > self.closed_to && self.emit == Emit::Final {
-            let from = self.closed_to;
-            let by_key = self.records(None, from.saturating_sub(d).saturating_sub(1), close.saturating_sub(1))?;
-            for (raw_key, records) in by_key {
-                let key = decode::<K>(&self.name, "key in its store", Some(&raw_key))?;
-                for start in self.windows_ending(&records, from, close.saturating_sub(1)) {
-                    if let Some((agg, ts)) = self.aggregate(&key, &records, start)? {
-                        self.forward(&key, start, agg, ts, cx)?;
+            // Windows starting in [closed_to - d, close - d - 1], every key, by start.
+            let from = if self.closed_to == i64::MIN {
+                0
+            } else {
+                self.closed_to.saturating_sub(d).max(0)
+            };
+            let to = close.saturating_sub(d).saturating_sub(1);
+            if from <= to {
+                let (mut lower, mut upper) = (Vec::new(), Vec::new());
+                push_ordered(&mut lower, &from.div_euclid(self.segment));
+                push_ordered(&mut upper, &to.div_euclid(self.segment).saturating_add(1));
+                let mut due = Vec::new();
+                for entry in self.store.range(Some(&lower), Some(&upper))? {
+                    let (raw, stored) = entry?;
+                    let (key, start) = self.parse(&raw)?;
+                    if from <= start && start <= to {
+                        let (agg, ts) = stamp::split(&stored);
+                        due.push((start, key, agg.to_vec(), ts));
                     }
+                }
+                // By start, then key: each key's windows in time order.
+                due.sort();
+                for (start, raw_key, agg, ts) in due {
+                    let key = decode::<K>(&self.name, "key in its store", Some(&raw_key))?;
+                    let agg = decode::<VA>(&self.name, "aggregate in its store", Some(&agg))?;
+                    self.forward(&key, start, agg, ts, cx)?;
                 }
             }
         }
         if close > self.closed_to {
             self.closed_to = close;
             self.store.put(CLOSED_KEY, &close.to_be_bytes())?;
-            // Records no open window can hold: t < close - d - 1, a segment at a time.
+            // Windows no record can reach any more: a record that is not late is at
+            // t >= close - d and reads windows from t - 2d; closed ones have gone out.
+            let reach = close.saturating_sub(d.saturating_mul(3));
             let (mut lower, mut upper) = (Vec::new(), Vec::new());
             push_ordered(&mut lower, &i64::MIN);
-            push_ordered(
-                &mut upper,
-                &close.saturating_sub(d).saturating_sub(1).div_euclid(self.segment),
-            );
+            push_ordered(&mut upper, &reach.div_euclid(self.segment));
             self.store.delete_range(Some(&lower), Some(&upper))?;
         }
         self.time.save(&*self.store)
