@@ -242,14 +242,18 @@ mod stream_stream {
     /// its records for before + after + grace of its own stream time; a record joins every
     /// kept partner in its window; one without a partner goes out alone at once if the part
     /// of its window ahead of it has passed, or else waits until a record that moves stream
-    /// time finds that part and the grace period passed (unless a partner came first).
-    /// Punctuations and restarts change nothing.
+    /// time finds that part and the grace period passed (unless a partner came first), in
+    /// a pass that Kafka Streams makes only when its `minTime` (the lowest time it knows of
+    /// among the waiting records, set by each pass to where it stopped) allows, and that
+    /// stops once a record of each side is still waiting. Punctuations and restarts change
+    /// nothing.
     fn simulate((before, after, grace): (i64, i64, i64), alone: Alone, events: &[Event]) -> Vec<Out> {
         let retention = before + after + grace;
         // (side, key, ts, value), side 0 = left.
         let mut seen: Vec<(u8, u8, i64, u64)> = Vec::new();
         let mut side_time = [i64::MIN, i64::MIN];
         let mut waiting: Vec<(u8, u8, i64, u64)> = Vec::new();
+        let mut min_time = i64::MAX;
         let mut out = Vec::new();
         let ahead = |side: u8| if side == 0 { after } else { before };
         let text = |side: u8, value: u64, partner: Option<u64>| match (side, alone) {
@@ -269,15 +273,26 @@ mod stream_stream {
             let before_now = side_time[0].max(side_time[1]);
             side_time[usize::from(side)] = side_time[usize::from(side)].max(ts);
             let now = side_time[0].max(side_time[1]);
-            if ts >= before_now {
-                waiting.sort_by_key(|w| (w.2, w.0));
-                waiting.retain(|w| {
-                    let closed = w.2 + ahead(w.0) + grace < now;
-                    if closed {
+            if ts >= before_now && (min_time == i64::MAX || min_time + ahead(side) + grace < now) {
+                // In Kafka Streams' store order: time, then right before left, then key.
+                waiting.sort_by_key(|w| (w.2, 1 - w.0, w.1));
+                min_time = i64::MAX;
+                let mut open = [false, false];
+                let mut kept = Vec::new();
+                for (i, w) in waiting.iter().enumerate() {
+                    min_time = w.2;
+                    if open[0] && open[1] {
+                        kept.extend_from_slice(&waiting[i..]);
+                        break;
+                    }
+                    if w.2 + ahead(w.0) + grace >= now {
+                        open[usize::from(w.0)] = true;
+                        kept.push(*w);
+                    } else {
                         out.push((format!("k{}", w.1), text(w.0, w.3, None), w.2));
                     }
-                    !closed
-                });
+                }
+                waiting = kept;
             }
             let other = 1 - side;
             let kept_from = side_time[usize::from(other)].saturating_sub(retention) + 1;
@@ -289,7 +304,7 @@ mod stream_stream {
                 .copied()
                 .collect();
             for p in &partners {
-                waiting.retain(|w| w != p);
+                waiting.retain(|w| (w.0, w.1, w.2) != (p.0, p.1, p.2));
                 let (l, r) = if side == 0 { (value, p.3) } else { (p.3, value) };
                 let joined = match alone {
                     Alone::Never => format!("{l}+{r}"),
@@ -305,6 +320,9 @@ mod stream_stream {
                 if ts + fwd < now {
                     out.push((format!("k{key}"), text(side, value, None), ts));
                 } else {
+                    // One waiting record per time, side and key: a second replaces the first.
+                    waiting.retain(|w| (w.0, w.1, w.2) != (side, key, ts));
+                    min_time = min_time.min(ts);
                     waiting.push(me);
                 }
             }

@@ -197,6 +197,7 @@ impl<K: Data, V: Data> KStream<K, V> {
                         Some(cx.store(&stores[2])?)
                     };
                     let other_store = cx.store(&stores[1])?;
+                    let min_time = MinTime::load(&name, outer_ref(&outer))?;
                     let node = Rc::new(RefCell::new(StreamStreamJoin {
                         times: [
                             StreamTime::load(&name, &*this_store)?,
@@ -210,6 +211,7 @@ impl<K: Data, V: Data> KStream<K, V> {
                         joiner,
                         segment: (windows.retention() / 2).max(1),
                         expired_below: i64::MIN,
+                        min_time,
                         bufs: Default::default(),
                         name,
                         _types: std::marker::PhantomData,
@@ -245,6 +247,8 @@ struct StreamStreamJoin<K, V, V2, VR, F> {
     segment: i64,
     /// The join's stream time at the last punctuation (nothing to expire if unchanged).
     expired_below: i64,
+    /// Kafka Streams' `minTime` of the unmatched records (see [`MinTime`]).
+    min_time: MinTime,
     bufs: [Vec<u8>; 4],
     _types: std::marker::PhantomData<fn(V, V2)>,
 }
@@ -277,12 +281,14 @@ where
         push_id(out, id);
     }
 
-    fn outer_key(out: &mut Vec<u8>, ts: i64, side: u8, key: &[u8], id: Id) {
+    /// An unmatched record's key in the outer store: (time, side, key), as Kafka Streams
+    /// keys it (a right record before a left one at the same time; one entry per time, side
+    /// and key: a second such record replaces the first, as in Kafka Streams).
+    fn outer_key(out: &mut Vec<u8>, ts: i64, side: u8, key: &[u8]) {
         out.clear();
         push_ordered(out, &ts);
-        push_ordered(out, &side);
+        push_ordered(out, &if side == THIS { OUTER_LEFT } else { OUTER_RIGHT });
         push_ordered(out, key);
-        push_id(out, id);
     }
 
     /// The other side's records of `key` with times in `[from, to]`: (time, id, value).
@@ -376,7 +382,7 @@ where
         let now = self.now();
         if advanced {
             // Only a record that moves stream time closes windows (Kafka Streams).
-            self.emit_closed(now, cx)?;
+            self.emit_closed(now, side, cx)?;
         }
         let id = cx.next_id();
         let mut entry_key = std::mem::take(&mut self.bufs[1]);
@@ -395,12 +401,12 @@ where
             ts.saturating_sub(reach_back).max(kept_from),
             ts.saturating_add(reach_ahead),
         )?;
-        for (their_ts, their_id, theirs) in &partners {
+        for (their_ts, _their_id, theirs) in &partners {
             // The partner may be waiting alone: it is matched now.
             if self.keeps_unmatched(1 - side) {
                 if let Some(outer) = &self.outer {
                     let mut k = std::mem::take(&mut self.bufs[2]);
-                    Self::outer_key(&mut k, *their_ts, 1 - side, raw_key, *their_id);
+                    Self::outer_key(&mut k, *their_ts, 1 - side, raw_key);
                     if outer.get(&k)?.is_some() {
                         outer.delete(&k)?;
                     }
@@ -422,7 +428,8 @@ where
                 self.forward_alone(key, side, &value, ts, cx)?;
             } else if let Some(outer) = &self.outer {
                 let mut k = std::mem::take(&mut self.bufs[2]);
-                Self::outer_key(&mut k, ts, side, raw_key, id);
+                Self::outer_key(&mut k, ts, side, raw_key);
+                self.min_time.now = self.min_time.now.min(ts);
                 outer.put(&k, &value)?;
                 self.bufs[2] = k;
             }
@@ -460,18 +467,25 @@ where
     }
 
     /// Sends the unmatched records whose window and grace period have passed at stream
-    /// time `now`: a record of `side` at `t` once `t + reach_ahead(side) + grace < now`.
-    fn emit_closed(&mut self, now: i64, cx: &mut Cx<'_>) -> Result<(), Error> {
+    /// time `now` (a record of `side` at `t` once `t + reach_ahead(side) + grace < now`), as
+    /// Kafka Streams' `emitNonJoinedOuterRecords` does when a record of `side` moves stream
+    /// time: nothing if its `minTime` says nothing can have passed; otherwise the unmatched
+    /// records in (time, side, key) order until one of each side is still waiting.
+    fn emit_closed(&mut self, now: i64, side: u8, cx: &mut Cx<'_>) -> Result<(), Error> {
         let Some(outer) = self.outer.clone() else {
             return Ok(());
         };
-        let shortest = self.windows.before.min(self.windows.after);
-        let cut = now.saturating_sub(self.windows.grace).saturating_sub(shortest);
-        let (mut lower, mut upper) = (Vec::new(), Vec::new());
+        let grace = self.windows.grace;
+        let min = self.min_time.now;
+        if min != i64::MAX && min.saturating_add(self.reach_ahead(side)).saturating_add(grace) >= now {
+            return Ok(());
+        }
+        self.min_time.now = i64::MAX;
+        let (mut left_open, mut right_open) = (false, false);
+        let mut lower = Vec::new();
         push_ordered(&mut lower, &i64::MIN);
-        push_ordered(&mut upper, &cut);
         let mut sent = Vec::new();
-        for entry in outer.range(Some(&lower), Some(&upper))? {
+        for entry in outer.range(Some(&lower), None)? {
             let (raw, value) = entry?;
             let mut rest = &raw[..];
             let parsed = (|| {
@@ -480,16 +494,29 @@ where
                 let key: Vec<u8> = pop_ordered(&mut rest)?;
                 Ok::<_, crate::CodecError>((ts, side, key))
             })();
-            let (ts, side, key) = parsed.map_err(|e| {
+            let (ts, stored_side, key) = parsed.map_err(|e| {
                 Error::msg(format!(
                     "operator {}: a key in store {:?}: {e}",
                     self.name,
                     outer.name()
                 ))
             })?;
-            let reach = self.reach_ahead(side);
-            if ts.saturating_add(reach).saturating_add(self.windows.grace) >= now {
-                continue; // the other side's window is longer: not yet
+            let side = match stored_side {
+                OUTER_LEFT | THIS => THIS, // (0 and 1: as an SDK before 0.2 kept them)
+                _ => OTHER,
+            };
+            self.min_time.now = ts;
+            if left_open && right_open {
+                break;
+            }
+            if ts.saturating_add(self.reach_ahead(side)).saturating_add(grace) >= now {
+                // Still waiting; later ones of its side too.
+                if side == THIS {
+                    left_open = true;
+                } else {
+                    right_open = true;
+                }
+                continue;
             }
             let key = decode::<K>(&self.name, "key of an unmatched record", Some(&key))?;
             self.forward_alone(key, side, &value, ts, cx)?;
@@ -545,6 +572,7 @@ where
             let store = &*self.stores[usize::from(side)];
             self.times[usize::from(side)] = StreamTime::load(&self.name, store)?;
         }
+        self.min_time = MinTime::load(&self.name, outer_ref(&self.outer))?;
         Ok(())
     }
 
@@ -582,6 +610,59 @@ impl<K, V, V2, VR, F> StreamStreamJoin<K, V, V2, VR, F> {
     fn save_times(&mut self) -> Result<(), Error> {
         let [this, other] = &mut self.times;
         this.save(&*self.stores[0])?;
-        other.save(&*self.stores[1])
+        other.save(&*self.stores[1])?;
+        if let Some(outer) = &self.outer {
+            self.min_time.save(&**outer)?;
+        }
+        Ok(())
+    }
+}
+
+/// Side numbers in the keys of the outer store: a right record sorts before a left one at
+/// the same time, as in Kafka Streams' store (its side flag is 0 for right, 1 for left).
+const OUTER_RIGHT: u8 = 2;
+const OUTER_LEFT: u8 = 3;
+
+fn outer_ref(outer: &Option<Rc<dyn KeyValueStore>>) -> Option<&dyn KeyValueStore> {
+    outer.as_deref()
+}
+
+/// Kafka Streams' `minTime` of a join's unmatched records: a lower bound of their times as
+/// it keeps it (lowered as records wait, set anew by each pass over them to where the pass
+/// stopped, which can be above a record it passed over), deciding when a pass is made at
+/// all. Kept in the outer store under the empty key so that a restart changes nothing
+/// (Kafka Streams starts again from "none", which makes the next pass at once).
+struct MinTime {
+    now: i64,
+    saved: i64,
+}
+
+impl MinTime {
+    fn load(operator: &str, store: Option<&dyn KeyValueStore>) -> Result<Self, Error> {
+        let Some(store) = store else {
+            return Ok(MinTime {
+                now: i64::MAX,
+                saved: i64::MAX,
+            });
+        };
+        let now = match store.get(b"")? {
+            None => i64::MAX,
+            Some(bytes) => i64::from_be_bytes(bytes.as_slice().try_into().map_err(|_| {
+                Error::msg(format!(
+                    "operator {operator}: the time in store {:?} is {} bytes, not 8",
+                    store.name(),
+                    bytes.len()
+                ))
+            })?),
+        };
+        Ok(MinTime { now, saved: now })
+    }
+
+    fn save(&mut self, store: &dyn KeyValueStore) -> Result<(), Error> {
+        if self.now != self.saved {
+            store.put(b"", &self.now.to_be_bytes())?;
+            self.saved = self.now;
+        }
+        Ok(())
     }
 }
