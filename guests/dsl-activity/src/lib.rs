@@ -179,3 +179,99 @@ mod tests {
         );
     }
 }
+
+/// A worker that dies after any record and a new one that starts over the committed stores
+/// send what one worker running throughout sends: every operator keeps what it decides by in
+/// its stores (random clicks and purchases, some out of order, punctuations at random).
+#[cfg(test)]
+mod restarts {
+    use sluice_guest::dsl::testing::{Output, TestDriver};
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            self.0 >> 33
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    type Input = (&'static str, String, String, i64);
+
+    fn inputs(seed: u64) -> Vec<Input> {
+        let mut rng = Rng(seed);
+        let mut t = 1_000_000_000i64;
+        let mut out = Vec::new();
+        for i in 0..300 {
+            t += rng.below(8_000) as i64;
+            let late = if rng.below(5) == 0 {
+                rng.below(120_000) as i64
+            } else {
+                0
+            };
+            let user = format!("u{}", rng.below(3));
+            let source = if rng.below(3) == 0 { "purchases" } else { "clicks" };
+            out.push((source, user, format!("v{i}"), t - late));
+        }
+        out
+    }
+
+    fn all(d: &mut TestDriver) -> Vec<Output> {
+        let mut out = Vec::new();
+        for sink in [
+            "sliding",
+            "session_updates",
+            "hopping_updates",
+            "bought_after_click",
+            "click_or_purchase",
+        ] {
+            out.extend(d.outputs(sink));
+        }
+        out
+    }
+
+    fn run(seed: u64, crash_at: Option<usize>, punctuate_every: u64) -> Vec<Output> {
+        let mut d = TestDriver::new("dsl-activity", super::topology).unwrap();
+        let mut out = Vec::new();
+        let mut rng = Rng(seed ^ 0xabc);
+        for (i, (source, user, value, ts)) in inputs(seed).into_iter().enumerate() {
+            if Some(i) == crash_at {
+                out.extend(all(&mut d));
+                let stores = d.stores().clone();
+                drop(d);
+                d = TestDriver::with_stores("dsl-activity", super::topology, stores).unwrap();
+            }
+            d.pipe(source, user, Some(value), ts).unwrap();
+            if rng.below(punctuate_every) == 0 {
+                d.punctuate().unwrap();
+            }
+        }
+        d.punctuate().unwrap();
+        out.extend(all(&mut d));
+        out.sort_by(|a, b| (&a.sink, &a.key, &a.value, a.timestamp).cmp(&(&b.sink, &b.key, &b.value, b.timestamp)));
+        out
+    }
+
+    #[test]
+    fn a_restart_changes_nothing() {
+        let mut bad = 0;
+        for seed in 1..40 {
+            let truth = run(seed, None, 5);
+            for crash in [37, 101, 150, 222] {
+                let got = run(seed, Some(crash), 5);
+                if got != truth {
+                    bad += 1;
+                    let only_got: Vec<_> = got.iter().filter(|o| !truth.contains(o)).take(3).collect();
+                    let only_truth: Vec<_> = truth.iter().filter(|o| !got.contains(o)).take(3).collect();
+                    eprintln!("seed {seed} crash {crash}: {} vs {}\n  restart only: {only_got:?}\n  straight only: {only_truth:?}", got.len(), truth.len());
+                }
+            }
+        }
+        assert_eq!(bad, 0);
+    }
+}
