@@ -656,6 +656,12 @@ async fn differences(case: Case, guarantee: &'static str, seed: u64) -> anyhow::
     ex.stop()?;
     peer.stop();
     let out = read()?;
+    // A trial of many seeds would otherwise leave thousands of partitions on the broker
+    // (each holds open files): the run's topics go, its own and both sides' internal ones.
+    let mut prefixes = vec![format!("{}-", ex.name), format!("{}-", peer.app)];
+    prefixes.extend(sources.iter().map(|(_, t, _, _)| t.clone()));
+    prefixes.extend(topics.iter().map(|t| t.to_string()));
+    forget_topics(&prefixes).await;
 
     let mut found = Vec::new();
     for (i, (role, _, _)) in sinks.iter().enumerate() {
@@ -680,6 +686,38 @@ async fn differences(case: Case, guarantee: &'static str, seed: u64) -> anyhow::
         );
     }
     Ok(found)
+}
+
+/// Deletes the topics whose names start with one of `prefixes`, without waiting; a failure
+/// is only reported (the comparison is done).
+async fn forget_topics(prefixes: &[String]) {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let names = (|| -> anyhow::Result<Vec<String>> {
+        let consumer: BaseConsumer = kafka().config().create()?;
+        let metadata = consumer.fetch_metadata(None, Duration::from_secs(10))?;
+        Ok(metadata
+            .topics()
+            .iter()
+            .map(|t| t.name().to_string())
+            .filter(|name| prefixes.iter().any(|p| name.starts_with(p.as_str())))
+            .collect())
+    })();
+    let result = async {
+        let names = names?;
+        if names.is_empty() {
+            return Ok(());
+        }
+        let admin: AdminClient<DefaultClientContext> = kafka().config().create()?;
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        admin.delete_topics(&refs, &AdminOptions::new()).await?;
+        anyhow::Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        eprintln!("differential: deleting the run's topics: {e}");
+    }
 }
 
 /// Whether `topic`/`partition` holds a committed record at or after `from` (transaction
