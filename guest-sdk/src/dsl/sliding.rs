@@ -311,10 +311,7 @@ impl<K: Data, V: Data, VA: Data> SlidingAggregate<K, V, VA> {
         if rec.ts < 0 || encode(&self.name, "key", &rec.key, raw_key)?.is_none() {
             return Ok(()); // null keys and negative times are dropped
         }
-        let mut probe = std::mem::take(&mut self.buf);
-        let null_value = encode(&self.name, "value", &rec.value, &mut probe).map(|v| v.is_none());
-        self.buf = probe;
-        if null_value? {
+        if rec.value.is_null() {
             return Ok(()); // Kafka Streams drops a null value before it counts its time
         }
         let (d, grace) = (self.windows.difference, self.windows.grace);
