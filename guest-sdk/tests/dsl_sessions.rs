@@ -118,6 +118,11 @@ fn model(gap: i64, grace: i64, emit_final: bool, events: &[Event]) -> Vec<Out> {
                 if !emit_final {
                     out.push((k(*key), first, last + 1, Some(new.count), Some(new.sum), last));
                 }
+                // The store is keyed by session: a closed session of the same key and times,
+                // no longer kept (so not merged) but not yet sent, is overwritten, as Kafka
+                // Streams' session store overwrites it (its fetch skips the expired session,
+                // its put replaces it).
+                sessions.retain(|s| (s.key, s.first, s.last) != (*key, first, last));
                 sessions.push(new);
             }
             Event::Punctuate if read => {
@@ -205,4 +210,37 @@ fn a_record_that_bridges_two_sessions_merges_them_while_both_are_kept() {
             (15, 21, Some(2), 20)
         ]
     );
+}
+
+#[test]
+fn a_record_on_a_session_no_longer_kept_replaces_it_and_it_goes_out_once() {
+    // Gap 23, grace 20: at stream time 279, [236] is no longer kept (236 + 43 = 279) but not
+    // yet closed. Another record at 236 is not merged with it and makes the same session,
+    // which overwrites it in the store (Kafka Streams' session store does the same): one
+    // session of 1 goes out when it closes, not two.
+    let events = [
+        Event::Record {
+            key: 1,
+            ts: 236,
+            value: 1,
+        },
+        Event::Record {
+            key: 0,
+            ts: 279,
+            value: 1,
+        },
+        Event::Record {
+            key: 1,
+            ts: 236,
+            value: 1,
+        },
+        Event::Record {
+            key: 0,
+            ts: 280,
+            value: 1,
+        },
+    ];
+    let got = run(23, 20, true, &events);
+    assert_eq!(got, [("k1".to_string(), 236, 237, Some(1), Some(1), 236)]);
+    assert_eq!(model(23, 20, true, &events), got);
 }
