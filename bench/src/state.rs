@@ -15,8 +15,9 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
+use sluice::state::engine::Storage;
 use sluice::state::restore::ChangelogReader;
-use sluice::state::rocks::{self, SharedMemory};
+use sluice::state::rocks::{RocksStorage, SharedMemory};
 
 #[derive(Args)]
 pub struct RestoreArgs {
@@ -159,17 +160,16 @@ pub async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
         (0..keys).map(|i| (format!("key-{i:010}").into_bytes(), value.clone())),
     )?;
     let dir = std::env::temp_dir().join(format!("sluice-bench-restore-{id}"));
-    let memory = SharedMemory::new(64 << 20, 64 << 20);
-    let db = rocks::open(&dir, &memory).map_err(anyhow::Error::msg)?;
+    let db = RocksStorage::new(SharedMemory::new(64 << 20, 64 << 20)).open(&dir)?;
     let mut reader = ChangelogReader::new(&sluice::kafka::KafkaSettings::new(args.bootstrap.as_str()), &topic, 0)
         .map_err(anyhow::Error::msg)?;
     let began = Instant::now();
     let progress = reader
-        .restore_into(&db, "", &|| false, |_| {})
+        .restore_into(&*db, "", &|| false, |_| {})
         .map_err(anyhow::Error::msg)?
         .expect("never asked to stop");
     // Until its flush is done the restored state is not durable: that is part of the cost.
-    rocks::flush(&db).map_err(anyhow::Error::msg)?;
+    db.flush(true)?;
     let s = began.elapsed().as_secs_f64();
     println!(
         "restore benchmark: a changelog of {keys} keys with {}-byte values, into a fresh RocksDB",

@@ -6,7 +6,8 @@
 //!
 //! 1. [`kafka`] (client settings), [`secret`] (signatures under the cluster secret), [`tls`]
 //!    (PEM material), [`manifest`] (pure parsing), [`group`] (task ids, the group protocol,
-//!    the assignors), [`state`] (RocksDB stores), [`runtime`] (the Wasm sandbox), [`metrics`];
+//!    the assignors), [`state`] (stores, their engines — RocksDB, in memory — and handovers),
+//!    [`runtime`] (the Wasm sandbox), [`metrics`], [`drops`] (dropping what ended off the hot path);
 //! 2. [`topology`]: a topology deployed here, checked against the cluster; [`registry`]:
 //!    uploaded topologies and tenants, in a Kafka topic; [`acls`]: the Kafka ACLs a cluster needs;
 //! 3. [`task`]: one task as a state machine (batch, call, produce, commit);
@@ -16,6 +17,7 @@
 
 pub mod acls;
 pub mod admin;
+pub mod drops;
 pub mod group;
 pub mod kafka;
 pub mod manifest;

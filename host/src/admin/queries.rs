@@ -14,6 +14,7 @@ use super::{internal, not_found, AdminState, ApiError};
 use crate::kafka::KafkaSettings;
 use crate::registry::tenants::Caller;
 use crate::secret::{hex, ClusterSecret};
+use crate::state::engine::StateError;
 
 /// Asks every member of the cluster (by its admin address) for `GET path`, signed as this
 /// worker with the cluster secret (a caller's token is never passed on). Each answer is
@@ -364,10 +365,10 @@ fn read_local(
         truncated: false,
     };
     let mut bytes = 0;
-    let failed = |e: rocksdb::Error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "store", e.to_string());
+    let failed = |e: StateError| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "store", e.to_string());
     'stores: for (partition, db) in &stores {
         if let Some(key) = key {
-            if let Some(value) = db.get_pinned(key).map_err(failed)? {
+            if let Some(value) = db.get(key).map_err(failed)? {
                 if weight(key.len(), value.len()) > max_bytes {
                     out.entries.push(too_large(*partition, key, value.len()));
                     out.truncated = true;
@@ -377,8 +378,8 @@ fn read_local(
             }
             continue;
         }
-        // A raw iterator lends keys and values in place: nothing is copied until it is kept.
-        let mut it = db.raw_iterator();
+        // A cursor lends keys and values in place: nothing is copied until it is kept.
+        let mut it = db.cursor(None);
         match &from {
             Some(start) => it.seek(start),
             None => it.seek_to_first(),

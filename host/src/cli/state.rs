@@ -5,8 +5,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
-use sluice::state::rocks;
-use sluice::task::state::task_dir;
+use sluice::state::dir::task_dir;
+use sluice::state::engine::Storage;
+use sluice::state::rocks::{RocksStorage, SharedMemory};
 
 #[derive(Debug, Args)]
 pub struct StateArgs {
@@ -48,12 +49,19 @@ pub fn run(args: StateArgs) -> anyhow::Result<ExitCode> {
             path.display()
         );
     }
-    let memory = rocks::SharedMemory::new(8 << 20, 8 << 20);
-    let db = rocks::open(&path, &memory).map_err(|e| anyhow::anyhow!("{e} (is a worker still using it?)"))?;
+    let storage = RocksStorage::new(SharedMemory::new(8 << 20, 8 << 20));
+    let db = storage
+        .open(&path)
+        .map_err(|e| anyhow::anyhow!("{e} (is a worker still using it?)"))?;
     let mut out = std::io::stdout().lock();
-    for (k, v) in rocks::dump(&db).map_err(anyhow::Error::msg)? {
-        writeln!(out, "{} {}", hex(&k), hex(&v))?;
+    // Entries are copied one at a time: a store larger than memory dumps too.
+    let mut cursor = db.cursor(None);
+    cursor.seek_to_first();
+    while let (Some(k), Some(v)) = (cursor.key(), cursor.value()) {
+        writeln!(out, "{} {}", hex(k), hex(v))?;
+        cursor.next();
     }
+    cursor.status()?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -14,10 +14,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use rocksdb::DB;
-
-use super::rocks::{self, RocksStore, SharedMemory};
-use super::StateStore;
+use super::engine::{Db, Storage};
+use super::store::TaskStore;
+use super::{Charge, StateStore};
 
 /// The directory of every global table of a worker, under its state directory.
 pub const GLOBAL_DIR: &str = "+global";
@@ -44,11 +43,11 @@ pub enum NotReady {
     OverLimit(String),
 }
 
-/// One global table: its topic's records in RocksDB.
+/// One global table: its topic's records in a database of its own.
 pub struct GlobalTable {
     pub topic: String,
     pub dir: PathBuf,
-    pub db: Arc<DB>,
+    pub db: Db,
     /// Most bytes it may take (the largest `limits.state` of the topologies that read it).
     limit: Mutex<u64>,
     status: Mutex<Status>,
@@ -56,14 +55,14 @@ pub struct GlobalTable {
 }
 
 impl GlobalTable {
-    fn open(state_dir: &Path, topic: &str, memory: &SharedMemory, limit: u64) -> Result<GlobalTable, String> {
+    fn open(state_dir: &Path, topic: &str, storage: &dyn Storage, limit: u64) -> Result<GlobalTable, String> {
         let dir = state_dir.join(GLOBAL_DIR).join(topic);
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        let db = rocks::open(&dir, memory)?;
+        let db = storage.open(&dir)?;
         Ok(GlobalTable {
             topic: topic.to_string(),
             dir,
-            db: Arc::new(db),
+            db,
             limit: Mutex::new(limit),
             status: Mutex::new(Status::Restoring { restored: 0, total: 0 }),
             changed: Condvar::new(),
@@ -85,7 +84,7 @@ impl GlobalTable {
 
     /// Bytes it takes on disk and in memtables.
     pub fn bytes(&self) -> u64 {
-        rocks::size_of(&self.db)
+        self.db.size()
     }
 
     /// Waits until the table has caught up with its topic (true), `stopping` says stop
@@ -122,7 +121,7 @@ impl GlobalTable {
 
     /// The next offset to read of each partition, as the data vouches for it.
     pub fn positions(&self) -> Result<BTreeMap<i32, i64>, String> {
-        match rocks::read_meta(&self.db, POSITIONS_KEY)? {
+        match self.db.read_meta(POSITIONS_KEY)? {
             None => Ok(BTreeMap::new()),
             Some(bytes) => {
                 serde_json::from_slice(&bytes).map_err(|e| format!("the global table's positions are corrupt ({e})"))
@@ -134,28 +133,24 @@ impl GlobalTable {
     /// crash replays them; [`Self::flush`] makes them durable).
     pub fn apply(&self, changes: &[(Vec<u8>, Option<Vec<u8>>)], positions: &BTreeMap<i32, i64>) -> Result<(), String> {
         let meta = serde_json::to_vec(positions).expect("positions serialise");
-        rocks::write_with_meta(
-            &self.db,
-            changes.iter().map(|(k, v)| (k.as_slice(), v.as_deref())),
-            POSITIONS_KEY,
-            &meta,
-            false,
-        )
-        .map_err(|e| format!("global table of topic {:?}: {e}", self.topic))
+        self.db
+            .write(
+                &mut changes.iter().map(|(k, v)| (k.as_slice(), v.as_deref())),
+                Some((POSITIONS_KEY, &meta)),
+                false,
+            )
+            .map_err(|e| format!("global table of topic {:?}: {e}", self.topic))
     }
 
     pub fn flush(&self) -> Result<(), String> {
-        rocks::flush(&self.db).map_err(|e| format!("global table of topic {:?}: {e}", self.topic))
+        self.db
+            .flush(true)
+            .map_err(|e| format!("global table of topic {:?}: {e}", self.topic))
     }
 
     /// Deletes every entry and position (the table is read again from the start).
     pub fn wipe(&self) -> Result<(), String> {
-        let keys: Vec<Vec<u8>> = self
-            .db
-            .iterator(rocksdb::IteratorMode::Start)
-            .filter_map(|e| e.ok().map(|(k, _)| k.to_vec()))
-            .collect();
-        let deletes: Vec<(Vec<u8>, Option<Vec<u8>>)> = keys.into_iter().map(|k| (k, None)).collect();
+        let deletes: Vec<(Vec<u8>, Option<Vec<u8>>)> = self.db.dump()?.into_iter().map(|(k, _)| (k, None)).collect();
         self.apply(&deletes, &BTreeMap::new())?;
         self.flush()
     }
@@ -174,7 +169,7 @@ impl GlobalTables {
     /// Keeps the tables of `wanted` (topic → the largest state limit of the topologies that
     /// read it), opening those missing, and drops the rest. An error names each table that
     /// could not be opened (its tasks fail at start, saying why).
-    pub fn want(&self, state_dir: &Path, memory: &SharedMemory, wanted: &BTreeMap<String, u64>) -> Result<(), String> {
+    pub fn want(&self, state_dir: &Path, storage: &dyn Storage, wanted: &BTreeMap<String, u64>) -> Result<(), String> {
         let mut tables = self.tables.lock().unwrap_or_else(|p| p.into_inner());
         let gone: Vec<String> = tables.keys().filter(|t| !wanted.contains_key(*t)).cloned().collect();
         for topic in gone {
@@ -187,7 +182,7 @@ impl GlobalTables {
                 *table.limit.lock().unwrap_or_else(|p| p.into_inner()) = *limit;
                 continue;
             }
-            match GlobalTable::open(state_dir, topic, memory, *limit) {
+            match GlobalTable::open(state_dir, topic, storage, *limit) {
                 Ok(table) => {
                     let table = Arc::new(table);
                     tables.insert(topic.clone(), table.clone());
@@ -228,12 +223,12 @@ impl GlobalTables {
 /// A task's view of a global table: reads go to the shared table, writes are refused.
 pub struct GlobalReader {
     table: Arc<GlobalTable>,
-    reads: RocksStore,
+    reads: TaskStore,
 }
 
 impl GlobalReader {
     pub fn new(name: &str, table: Arc<GlobalTable>) -> GlobalReader {
-        let reads = RocksStore::new(name, table.db.clone());
+        let reads = TaskStore::new(name, table.db.clone());
         GlobalReader { table, reads }
     }
 
@@ -274,8 +269,8 @@ impl StateStore for GlobalReader {
         self.reads.scan(start, end, after, max, max_bytes)
     }
 
-    fn as_any(&mut self) -> &mut dyn std::any::Any {
-        self
+    fn charge(&self) -> Charge {
+        Charge::Shared(self.table.bytes())
     }
 }
 
@@ -286,7 +281,7 @@ mod tests {
     #[test]
     fn a_table_keeps_its_data_and_positions_and_refuses_writes() {
         let dir = std::env::temp_dir().join(format!("sluice-global-{}", std::process::id()));
-        let memory = SharedMemory::new(8 << 20, 4 << 20);
+        let memory = crate::state::rocks::RocksStorage::new(crate::state::rocks::SharedMemory::new(8 << 20, 4 << 20));
         let tables = GlobalTables::default();
         let wanted = BTreeMap::from([("acme.customers".to_string(), 1u64 << 30)]);
         tables.want(&dir, &memory, &wanted).unwrap();

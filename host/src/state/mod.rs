@@ -1,17 +1,31 @@
-//! State stores: the key-value interface guests see, an in-memory engine for tests, and the
-//! RocksDB engine with its changelog, checkpoints and restoration.
+//! State stores: the key-value interface guests see ([`StateStore`]), the storage engine
+//! under it ([`engine::Engine`]: RocksDB, or maps in memory for tests), a task's store with
+//! its uncommitted writes ([`store::TaskStore`]), changelog markers, checkpoints and
+//! restoration, and global tables.
 //!
-//! The trait lives apart from RocksDB so that the runtime and everything above it can be
-//! tested without it.
+//! Nothing outside this folder names RocksDB: the worker opens stores through a
+//! [`engine::Storage`].
 
 pub mod checkpoint;
+pub mod dir;
+pub mod engine;
 pub mod global;
+pub mod memory;
 pub mod restore;
 pub mod rocks;
+pub mod store;
+pub mod warm;
 
-use std::any::Any;
 use std::collections::BTreeMap;
 use std::ops::Bound;
+
+/// A store's changelog topic and its id (empty when the cluster did not say).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Changelog {
+    pub store: String,
+    pub topic: String,
+    pub topic_id: String,
+}
 
 /// A key and its value.
 pub type Entry = (Vec<u8>, Vec<u8>);
@@ -45,8 +59,30 @@ pub trait StateStore: Send + 'static {
     fn held_bytes(&self) -> usize {
         0
     }
-    /// For the worker, which commits its own engine's stores.
-    fn as_any(&mut self) -> &mut dyn Any;
+    /// The task's own store this is, which the task logs to its changelog and commits;
+    /// none for a store the task only reads (a global table) or one of a test.
+    fn logged(&mut self) -> Option<&mut store::TaskStore> {
+        None
+    }
+    /// What the store adds to its topology's state quota.
+    fn charge(&self) -> Charge {
+        Charge::Nothing
+    }
+    /// The task's own database, open, for the next user of the store here (its writes
+    /// since the last commit are dropped); none for a store the task does not own.
+    fn into_db(self: Box<Self>) -> Option<engine::Db> {
+        None
+    }
+}
+
+/// What a store adds to its topology's state quota on a worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Charge {
+    Nothing,
+    /// Bytes of the task's own (its database and its uncommitted writes).
+    Own(u64),
+    /// Bytes of a table shared by every task that reads it (counted once per topology).
+    Shared(u64),
 }
 
 /// The smallest key greater than every key that starts with `prefix` (none: no bound).
@@ -138,10 +174,6 @@ impl StateStore for MemoryStore {
             out.push((k.clone(), v.clone()));
         }
         Ok(out)
-    }
-
-    fn as_any(&mut self) -> &mut dyn Any {
-        self
     }
 }
 

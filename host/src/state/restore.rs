@@ -6,9 +6,8 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
-use rocksdb::DB;
 
-use super::rocks::{self, Marker};
+use super::engine::{as_slices, Engine, Marker};
 
 /// Reads one changelog partition from an offset on. Reads committed data only: under
 /// exactly-once, aborted changelog writes (a fenced zombie's) are never restored.
@@ -70,7 +69,7 @@ impl ChangelogReader {
     }
 
     /// A reader of the changelog partition whose first offset and end are `bounds` (read
-    /// on a long-lived client: `StateEnv::changelog_bounds`); [`seek`](Self::seek) picks
+    /// on a long-lived client: `StateDir::changelog_bounds`); [`seek`](Self::seek) picks
     /// where to read from (until then: the beginning).
     pub fn with_bounds(
         kafka: &crate::kafka::KafkaSettings,
@@ -188,13 +187,13 @@ impl ChangelogReader {
 
     /// Applies the changelog up to its end (as it was when the reader started) to `db`, in
     /// large write batches without the WAL, each with the marker of how far it got; starts
-    /// flushing `db` at the end (without waiting: [`rocks::flush`] waits for it, and so does
+    /// flushing `db` at the end (without waiting: `Engine::flush(true)` waits for it, and so does
     /// a task's first commit) so the result becomes durable. Returns none if `stop` said to stop first
     /// (what was applied is kept, vouched for by its marker). `progress` is called about once
     /// a second and at the end.
     pub fn restore_into(
         &mut self,
-        db: &DB,
+        db: &dyn Engine,
         topic_id: &str,
         stop: &dyn Fn() -> bool,
         mut progress: impl FnMut(Progress),
@@ -212,7 +211,7 @@ impl ChangelogReader {
         let from = self.position;
         while self.position < self.end {
             if stop() {
-                rocks::flush(db)?;
+                db.flush(true)?;
                 return Ok(None);
             }
             let records = self.poll(10_000, Duration::from_millis(200))?;
@@ -234,7 +233,7 @@ impl ChangelogReader {
                 state.bytes += (key.len() + value.as_ref().map_or(0, Vec::len)) as u64;
             }
             let marker = self.marker(topic_id);
-            rocks::write_with_marker(db, rocks::as_slices(&records), &marker, false)
+            db.write_with_marker(&mut as_slices(&records), &marker, false)
                 .map_err(|e| format!("writing restored records: {e}"))?;
             state.restored += records.len() as u64;
             state.total = state.total.max(state.restored);
@@ -246,12 +245,12 @@ impl ChangelogReader {
         }
         if self.position != from {
             // Gaps at the end (a compacted tail, a transaction marker) leave no record to write.
-            rocks::write_with_marker(db, std::iter::empty(), &self.marker(topic_id), false)?;
+            db.write_with_marker(&mut std::iter::empty(), &self.marker(topic_id), false)?;
             // The WAL was off: the restored state becomes durable with this flush. The task
-            // does not wait for it to start; its first commit does (`RocksStore::commit`). (A
+            // does not wait for it to start; its first commit does (`TaskStore::commit`). (A
             // store already at the end has nothing to flush: one flushing already, a learner's
             // handed over, would make a second flush wait for it.)
-            rocks::flush_in_background(db)?;
+            db.flush(false)?;
         }
         state.elapsed = started.elapsed();
         progress(state);

@@ -13,6 +13,7 @@ use super::control::{Lease, Request, TaskControl};
 use super::delivery::{DeliveryTracker, Outgoing};
 use super::{KafkaEnv, Task, TaskContext, TaskError, TaskOutput, TransactionError};
 use crate::group::offsets::Position;
+use crate::state::Charge;
 
 /// How a commit went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,12 +186,10 @@ impl Task {
         // The topology's global tables count once, however many tasks read them.
         let mut global = 0u64;
         for named in self.instance.stores_mut() {
-            let held = named.store.held_bytes() as u64;
-            let any = named.store.as_any();
-            if let Some(store) = any.downcast_mut::<crate::state::rocks::RocksStore>() {
-                mine += store.disk_bytes() + held;
-            } else if let Some(reader) = any.downcast_mut::<crate::state::global::GlobalReader>() {
-                global += reader.table().bytes();
+            match named.store.charge() {
+                Charge::Own(bytes) => mine += bytes,
+                Charge::Shared(bytes) => global += bytes,
+                Charge::Nothing => {}
             }
         }
         let topology = &self.ctx.topology;
@@ -219,7 +218,7 @@ impl Task {
         let mut written = false;
         let partition = self.ctx.partition;
         for named in self.instance.stores_mut() {
-            let Some(store) = named.store.as_any().downcast_mut::<crate::state::rocks::RocksStore>() else {
+            let Some(store) = named.store.logged() else {
                 continue;
             };
             if !store.has_changes() {

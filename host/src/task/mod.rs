@@ -45,7 +45,7 @@ pub use output::{Guarantee, TaskOutput, TransactionError};
 pub use source::KafkaEnv;
 use start::report_end;
 pub use start::{prepare, Prepared};
-use state::{StateEnv, TaskState};
+use state::TaskState;
 
 /// Knobs shared by every task of a worker.
 #[derive(Debug, Clone)]
@@ -147,7 +147,13 @@ pub struct TaskContext {
     pub progress: Arc<dyn TaskProgress>,
     pub kafka: KafkaSettings,
     /// Where stateful topologies keep their stores.
-    pub state: Arc<StateEnv>,
+    pub state: Arc<crate::state::dir::StateDir>,
+    /// Where what ended is dropped, off the path that waits.
+    pub drops: Arc<crate::drops::Drops>,
+    /// Its stores open already, if it has any here (taken at start).
+    pub warm: Option<crate::state::warm::Warm>,
+    /// Where the task returns its open stores when it ends (the worker's task runner).
+    pub returns: std::sync::mpsc::Sender<(TaskId, crate::state::warm::WarmStores)>,
 }
 
 impl TaskContext {
@@ -321,34 +327,24 @@ impl Task {
         self.ctx.control.request() == Request::Stop
     }
 
-    /// Hands the open databases of its stores to the worker's [`StateEnv`] (see
-    /// `StateEnv::park`), for whoever opens them next here, and takes them off the stores
-    /// queries read: ending the task then does not wait for RocksDB to close them (tens of
-    /// milliseconds each, with compactions running), and a task that comes back, or a
-    /// standby of it, finds them open. Its committed state is all they hold.
-    pub fn park_stores(&mut self) {
+    /// Returns the open databases of its stores to the worker's task runner, which passes
+    /// them to the next user of the stores here or closes them (see `state::warm`), and
+    /// takes them off interactive queries: ending the task then does not wait for the
+    /// stores to close (tens of milliseconds each, with compactions running), and a task
+    /// that comes back, or a standby of it, finds them open. Its committed state is all
+    /// they hold.
+    pub fn return_stores(&mut self) {
         let Some(state) = &self.state else { return };
-        let mut parked = Vec::new();
-        for named in self.instance.stores_mut() {
-            if let Some(store) = named.store.as_any().downcast_mut::<crate::state::rocks::RocksStore>() {
-                parked.push((named.name.clone(), store.db().clone()));
-            }
-        }
-        let env = &self.ctx.state;
-        {
-            let mut open = env.open.lock().unwrap_or_else(|p| p.into_inner());
-            for (name, _) in &parked {
-                open.remove(&(self.ctx.task.topology.to_string(), self.ctx.partition, name.clone()));
-            }
-        }
-        for (name, db) in parked {
-            env.park(state.store_path(&name), db);
+        let warm = state.release(&self.ctx.state, &self.ctx.task, self.instance.take_stores());
+        if !warm.is_empty() {
+            // A runner that is gone (the worker exits) leaves them to close here.
+            let _ = self.ctx.returns.send((self.ctx.task.clone(), warm));
         }
     }
 
-    /// The worker's state (where its ended tasks are dropped: `StateEnv::drop_later`).
-    pub fn state_env(&self) -> Arc<StateEnv> {
-        self.ctx.state.clone()
+    /// Where the worker drops what ended (a task, once it has returned its stores).
+    pub fn drops(&self) -> Arc<crate::drops::Drops> {
+        self.ctx.drops.clone()
     }
 
     /// Whether the batch has room for no more records.

@@ -10,7 +10,7 @@ use sluice_wire::TaskInfo;
 
 use super::delivery::DeliveryTracker;
 use super::partition_group::PartitionGroup;
-use super::state::{Opened, TaskState};
+use super::state::{Opened, Opening, TaskState};
 use super::{
     rate, source, Counters, Ended, Guarantee, KafkaEnv, Task, TaskContext, TaskError, TaskOutput, TaskSummary,
 };
@@ -124,7 +124,7 @@ impl Task {
     /// Prepares a task: its producer (under exactly-once, fencing the previous owner first),
     /// its restored state, its guest instance and its consumer. None: asked to stop first.
     pub(super) fn start(
-        ctx: TaskContext,
+        mut ctx: TaskContext,
         id: String,
         labels: TaskLabels,
         env: &mut KafkaEnv,
@@ -164,19 +164,21 @@ impl Task {
         let (state, stores) = if changelogs.is_empty() {
             (None, Vec::new())
         } else {
-            let opened = TaskState::open(
-                &ctx.state,
-                &ctx.kafka,
-                &ctx.task,
-                &id,
+            let opened = TaskState::open(Opening {
+                state: &ctx.state,
+                kafka: &ctx.kafka,
+                drops: &ctx.drops,
+                task_id: &ctx.task,
+                task: &id,
                 changelogs,
-                &ctx.metrics,
-                &Watched {
+                metrics: &ctx.metrics,
+                progress: &Watched {
                     inner: ctx.progress.as_ref(),
                     control: &ctx.control,
                 },
-                &stopping,
-            )
+                stop: &stopping,
+                warm: ctx.warm.take(),
+            })
             .map_err(|detail| TaskError::State {
                 task: id.clone(),
                 detail,

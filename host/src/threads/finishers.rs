@@ -55,9 +55,9 @@ pub(super) fn finish(mut task: Box<Task>, slot: &TaskSlot, env: &mut KafkaEnv) {
     if outcome.is_err() {
         tracing::error!(task = %task.id(), "a task's final commit panicked");
     }
-    task.park_stores();
-    let (state, id) = (task.state_env(), task.id().to_string());
-    state.drop_later(task);
+    task.return_stores();
+    let (drops, id) = (task.drops(), task.id().to_string());
+    drops.later(task);
     tracing::debug!(target: "handover", task = %id, ms = began.elapsed().as_millis() as u64, "finished off its stream thread");
     slot.end(outcome.ok());
 }

@@ -25,10 +25,11 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use crate::group::TaskId;
 use crate::kafka::{KafkaSettings, OffsetsClient};
-use crate::state::checkpoint::{self, Checkpoint};
+use crate::state::checkpoint::Checkpoint;
+use crate::state::dir::{offsets_hint, task_dir, write_offsets_hint, StateDir};
+use crate::state::engine::{Db, Marker};
 use crate::state::global::{GlobalTable, Status};
-use crate::state::rocks::{self, Marker};
-use crate::task::state::{offsets_hint, prepare_store, task_dir, StateEnv};
+use crate::state::warm::{handover, Handover, HandoverSender, WarmStores};
 use crate::topology::{Changelog, DeployedTopology};
 
 /// How often a standby makes its progress durable.
@@ -51,10 +52,14 @@ const CATCH_UP_NUDGE: Duration = Duration::from_millis(25);
 type Removed = Result<u64, String>;
 
 enum Command {
-    Add(Arc<DeployedTopology>, TaskId),
-    /// Checkpoint and close, or (true) hand the open stores to the task that becomes
-    /// active here; the reply (if one is waited for) says how many records it applied.
-    Remove(TaskId, bool, Option<Sender<Result<u64, String>>>),
+    /// Start a standby, with its stores if they are open already.
+    Add(Arc<DeployedTopology>, TaskId, WarmStores),
+    /// Checkpoint and close; the reply (if one is waited for) says how many records it
+    /// applied.
+    Remove(TaskId, Option<Sender<Removed>>),
+    /// Read the changelogs' tail, then hand the open stores to the task that becomes active
+    /// here.
+    HandOver(TaskId, HandoverSender),
     /// Make what was applied durable now (a learner that caught up: its promotion then
     /// flushes only what arrives until the handover).
     Checkpoint(TaskId),
@@ -72,7 +77,6 @@ pub struct StandbyUpdater {
     /// Set while a removal waits: the thread cuts its round short (a round of 50,000
     /// records held a promoted learner's handover up for 0.16 s).
     urgent: Arc<AtomicBool>,
-    env: Arc<StateEnv>,
 }
 
 /// How long a standby that failed to start waits before it is tried again: the first
@@ -82,7 +86,7 @@ const RETRY_ADD_MAX: Duration = Duration::from_secs(30);
 
 impl StandbyUpdater {
     /// Starts the thread; `rate`: most changelog records a second it reads (none: no limit).
-    pub fn start(kafka: &KafkaSettings, env: Arc<StateEnv>, rate: Option<u64>) -> anyhow::Result<StandbyUpdater> {
+    pub fn start(kafka: &KafkaSettings, env: Arc<StateDir>, rate: Option<u64>) -> anyhow::Result<StandbyUpdater> {
         // Learners restore whole stores through this consumer: fetch in large steps, as a
         // restoration does (restore.rs), within a bounded queue. Under a rate, in small
         // steps into a small queue: what librdkafka fetches ahead it fetches at the broker's
@@ -119,13 +123,12 @@ impl StandbyUpdater {
         let shared = positions.clone();
         let urgent = Arc::new(AtomicBool::new(false));
         let urgent_here = urgent.clone();
-        let env_here = env.clone();
         let thread = std::thread::Builder::new().name("standbys".into()).spawn(move || {
             Updater {
                 consumer,
                 bounds,
                 retries: Vec::new(),
-                env: env_here,
+                env,
                 standbys: HashMap::new(),
                 routes: HashMap::new(),
                 globals: HashMap::new(),
@@ -143,7 +146,6 @@ impl StandbyUpdater {
             thread: Some(thread),
             positions,
             urgent,
-            env,
         })
     }
 
@@ -152,11 +154,11 @@ impl StandbyUpdater {
         self.positions.lock().expect("positions lock").clone()
     }
 
-    /// Starts keeping `task` of `topology` warm (failures are logged: a standby never
-    /// affects active tasks).
-    pub fn add(&self, topology: Arc<DeployedTopology>, task: TaskId) {
+    /// Starts keeping `task` of `topology` warm, on `warm` (its stores open already) where
+    /// given (failures are logged: a standby never affects active tasks).
+    pub fn add(&self, topology: Arc<DeployedTopology>, task: TaskId, warm: WarmStores) {
         if let Some(tx) = &self.commands {
-            let _ = tx.send(Command::Add(topology, task));
+            let _ = tx.send(Command::Add(topology, task, warm));
         }
     }
 
@@ -170,23 +172,24 @@ impl StandbyUpdater {
     }
 
     /// Stops learners (or standbys) whose tasks become active here, without waiting: each
-    /// reads its changelogs' tail, then hands its open stores over (`StateEnv::park`), and
-    /// the task's start waits for that (`StateEnv::wait_for_handover`), not the group: the
-    /// worker rejoins meanwhile, so the next step of a migration does not wait for this one.
-    pub fn hand_over(&self, tasks: &[TaskId]) {
+    /// reads its changelogs' tail, then sends its open stores through its [`Handover`], for
+    /// which the task's start waits, not the group: the worker rejoins meanwhile, so the
+    /// next step of a migration does not wait for this one.
+    pub fn hand_over(&self, tasks: &[TaskId]) -> Vec<(TaskId, Handover)> {
         let Some(commands) = &self.commands else {
-            return;
+            return Vec::new();
         };
+        let mut handovers = Vec::new();
         for task in tasks {
-            let dir = task_dir(&self.env.dir, task);
-            self.env.expect_handover(dir.clone());
-            if commands.send(Command::Remove(task.clone(), true, None)).is_err() {
-                self.env.handed_over(&dir);
-            }
+            let (sender, receiver) = handover();
+            // A thread that has ended drops the sender: the start opens the stores on disk.
+            let _ = commands.send(Command::HandOver(task.clone(), sender));
+            handovers.push((task.clone(), receiver));
         }
         if !tasks.is_empty() {
             self.urgent.store(true, Ordering::Release);
         }
+        handovers
     }
 
     /// Stops standbys: their progress is checkpointed and their stores closed before this
@@ -202,7 +205,7 @@ impl StandbyUpdater {
             .iter()
             .map(|task| {
                 let (tx, rx) = mpsc::channel();
-                let sent = commands.send(Command::Remove(task.clone(), false, Some(tx))).is_ok();
+                let sent = commands.send(Command::Remove(task.clone(), Some(tx))).is_ok();
                 (task.clone(), sent.then_some(rx))
             })
             .collect();
@@ -231,9 +234,9 @@ impl Drop for StandbyUpdater {
 }
 
 /// One store of a standby: its database and the next changelog offset to apply.
-struct WarmStore {
+struct Tailed {
     changelog: Changelog,
-    db: Arc<rocksdb::DB>,
+    db: Db,
     position: i64,
     pending: Vec<(Vec<u8>, Option<Vec<u8>>)>,
 }
@@ -284,7 +287,7 @@ impl Run {
 struct Standby {
     dir: PathBuf,
     partition: i32,
-    stores: Vec<WarmStore>,
+    stores: Vec<Tailed>,
     applied: u64,
     last_checkpoint: Instant,
     /// The first failure; the standby stops applying and reports it when removed.
@@ -306,7 +309,7 @@ struct Updater {
     bounds: OffsetsClient,
     /// Standbys and learners that failed to start, and when to try again.
     retries: Vec<Retry>,
-    env: Arc<StateEnv>,
+    env: Arc<StateDir>,
     standbys: HashMap<TaskId, Standby>,
     /// (changelog or global topic, partition) → who reads it.
     routes: HashMap<(String, i32), Route>,
@@ -335,7 +338,7 @@ impl Updater {
             self.urgent.store(false, Ordering::Release);
             // Promoted learners, handed over together once the commands waiting are taken
             // (see `hand_over_all`).
-            let mut handovers: Vec<(TaskId, Option<Sender<Removed>>)> = Vec::new();
+            let mut handovers: Vec<(TaskId, HandoverSender)> = Vec::new();
             loop {
                 let idle = self.standbys.is_empty() && self.globals.is_empty() && handovers.is_empty();
                 let command = if idle {
@@ -355,7 +358,6 @@ impl Updater {
                             for task in all {
                                 let _ = self.remove(&task, false);
                             }
-                            self.env.handed_over_all();
                             let topics: Vec<String> = self.globals.keys().cloned().collect();
                             for topic in topics {
                                 self.remove_global(&topic);
@@ -365,8 +367,8 @@ impl Updater {
                     }
                 };
                 let command = match command {
-                    Command::Remove(task, true, reply) => {
-                        handovers.push((task, reply));
+                    Command::HandOver(task, sender) => {
+                        handovers.push((task, sender));
                         continue;
                     }
                     // Anything else comes after the handovers sent before it.
@@ -376,10 +378,11 @@ impl Updater {
                     }
                 };
                 match command {
-                    Command::Add(topology, task) => self.add_or_retry(topology, task, RETRY_ADD),
-                    Command::Remove(task, _, reply) => {
+                    Command::Add(topology, task, warm) => self.add_or_retry(topology, task, warm, RETRY_ADD),
+                    Command::HandOver(..) => unreachable!("taken above"),
+                    Command::Remove(task, reply) => {
                         self.retries.retain(|r| r.task != task);
-                        let result = self.remove(&task, false);
+                        let result = self.remove(&task, false).map(|(applied, _)| applied);
                         if let Some(reply) = reply {
                             let _ = reply.send(result);
                         } else if let Err(e) = result {
@@ -404,10 +407,10 @@ impl Updater {
     }
 
     /// Hands promoted learners' stores to their tasks, all at once: their changelogs' tails
-    /// are read together, then each is stopped and its stores parked for its task. One
+    /// are read together, then each is stopped and its stores sent to its task. One
     /// after another, the last of four promoted together waited 0.14 s for the others (each
     /// read its tail with the rest paused, then resumed them).
-    fn hand_over_all(&mut self, batch: Vec<(TaskId, Option<Sender<Removed>>)>) {
+    fn hand_over_all(&mut self, batch: Vec<(TaskId, HandoverSender)>) {
         if batch.is_empty() {
             return;
         }
@@ -418,20 +421,18 @@ impl Updater {
         // on a store at the changelog's end instead of restoring the tail on a new client.
         let (caught_up, paused) = self.catch_up(&tasks);
         let catch_up_ms = began.elapsed().as_millis() as u64;
-        for (task, reply) in batch {
+        for (task, sender) in batch {
             self.retries.retain(|r| r.task != task);
-            let result = self.remove(&task, true);
-            // Parked, or closed (a failure): the task may open its stores now.
-            self.env.handed_over(&task_dir(&self.env.dir, &task));
+            match self.remove(&task, true) {
+                Ok((_, stores)) => sender.send(stores),
+                // Its stores are closed by now: the sender goes after them, and the task
+                // opens what is on disk.
+                Err(e) => tracing::warn!(%task, "learner failed: {e}; the task restores its state itself"),
+            }
             tracing::debug!(
                 target: "handover", task = %task, caught_up = caught_up.get(&task).copied().unwrap_or(0),
                 together = tasks.len(), catch_up_ms, ms = began.elapsed().as_millis() as u64, "learner handed over"
             );
-            if let Some(reply) = reply {
-                let _ = reply.send(result);
-            } else if let Err(e) = result {
-                tracing::warn!(%task, "learner failed: {e}; the task restores its state itself");
-            }
         }
         // The others go on once the tasks have their stores: waking the fetcher waits for a
         // broker's answer, behind a fetch in flight.
@@ -451,9 +452,10 @@ impl Updater {
     /// Starts a standby or learner; one that fails (a changelog's offsets unread, its
     /// store busy) is tried again a second later, then after twice as long each time (up
     /// to [`RETRY_ADD_MAX`]), until it starts or is removed: a transient error must not
-    /// leave the worker without it until the next assignment.
-    fn add_or_retry(&mut self, topology: Arc<DeployedTopology>, task: TaskId, wait: Duration) {
-        if let Err(e) = self.add(&topology, &task) {
+    /// leave the worker without it until the next assignment. (Its warm stores close on a
+    /// failure; the next attempt opens them again.)
+    fn add_or_retry(&mut self, topology: Arc<DeployedTopology>, task: TaskId, warm: WarmStores, wait: Duration) {
+        if let Err(e) = self.add(&topology, &task, warm) {
             // Logged at each attempt: a lasting failure once every 30 s.
             tracing::warn!(%task, "standby failed to start: {e}; trying again in {wait:?}");
             self.retries.push(Retry {
@@ -474,11 +476,11 @@ impl Updater {
         let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.retries).into_iter().partition(|r| r.at <= now);
         self.retries = later;
         for r in due {
-            self.add_or_retry(r.topology, r.task, r.next_wait);
+            self.add_or_retry(r.topology, r.task, WarmStores::new(), r.next_wait);
         }
     }
 
-    fn add(&mut self, topology: &DeployedTopology, task: &TaskId) -> Result<(), String> {
+    fn add(&mut self, topology: &DeployedTopology, task: &TaskId, mut warm: WarmStores) -> Result<(), String> {
         let task = task.clone();
         if self.standbys.contains_key(&task) {
             return Ok(());
@@ -496,8 +498,11 @@ impl Updater {
                 .bounds
                 .ask(|c| c.fetch_watermarks(&changelog.topic, partition, Duration::from_secs(15)))
                 .map_err(|e| format!("reading the offsets of changelog {}/{partition}: {e}", changelog.topic))?;
-            let (db, from) = prepare_store(&self.env, &label, &dir, changelog, partition, bounds)?;
-            stores.push(WarmStore {
+            let warm = warm.remove(&changelog.store);
+            let (db, from) = self
+                .env
+                .prepare_store(&label, &dir, changelog, partition, bounds, warm)?;
+            stores.push(Tailed {
                 changelog: changelog.clone(),
                 db,
                 position: from,
@@ -545,10 +550,12 @@ impl Updater {
     }
 
     /// Stops a standby: checkpointed and closed, or (`hand_over`, its tail read already by
-    /// [`catch_up`](Self::catch_up)) its open stores parked for its task.
-    fn remove(&mut self, task: &TaskId, hand_over: bool) -> Result<u64, String> {
+    /// [`catch_up`](Self::catch_up)) checkpointed and its open stores returned, for its task.
+    /// Returns how many records it applied. On an error its stores are closed by the time
+    /// this returns.
+    fn remove(&mut self, task: &TaskId, hand_over: bool) -> Result<(u64, WarmStores), String> {
         let Some(mut standby) = self.standbys.remove(task) else {
-            return Ok(0);
+            return Ok((0, WarmStores::new()));
         };
         let mut paused = TopicPartitionList::new();
         for store in &standby.stores {
@@ -564,7 +571,7 @@ impl Updater {
         self.apply(&mut standby)?;
         let applied_ms = began.elapsed().as_millis() as u64;
         // Handed over, the stores are flushed in the background: the task's first commit
-        // waits for that flush (`RocksStore::commit`), its start does not.
+        // waits for that flush (`TaskStore::commit`), its start does not.
         checkpoint_standby(&self.consumer, &mut standby, !hand_over)?;
         if hand_over {
             tracing::debug!(
@@ -572,16 +579,18 @@ impl Updater {
                 checkpoint_ms = began.elapsed().as_millis() as u64 - applied_ms, "learner stopped"
             );
         }
-        if hand_over {
-            for store in &standby.stores {
-                self.env
-                    .park(standby.dir.join(&store.changelog.store), store.db.clone());
-            }
-        }
         tracing::info!(task = %task, applied = standby.applied, handed_over = hand_over, "standby stopped");
-        Ok(standby.applied)
-        // The stores not parked close here, before the reply: the task may be opened as
-        // active next.
+        let applied = standby.applied;
+        if !hand_over {
+            // Closed here, before the reply: the task may be opened as active next.
+            return Ok((applied, WarmStores::new()));
+        }
+        let stores = standby
+            .stores
+            .into_iter()
+            .map(|store| (store.changelog.store, store.db))
+            .collect();
+        Ok((applied, stores))
     }
 
     /// Reads what the changelogs hold (up to a round) and applies it to the stores.
@@ -1117,19 +1126,20 @@ fn apply_standby(standby: &mut Standby) -> Result<(), String> {
         }
         let marker = marker(store);
         let changes = std::mem::take(&mut store.pending);
-        rocks::write_with_marker(
-            &store.db,
-            changes.iter().map(|(k, v)| (k.as_slice(), v.as_deref())),
-            &marker,
-            false,
-        )
-        .map_err(|e| format!("store {}: {e}", store.changelog.store))?;
+        store
+            .db
+            .write_with_marker(
+                &mut changes.iter().map(|(k, v)| (k.as_slice(), v.as_deref())),
+                &marker,
+                false,
+            )
+            .map_err(|e| format!("store {}: {e}", store.changelog.store))?;
         standby.applied += changes.len() as u64;
     }
     Ok(())
 }
 
-fn marker(store: &WarmStore) -> Marker {
+fn marker(store: &Tailed) -> Marker {
     Marker {
         topic: store.changelog.topic.clone(),
         topic_id: store.changelog.topic_id.clone(),
@@ -1151,17 +1161,17 @@ fn checkpoint_standby(consumer: &BaseConsumer, standby: &mut Standby, wait: bool
         {
             store.position = store.position.max(p);
         }
-        rocks::write_with_marker(&store.db, std::iter::empty(), &marker(store), false)?;
-        if wait {
-            rocks::flush(&store.db)
-        } else {
-            rocks::flush_in_background(&store.db)
-        }
-        .map_err(|e| format!("standby store {}: {e}", store.changelog.store))?;
+        store
+            .db
+            .write_with_marker(&mut std::iter::empty(), &marker(store), false)?;
+        store
+            .db
+            .flush(wait)
+            .map_err(|e| format!("standby store {}: {e}", store.changelog.store))?;
         hint.insert(store.changelog.store.clone(), store.position);
     }
     standby.last_checkpoint = Instant::now();
-    checkpoint::write(&standby.dir.join("checkpoint.json"), &hint)
+    write_offsets_hint(&standby.dir, &hint)
 }
 
 /// Changelog offset sums of the state this worker holds on disk, per task (from the

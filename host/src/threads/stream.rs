@@ -705,15 +705,14 @@ impl ThreadTasks {
         let Some(running) = self.detach(consumer, index) else {
             return;
         };
-        // Its stores stay open, parked for whoever opens them next here, and the rest of it
-        // (guest instance, producer) is dropped on another thread: its end is told at once.
-        // The worker closes what is parked and waits for those drops before it exits
-        // (`StateEnv::settle`).
+        // Its stores stay open, returned to the task runner for whoever uses them next here,
+        // and the rest of it (guest instance, producer) is dropped on another thread: its end
+        // is told at once. The worker waits for those drops before it exits (`Drops::settle`).
         let started = Instant::now();
         let Running { mut task, slot, .. } = running;
-        task.park_stores();
-        let (env, id) = (task.state_env(), task.id().to_string());
-        env.drop_later(task);
+        task.return_stores();
+        let (drops, id) = (task.drops(), task.id().to_string());
+        drops.later(task);
         tracing::debug!(target: "handover", task = %id, ms = started.elapsed().as_millis() as u64, "off its stream thread");
         slot.end(outcome);
     }

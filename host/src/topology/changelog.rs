@@ -11,13 +11,7 @@ use rdkafka::types::RDKafkaErrorCode;
 
 use crate::kafka::KafkaSettings;
 
-/// A store's changelog topic and its id (empty when the cluster did not say).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Changelog {
-    pub store: String,
-    pub topic: String,
-    pub topic_id: String,
-}
+pub use crate::state::Changelog;
 
 /// The changelog topic of a store: `<topology>-<store>-changelog`.
 pub fn changelog_topic(topology: &str, store: &str) -> String {

@@ -359,12 +359,12 @@ pub async fn run(
                 ms = revoke_began.elapsed().as_millis() as u64, "revoked tasks stopped"
             );
         }
-        tokio::task::block_in_place(|| runner.stop_standbys(&stop_standby, &a.active));
+        let handovers = tokio::task::block_in_place(|| runner.stop_standbys(&stop_standby, &a.active));
         for (t, lag) in &promoted {
             let lag = lag.map_or("unknown".to_string(), |l| l.to_string());
             tracing::info!(task = %t, lag = %lag, "learner promoted: the task is active here now");
         }
-        runner.start(&a.active)?;
+        runner.start(&a.active, handovers)?;
         runner.set_standbys(&a.standby, &a.learner)?;
         runner
             .board()
@@ -429,7 +429,7 @@ pub async fn run(
                     if let Kept::Lost(why) = heartbeats.wait_for(&mut membership, &mut runner, stopping).await? {
                         lose_membership(&mut runner, &why).await;
                     }
-                    tokio::task::block_in_place(|| runner.stop_standbys(&standbys, &[]));
+                    let _ = tokio::task::block_in_place(|| runner.stop_standbys(&standbys, &[]));
                     for name in &change.remove {
                         runner.remove_topology(name);
                     }

@@ -11,7 +11,7 @@ use crate::manifest::{Manifest, ManifestError};
 use crate::metrics::Metrics;
 use crate::registry::Watcher;
 use crate::runtime::{LoadError, Runtime};
-use crate::task::state::StateEnv;
+use crate::state::dir::StateDir;
 
 use super::board::{Board, WorkerStatus};
 use super::group_runner::Stop;
@@ -25,7 +25,7 @@ pub struct WorkerHandle {
     pub(super) metrics: Metrics,
     pub(super) runtime: Arc<Runtime>,
     pub(super) registry: Option<Arc<Watcher>>,
-    pub(super) state: Arc<StateEnv>,
+    pub(super) state: Arc<StateDir>,
     pub(super) static_names: Arc<HashSet<String>>,
     pub(super) drain: Option<Arc<tokio::sync::watch::Sender<Stop>>>,
     /// Bytes of state one topology's tasks may keep here (a manifest may only lower it).
@@ -125,7 +125,7 @@ impl WorkerHandle {
 
     /// The open stores named `store` of `topology`'s active tasks here, by partition (their
     /// committed state, for interactive queries).
-    pub fn active_stores(&self, topology: &str, store: &str) -> Vec<(i32, Arc<rocksdb::DB>)> {
+    pub fn active_stores(&self, topology: &str, store: &str) -> Vec<(i32, crate::state::engine::Db)> {
         self.state.active_stores(topology, store)
     }
 

@@ -29,15 +29,15 @@ use crate::registry::tenants::Tenancy;
 use crate::registry::Watcher;
 use crate::runtime::{Runtime, RuntimeConfig};
 use crate::secret::ClusterSecret;
+use crate::state::dir::StateDir;
 use crate::task::control::Lease;
 use crate::task::delivery::{self, DeliveryRouter, WorkerProducer};
-use crate::task::state::StateEnv;
 use crate::task::{TaskSettings, TaskSummary};
 use crate::topology::ChangelogSettings;
 use board::{Board, BoardMetrics};
 use deploys::{deploy_all, follow_registry, load_topologies, load_uploaded, DeploySettings, Loaded, Refused};
 pub use handle::WorkerHandle;
-pub use runner::{Stopping, TaskRunner, REAP_EVERY};
+pub use runner::{Handovers, Stopping, TaskRunner, REAP_EVERY};
 
 /// Everything a worker is started with.
 #[derive(Debug, Clone)]
@@ -102,7 +102,7 @@ pub struct Worker {
     uploaded_versions: BTreeMap<String, u32>,
     /// Topologies given with `--topology` (an upload cannot replace them).
     static_names: HashSet<String>,
-    state: Arc<StateEnv>,
+    state: Arc<StateDir>,
     metrics: Metrics,
     board: Arc<Board>,
 }
@@ -178,9 +178,10 @@ impl Worker {
             .filter(|(m, _, _)| !uploaded_versions.contains_key(&m.name))
             .map(|(m, _, _)| m.name.clone())
             .collect();
-        let state = Arc::new(StateEnv::new(
+        let memory = crate::state::rocks::SharedMemory::new(config.state_block_cache, config.state_write_buffers);
+        let state = Arc::new(StateDir::new(
             config.state_dir.clone(),
-            crate::state::rocks::SharedMemory::new(config.state_block_cache, config.state_write_buffers),
+            Arc::new(crate::state::rocks::RocksStorage::new(memory)),
             &config.kafka,
         ));
         state.connect();
@@ -299,7 +300,7 @@ impl Worker {
                 // Alone: this worker owns every task.
                 let all = runner.all_tasks();
                 runner.board().all_active(&all);
-                runner.start(&all)?;
+                runner.start(&all, runner::Handovers::none())?;
                 tokio::pin!(shutdown);
                 loop {
                     tokio::select! {

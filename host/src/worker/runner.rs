@@ -5,18 +5,21 @@
 //! trouble — restarts it after a backoff.
 
 use std::collections::BTreeMap;
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::board::Board;
 use super::WorkerReport;
+use crate::drops::Drops;
 use crate::group::metadata::TopologyInfo;
 use crate::group::TaskId;
 use crate::kafka::KafkaSettings;
 use crate::metrics::Metrics;
+use crate::state::dir::StateDir;
+use crate::state::warm::{Handover, Warm, WarmStores};
 use crate::task::control::{Lease, TaskControl};
 use crate::task::delivery::WorkerProducer;
-use crate::task::state::StateEnv;
 use crate::task::{self, Ended, TaskError, TaskSettings, TaskSummary};
 use crate::threads::state_updater as standby;
 use crate::threads::{Panicked, StreamThreads, TaskSlot};
@@ -27,6 +30,9 @@ pub const REAP_EVERY: Duration = Duration::from_millis(500);
 
 /// Longest wait before a task that failed for a transient reason starts again.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+/// The open stores an ended task returned.
+type Returned = (TaskId, WarmStores);
 
 /// A task (on a starter or stream thread), how to ask it to stop, and where its end is told.
 type RunningTask = (Arc<TaskControl>, Arc<TaskSlot>);
@@ -65,7 +71,14 @@ pub struct TaskRunner {
     /// What the worker is doing now (for `GET /status` and the metrics).
     board: Arc<Board>,
     kafka: KafkaSettings,
-    state: Arc<StateEnv>,
+    state: Arc<StateDir>,
+    /// Where ended tasks (and stores nobody takes) are dropped.
+    drops: Arc<Drops>,
+    /// Where ended tasks return their open stores, and the stores returned: each is passed
+    /// to the next user of its task's state here (the task started again, or a standby of
+    /// it) or closed once its task is no longer this worker's (see `state::warm`).
+    returns: (Sender<Returned>, Receiver<Returned>),
+    returned: BTreeMap<TaskId, WarmStores>,
     topologies: BTreeMap<String, Arc<DeployedTopology>>,
     running: BTreeMap<TaskId, RunningTask>,
     /// Tasks a guest fault stopped: still ours, not running, with their errors.
@@ -103,13 +116,13 @@ impl TaskRunner {
         metrics: Metrics,
         board: Arc<Board>,
         kafka: KafkaSettings,
-        state: Arc<StateEnv>,
+        state: Arc<StateDir>,
         deployed: Vec<DeployedTopology>,
     ) -> anyhow::Result<TaskRunner> {
         let streams = StreamThreads::start(settings.threads, &kafka, settings.prefetch_bytes)?;
         let updater = standby::StandbyUpdater::start(&kafka, state.clone(), settings.standby_restore_rate)?;
         // Global tables fill from now on, before any task that reads one is placed here.
-        state.want_globals(deployed.iter());
+        state.want_globals(&wanted_globals(deployed.iter()));
         Ok(TaskRunner {
             streams,
             updater,
@@ -120,6 +133,9 @@ impl TaskRunner {
             board,
             kafka,
             state,
+            drops: Default::default(),
+            returns: std::sync::mpsc::channel(),
+            returned: BTreeMap::new(),
             topologies: deployed.into_iter().map(|t| (t.name.clone(), Arc::new(t))).collect(),
             running: BTreeMap::new(),
             failed: BTreeMap::new(),
@@ -162,14 +178,17 @@ impl TaskRunner {
     pub fn put_topology(&mut self, topology: DeployedTopology) {
         self.forget(&topology.name);
         self.topologies.insert(topology.name.clone(), Arc::new(topology));
-        self.state.want_globals(self.topologies.values().map(|t| &**t));
+        self.state
+            .want_globals(&wanted_globals(self.topologies.values().map(|t| &**t)));
     }
 
     /// Stops running the topology `name` (its tasks and standbys must have stopped).
     pub fn remove_topology(&mut self, name: &str) {
         self.forget(name);
         self.topologies.remove(name);
-        self.state.want_globals(self.topologies.values().map(|t| &**t));
+        self.close_unclaimed();
+        self.state
+            .want_globals(&wanted_globals(self.topologies.values().map(|t| &**t)));
     }
 
     /// Forgets the failures of a topology's tasks (a new version starts them afresh).
@@ -238,7 +257,6 @@ impl TaskRunner {
     /// Collects tasks that ended on their own and restarts transient failures whose
     /// backoff has passed (only while the lease holds).
     pub fn reap(&mut self) -> anyhow::Result<Reaped> {
-        self.state.close_stale_parked();
         let mut reaped = Reaped::default();
         let ended: Vec<TaskId> = self
             .running
@@ -282,9 +300,12 @@ impl TaskRunner {
                 .collect();
             for id in due {
                 tracing::info!(task = %id, "starting again after a transient failure");
-                self.start_one(&id)?;
+                self.start_one(&id, None)?;
             }
         }
+        // A task that failed for good no longer needs its stores; one waiting to start
+        // again keeps them.
+        self.close_unclaimed();
         Ok(reaped)
     }
 
@@ -299,18 +320,25 @@ impl TaskRunner {
         self.retrying.insert(id.clone(), (Instant::now() + backoff, attempts));
     }
 
-    /// Starts tasks not running yet (a failed one stays failed; a retrying one starts now).
-    pub fn start(&mut self, tasks: &[TaskId]) -> anyhow::Result<()> {
+    /// Starts tasks not running yet (a failed one stays failed; a retrying one starts now),
+    /// each on the stores its learner hands over (`handovers`, from
+    /// [`stop_standbys`](Self::stop_standbys)) or those it left here when it last ended.
+    pub fn start(&mut self, tasks: &[TaskId], handovers: Handovers) -> anyhow::Result<()> {
+        let mut handovers: BTreeMap<TaskId, Handover> = handovers.0.into_iter().collect();
         for task in tasks {
             if self.running.contains_key(task) || self.failed.contains_key(task) {
                 continue;
             }
-            self.start_one(task)?;
+            let warm = handovers.remove(task).map(Warm::Handover);
+            self.start_one(task, warm)?;
         }
+        // Handovers left (a task failed here): their stores close on the state updater.
         Ok(())
     }
 
-    fn start_one(&mut self, task: &TaskId) -> anyhow::Result<()> {
+    fn start_one(&mut self, task: &TaskId, warm: Option<Warm>) -> anyhow::Result<()> {
+        self.collect_returned();
+        let warm = warm.or_else(|| self.returned.remove(task).map(Warm::Returned));
         {
             let Some(topology) = self.topologies.get(&*task.topology).cloned() else {
                 tracing::warn!(%task, "assigned a task of a topology this worker does not run");
@@ -338,6 +366,9 @@ impl TaskRunner {
                 progress: self.board.clone(),
                 kafka: self.kafka.clone(),
                 state: self.state.clone(),
+                drops: self.drops.clone(),
+                warm,
+                returns: self.returns.0.clone(),
             };
             let slot = Arc::new(TaskSlot::default());
             self.streams.submit(ctx, slot.clone());
@@ -418,9 +449,11 @@ impl TaskRunner {
             ));
         }
         let standbys = self.standbys();
-        self.stop_standbys(&standbys, &[]);
-        // What ended tasks left behind: their stores (parked) and their drops.
-        self.state.settle();
+        let _ = self.stop_standbys(&standbys, &[]);
+        // What ended tasks left behind: their stores and their drops.
+        self.collect_returned();
+        self.returned.clear();
+        self.drops.settle();
         self.finished
     }
 
@@ -498,17 +531,21 @@ impl TaskRunner {
     pub fn set_standbys(&mut self, standbys: &[TaskId], learners: &[TaskId]) -> anyhow::Result<()> {
         let wanted: std::collections::BTreeSet<&TaskId> = standbys.iter().chain(learners).collect();
         let stop: Vec<TaskId> = self.standbys.iter().filter(|t| !wanted.contains(t)).cloned().collect();
-        self.stop_standbys(&stop, &[]);
+        let _ = self.stop_standbys(&stop, &[]);
         self.learners = learners
             .iter()
             .filter(|t| !self.running.contains_key(*t))
             .cloned()
             .collect();
         let all: Vec<TaskId> = wanted.into_iter().cloned().collect();
-        self.start_standbys(&all)
+        self.start_standbys(&all);
+        self.close_unclaimed();
+        Ok(())
     }
 
-    pub fn start_standbys(&mut self, tasks: &[TaskId]) -> anyhow::Result<()> {
+    /// Starts standbys of `tasks` (each on the stores its task left here, if it did).
+    fn start_standbys(&mut self, tasks: &[TaskId]) {
+        self.collect_returned();
         for task in tasks {
             if self.standbys.contains(task) || self.running.contains_key(task) {
                 continue;
@@ -516,10 +553,40 @@ impl TaskRunner {
             let Some(topology) = self.topologies.get(&*task.topology).cloned() else {
                 continue;
             };
-            self.updater.add(topology, task.clone());
+            let warm = self.returned.remove(task).unwrap_or_default();
+            self.updater.add(topology, task.clone(), warm);
             self.standbys.insert(task.clone());
         }
-        Ok(())
+    }
+
+    /// Takes the stores ended tasks returned since the last look.
+    fn collect_returned(&mut self) {
+        while let Ok((task, stores)) = self.returns.1.try_recv() {
+            if let Some(older) = self.returned.insert(task, stores) {
+                self.drops.later(older);
+            }
+        }
+    }
+
+    /// Closes (in the background) the returned stores of tasks that are neither running,
+    /// waiting to start again, nor standbys here: nobody here will use them. Called once
+    /// an assignment has been carried out, when every task's place is known.
+    fn close_unclaimed(&mut self) {
+        self.collect_returned();
+        let unclaimed: Vec<TaskId> = self
+            .returned
+            .keys()
+            .filter(|t| {
+                !self.running.contains_key(*t) && !self.retrying.contains_key(*t) && !self.standbys.contains(*t)
+            })
+            .cloned()
+            .collect();
+        for task in unclaimed {
+            tracing::debug!(%task, "closing the stores of a task that is no longer here");
+            if let Some(stores) = self.returned.remove(&task) {
+                self.drops.later(stores);
+            }
+        }
     }
 
     /// Makes what these learners applied durable now, in the background, so that taking
@@ -530,10 +597,9 @@ impl TaskRunner {
 
     /// Stops standbys; their progress is checkpointed and their stores closed on return,
     /// except those of `active_next` (tasks about to start here as active): they read their
-    /// changelogs' tail and hand their open stores over in the background, and the tasks'
-    /// starts wait for that (`StateEnv::wait_for_handover`).
-    pub fn stop_standbys(&mut self, tasks: &[TaskId], active_next: &[TaskId]) {
-        self.state.close_stale_parked();
+    /// changelogs' tail and hand their open stores over in the background, through the
+    /// handovers returned, which [`start`](Self::start) gives to the tasks' starts.
+    pub fn stop_standbys(&mut self, tasks: &[TaskId], active_next: &[TaskId]) -> Handovers {
         let mut stopping = Vec::new();
         let mut handing_over = Vec::new();
         for task in tasks {
@@ -548,11 +614,37 @@ impl TaskRunner {
         }
         // Those becoming active here hand over while the worker goes on (rejoins); their
         // starts wait for it.
-        self.updater.hand_over(&handing_over);
+        let handovers = Handovers(self.updater.hand_over(&handing_over));
         for (task, result) in self.updater.remove(&stopping) {
             if let Err(e) = result {
                 tracing::warn!(%task, "standby failed: {e}");
             }
         }
+        handovers
     }
+}
+
+/// Learners' stores on their way to their tasks' starts (see [`TaskRunner::start`]).
+#[must_use = "a task started without its learner's handover restores its state itself"]
+#[derive(Default)]
+pub struct Handovers(Vec<(TaskId, Handover)>);
+
+impl Handovers {
+    /// No handover (tasks start on what they left here, or on the disk's stores).
+    pub fn none() -> Handovers {
+        Handovers::default()
+    }
+}
+
+/// The global tables `topologies` read: topic → the largest state limit of the topologies
+/// reading it.
+fn wanted_globals<'a>(topologies: impl IntoIterator<Item = &'a DeployedTopology>) -> BTreeMap<String, u64> {
+    let mut wanted = BTreeMap::<String, u64>::new();
+    for t in topologies {
+        for g in &t.globals {
+            let limit = wanted.entry(g.topic.clone()).or_default();
+            *limit = (*limit).max(t.state_limit);
+        }
+    }
+    wanted
 }

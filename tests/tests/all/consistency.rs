@@ -242,14 +242,14 @@ async fn a_store_that_claims_more_than_its_changelog_holds_is_wiped_and_rebuilt(
     // on top of it would keep that data.
     let path = ledger.state().join(&ledger.name).join("0").join("counts");
     {
-        use sluice::state::rocks;
-        let memory = rocks::SharedMemory::new(8 << 20, 8 << 20);
-        let db = rocks::open(&path, &memory).map_err(anyhow::Error::msg)?;
-        let mut marker = rocks::read_marker(&db).map_err(anyhow::Error::msg)?.expect("a marker");
+        use sluice::state::engine::{as_slices, Storage};
+        use sluice::state::rocks::{RocksStorage, SharedMemory};
+        let db = RocksStorage::new(SharedMemory::new(8 << 20, 8 << 20)).open(&path)?;
+        let mut marker = db.read_marker()?.expect("a marker");
         marker.next_offset += 10_000;
         marker.topic_id.clear();
         let bogus = (b"ghost".to_vec(), Some(999u64.to_be_bytes().to_vec()));
-        rocks::write_with_marker(&db, rocks::as_slices(&[bogus]), &marker, true).map_err(anyhow::Error::msg)?;
+        db.write_with_marker(&mut as_slices(&[bogus]), &marker, true)?;
     }
     let mut worker = ledger.start(&[])?;
     let line = worker.wait_for_line(&["wiping the local store", "store=counts"], Duration::from_secs(60))?;
