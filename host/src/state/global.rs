@@ -1,6 +1,6 @@
 //! Global tables: a copy of a whole topic (every partition, the latest value per key) kept
 //! once per worker, whichever topologies read it. The state updater
-//! (`threads/state_updater.rs`) fills and tails each table; tasks read it through a
+//! (`threads/globals.rs`) fills and tails each table; tasks read it through a
 //! [`GlobalReader`] and never write it.
 //!
 //! A table lives in `<state-dir>/+global/<topic>`: a topology's tasks live in

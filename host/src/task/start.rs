@@ -129,7 +129,7 @@ impl Task {
         labels: TaskLabels,
         env: &mut KafkaEnv,
     ) -> Result<Option<Task>, TaskError> {
-        let topology = &ctx.topology;
+        let topology = ctx.topology.clone();
         let control = ctx.control.clone();
         let stopping = move || control.stopping();
         let stage = ctx.stage();
@@ -159,88 +159,9 @@ impl Task {
                 }
             }
         };
-        ctx.control.enter("opening and restoring its state", STEP_DEADLINE);
-        let changelogs = topology.changelogs_of(stage);
-        let (state, stores) = if changelogs.is_empty() {
-            (None, Vec::new())
-        } else {
-            let opened = TaskState::open(Opening {
-                state: &ctx.state,
-                kafka: &ctx.kafka,
-                drops: &ctx.drops,
-                task_id: &ctx.task,
-                task: &id,
-                changelogs,
-                metrics: &ctx.metrics,
-                progress: &Watched {
-                    inner: ctx.progress.as_ref(),
-                    control: &ctx.control,
-                },
-                stop: &stopping,
-                warm: ctx.warm.take(),
-            })
-            .map_err(|detail| TaskError::State {
-                task: id.clone(),
-                detail,
-            })?;
-            match opened {
-                Opened::Ready(state, stores) => (Some(state), stores),
-                Opened::Stopped => return Ok(None),
-            }
+        let Some((state, stores)) = open_state(&mut ctx, &id, &stopping)? else {
+            return Ok(None);
         };
-        let mut stores = stores;
-        if !topology.globals.is_empty() {
-            ctx.control
-                .enter("waiting for its global tables to catch up", STEP_DEADLINE);
-            for g in &topology.globals {
-                let Some(table) = ctx.state.globals.get(&g.topic) else {
-                    return Err(TaskError::State {
-                        task: id.clone(),
-                        detail: format!("the global table of topic {:?} is not kept on this worker", g.topic),
-                    });
-                };
-                // The start's watch hears of progress only when the table moves.
-                let seen = std::cell::Cell::new(None);
-                let progress = |restored: u64, _total: u64| {
-                    if seen.replace(Some(restored)) != Some(restored) {
-                        ctx.control.progress();
-                    }
-                };
-                match table.wait_ready(&stopping, &progress) {
-                    Ok(true) => {}
-                    Ok(false) => return Ok(None),
-                    Err(NotReady::Failed(detail)) => {
-                        return Err(TaskError::State {
-                            task: id.clone(),
-                            detail,
-                        })
-                    }
-                    Err(NotReady::OverLimit(detail)) => {
-                        return Err(TaskError::Quota {
-                            task: id.clone(),
-                            detail,
-                        })
-                    }
-                }
-                if table.bytes() > topology.state_limit {
-                    return Err(TaskError::Quota {
-                        task: id.clone(),
-                        detail: format!(
-                            "the global table of topic {:?} takes {} bytes, more than the limit of topology {} \
-                             ({} bytes: limits.state in the manifest, or the worker's --state-limit)",
-                            g.topic,
-                            table.bytes(),
-                            topology.name,
-                            topology.state_limit
-                        ),
-                    });
-                }
-                stores.push(crate::runtime::NamedStore {
-                    name: g.store.clone(),
-                    store: Box::new(crate::state::global::GlobalReader::new(&g.store, table)),
-                });
-            }
-        }
         let opened_at = began.elapsed();
         ctx.control
             .enter("instantiating the guest and calling init", STEP_DEADLINE);
@@ -275,20 +196,7 @@ impl Task {
         };
         // Offsets committed in a transaction name the topology's group.
         ctx.control.enter("reading its group's metadata", STEP_DEADLINE);
-        let group_metadata = if output.is_transactional() {
-            let consumer = crate::topology::source_consumer(&ctx.kafka, &topology.group, 1 << 20).map_err(|e| {
-                TaskError::Transaction {
-                    task: id.clone(),
-                    detail: format!("creating a consumer for the group metadata: {e}"),
-                }
-            })?;
-            Some(consumer.group_metadata().ok_or_else(|| TaskError::Transaction {
-                task: id.clone(),
-                detail: "the consumer has no group metadata".into(),
-            })?)
-        } else {
-            None
-        };
+        let group_metadata = group_metadata(&ctx, &output, &id)?;
         let counters = Counters {
             records_in: ctx.metrics.records_in.get_or_create(&labels).clone(),
             enforced_processing: ctx.metrics.enforced_processing.get_or_create(&labels).clone(),
@@ -356,4 +264,124 @@ impl Task {
             ctx,
         }))
     }
+}
+
+/// Opens and restores a task's stores and its views of the global tables it reads (waiting
+/// for them to catch up). None: asked to stop first.
+#[allow(clippy::type_complexity)]
+fn open_state(
+    ctx: &mut TaskContext,
+    id: &str,
+    stopping: &dyn Fn() -> bool,
+) -> Result<Option<(Option<TaskState>, Vec<crate::runtime::NamedStore>)>, TaskError> {
+    let topology = ctx.topology.clone();
+    let stage = ctx.stage();
+    let id = id.to_string();
+    ctx.control.enter("opening and restoring its state", STEP_DEADLINE);
+    let changelogs = topology.changelogs_of(stage);
+    let (state, stores) = if changelogs.is_empty() {
+        (None, Vec::new())
+    } else {
+        let opened = TaskState::open(Opening {
+            state: &ctx.state,
+            kafka: &ctx.kafka,
+            drops: &ctx.drops,
+            task_id: &ctx.task,
+            task: &id,
+            changelogs,
+            metrics: &ctx.metrics,
+            progress: &Watched {
+                inner: ctx.progress.as_ref(),
+                control: &ctx.control,
+            },
+            stop: stopping,
+            warm: ctx.warm.take(),
+        })
+        .map_err(|detail| TaskError::State {
+            task: id.clone(),
+            detail,
+        })?;
+        match opened {
+            Opened::Ready(state, stores) => (Some(state), stores),
+            Opened::Stopped => return Ok(None),
+        }
+    };
+    let mut stores = stores;
+    if !topology.globals.is_empty() {
+        ctx.control
+            .enter("waiting for its global tables to catch up", STEP_DEADLINE);
+        for g in &topology.globals {
+            let Some(table) = ctx.state.globals.get(&g.topic) else {
+                return Err(TaskError::State {
+                    task: id.clone(),
+                    detail: format!("the global table of topic {:?} is not kept on this worker", g.topic),
+                });
+            };
+            // The start's watch hears of progress only when the table moves.
+            let seen = std::cell::Cell::new(None);
+            let progress = |restored: u64, _total: u64| {
+                if seen.replace(Some(restored)) != Some(restored) {
+                    ctx.control.progress();
+                }
+            };
+            match table.wait_ready(stopping, &progress) {
+                Ok(true) => {}
+                Ok(false) => return Ok(None),
+                Err(NotReady::Failed(detail)) => {
+                    return Err(TaskError::State {
+                        task: id.clone(),
+                        detail,
+                    })
+                }
+                Err(NotReady::OverLimit(detail)) => {
+                    return Err(TaskError::Quota {
+                        task: id.clone(),
+                        detail,
+                    })
+                }
+            }
+            if table.bytes() > topology.state_limit {
+                return Err(TaskError::Quota {
+                    task: id.clone(),
+                    detail: format!(
+                        "the global table of topic {:?} takes {} bytes, more than the limit of topology {} \
+                         ({} bytes: limits.state in the manifest, or the worker's --state-limit)",
+                        g.topic,
+                        table.bytes(),
+                        topology.name,
+                        topology.state_limit
+                    ),
+                });
+            }
+            stores.push(crate::runtime::NamedStore {
+                name: g.store.clone(),
+                store: Box::new(crate::state::global::GlobalReader::new(&g.store, table)),
+            });
+        }
+    }
+    Ok(Some((state, stores)))
+}
+
+/// Under exactly-once, the topology group's metadata, which offsets committed in a
+/// transaction carry.
+fn group_metadata(
+    ctx: &TaskContext,
+    output: &TaskOutput,
+    id: &str,
+) -> Result<Option<rdkafka::consumer::ConsumerGroupMetadata>, TaskError> {
+    if !output.is_transactional() {
+        return Ok(None);
+    }
+    let topology = &ctx.topology;
+    let consumer =
+        crate::topology::source_consumer(&ctx.kafka, &topology.group, 1 << 20).map_err(|e| TaskError::Transaction {
+            task: id.to_string(),
+            detail: format!("creating a consumer for the group metadata: {e}"),
+        })?;
+    Ok(Some(consumer.group_metadata().ok_or_else(|| {
+        TaskError::Transaction {
+            task: id.to_string(),
+            detail: "the consumer has no group metadata".into(),
+        }
+    })?))
 }

@@ -1,6 +1,6 @@
 //! The threads a worker's tasks run on: a few stream threads (about one per core), not one
-//! per task; four starter threads that open tasks; and one state-updater thread for the
-//! standbys and learners.
+//! per task; four starter threads that open tasks; one state-updater thread for the
+//! standbys and learners; one for the global tables.
 //!
 //! Each stream thread (`stream`) owns one consumer for the source partitions of all its
 //! tasks and drives them in turn: it polls a round of records, hands each to its task,
@@ -15,13 +15,17 @@
 //! stream thread for a finisher thread (`finishers`), which makes its final commits. How a
 //! task ends is told to its [`TaskSlot`], which the worker waits on.
 //!
-//! Standbys and learners replay changelogs on the state updater (`state_updater`), with a
-//! consumer of its own, so restoring never blocks processing.
+//! Standbys and learners replay changelogs on the state updater (`standbys`), with a
+//! consumer of its own, so restoring never blocks processing; global tables fill and tail on
+//! a thread of their own (`globals`). Both read through [`changelogs::Changelogs`], which
+//! their unit tests replace with partitions in memory.
 
+pub mod changelogs;
 mod finishers;
+pub mod globals;
 mod slot;
+pub mod standbys;
 mod starters;
-pub mod state_updater;
 mod stream;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -30,9 +34,10 @@ use std::sync::Arc;
 
 use crate::kafka::KafkaSettings;
 use crate::task::{KafkaEnv, TaskContext};
+pub use globals::GlobalUpdater;
 pub use slot::{Panicked, TaskSlot};
+pub use standbys::StandbyUpdater;
 use starters::Starters;
-pub use state_updater::StandbyUpdater;
 use stream::{stream_consumer, Command, StreamThread};
 
 /// The stream threads and starter threads of a worker.

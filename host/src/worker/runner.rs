@@ -21,7 +21,8 @@ use crate::state::warm::{Handover, Warm, WarmStores};
 use crate::task::control::{Lease, TaskControl};
 use crate::task::delivery::WorkerProducer;
 use crate::task::{self, Ended, TaskError, TaskSettings, TaskSummary};
-use crate::threads::state_updater as standby;
+use crate::threads::standbys as standby;
+use crate::threads::GlobalUpdater;
 use crate::threads::{Panicked, StreamThreads, TaskSlot};
 use crate::topology::DeployedTopology;
 
@@ -95,6 +96,8 @@ pub struct TaskRunner {
     /// Which of the standbys are learners (restoring to take the task over).
     learners: std::collections::BTreeSet<TaskId>,
     updater: standby::StandbyUpdater,
+    /// Fills and tails the global tables (on a thread of its own).
+    _globals: GlobalUpdater,
     finished: WorkerReport,
     streams: StreamThreads,
 }
@@ -121,11 +124,13 @@ impl TaskRunner {
     ) -> anyhow::Result<TaskRunner> {
         let streams = StreamThreads::start(settings.threads, &kafka, settings.prefetch_bytes)?;
         let updater = standby::StandbyUpdater::start(&kafka, state.clone(), settings.standby_restore_rate)?;
+        let globals = GlobalUpdater::start(&kafka, state.clone())?;
         // Global tables fill from now on, before any task that reads one is placed here.
         state.want_globals(&wanted_globals(deployed.iter()));
         Ok(TaskRunner {
             streams,
             updater,
+            _globals: globals,
             lease,
             producer,
             settings,
@@ -553,8 +558,12 @@ impl TaskRunner {
             let Some(topology) = self.topologies.get(&*task.topology).cloned() else {
                 continue;
             };
+            let Some(stage) = topology.stage_of(task) else {
+                tracing::warn!(%task, "a standby of a task its topology does not have here");
+                continue;
+            };
             let warm = self.returned.remove(task).unwrap_or_default();
-            self.updater.add(topology, task.clone(), warm);
+            self.updater.add(task.clone(), topology.changelogs_of(stage), warm);
             self.standbys.insert(task.clone());
         }
     }
