@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use super::{internal, not_found, store, AdminState, ApiError};
 use crate::manifest::Manifest;
-use crate::registry::tenants::Caller;
+use crate::registry::tenants::{Caller, Tenant};
 use crate::registry::{self, Entry};
 use crate::runtime::LoadError;
 use crate::worker::handle::DeployCheckError;
@@ -352,50 +352,12 @@ pub(super) async fn upload(
     if component.len() > state.max_component_bytes {
         return Err(too_large(Some(component.len()), state.max_component_bytes));
     }
-    let manifest = Manifest::parse_uploaded(&text, &manifest_file, Path::new(&component_file))
+    let mut manifest = Manifest::parse_uploaded(&text, &manifest_file, Path::new(&component_file))
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad-manifest", e.to_string()))?;
     let name = manifest.name.clone();
-    // A name outside the tenant's namespace is refused before anything tells whether it
-    // exists (taken by another tenant, or a worker's --topology): the same answer either way.
+    let snapshot = admit_name(&state, &who, &manifest)?;
     if let Caller::Tenant(tenant) = &who {
-        tenant
-            .check_manifest(&manifest)
-            .map_err(|(kind, message)| ApiError::new(StatusCode::FORBIDDEN, kind, message))?;
-    }
-    if state.worker.is_static(&name) {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "static-topology",
-            format!("topology {name:?} is given to a worker with --topology; an upload cannot replace it"),
-        ));
-    }
-    let snapshot = state.registry.snapshot();
-    if snapshot.entries.get(&name).is_some_and(|(e, _)| !who.owns(&e.tenant)) {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "name-taken",
-            format!("the topology name {name:?} is taken by another tenant; choose another"),
-        ));
-    }
-    let mut manifest = manifest;
-    if let Caller::Tenant(tenant) = &who {
-        let mine: Vec<&Entry> = snapshot
-            .entries
-            .values()
-            .map(|(e, _)| e)
-            .filter(|e| e.tenant == tenant.name && e.name != name)
-            .collect();
-        if let Some(max) = tenant.max_topologies.filter(|max| mine.len() as u32 >= *max) {
-            return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "over-limit",
-                format!(
-                    "tenant {} has {} topologies, its limit (max-topologies = {max})",
-                    tenant.name,
-                    mine.len()
-                ),
-            ));
-        }
+        within_max_topologies(tenant, &snapshot, &name)?;
         // Its manifest's limits, capped by the tenant's (checked against the worker's below).
         tenant.caps.apply(&mut manifest.limits);
     }
@@ -408,49 +370,10 @@ pub(super) async fn upload(
         .await
         .map_err(internal)?;
     let ((description, stages, operators), component) = checked?;
-    let operators_of = |sub: &str| -> Vec<String> {
-        operators
-            .iter()
-            .find(|(name, _)| name == sub)
-            .map(|(_, lines)| lines.clone())
-            .unwrap_or_default()
-    };
     let partitions: u32 = stages.iter().map(|s| s.partitions as u32).sum();
-    let subtopologies: Vec<registry::SubtopologyEntry> = stages
-        .iter()
-        .filter_map(|s| {
-            let name = s.sub.as_deref()?.to_string();
-            let declared = description.subtopologies.iter().find(|d| d.name == name);
-            let field = |f: fn(&sluice_wire::Subtopology) -> &Vec<String>| declared.map(f).cloned().unwrap_or_default();
-            Some(registry::SubtopologyEntry {
-                partitions: s.partitions as u32,
-                stores: field(|d| &d.stores),
-                sources: field(|d| &d.sources),
-                sinks: field(|d| &d.sinks),
-                operators: operators_of(&name),
-                name,
-            })
-        })
-        .collect();
+    let subtopologies = subtopology_entries(&stages, &description, &operators);
     if let Caller::Tenant(tenant) = &who {
-        let others: u32 = snapshot
-            .entries
-            .values()
-            .map(|(e, _)| e)
-            .filter(|e| e.tenant == tenant.name && e.name != name)
-            .map(|e| e.partitions)
-            .sum();
-        if let Some(max) = tenant.max_tasks.filter(|max| others + partitions > *max) {
-            return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "over-limit",
-                format!(
-                    "tenant {} would run {} tasks with this topology's {partitions}, over its limit (max-tasks = {max})",
-                    tenant.name,
-                    others + partitions
-                ),
-            ));
-        }
+        within_max_tasks(tenant, &snapshot, &name, partitions)?;
     }
     let digest = registry::digest(&component);
     let previous = snapshot.entries.get(&name).map(|(e, _)| e.clone());
@@ -460,15 +383,7 @@ pub(super) async fn upload(
     {
         return Ok((StatusCode::OK, Json(p.clone())).into_response());
     }
-    let version = previous.as_ref().map_or(1, |p| p.version + 1);
-    // Reprocessing: this version commits in a fresh group, which starts there. Otherwise
-    // the group (and its start) of the version before stays.
-    let (offsets_epoch, reprocess_from) = match reprocess_from {
-        Some(from) => (version, Some(from)),
-        None => previous
-            .as_ref()
-            .map_or((0, None), |p| (p.offsets_epoch, p.reprocess_from)),
-    };
+    let (version, offsets_epoch, reprocess_from) = next_version(previous.as_ref(), reprocess_from);
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
@@ -506,6 +421,133 @@ pub(super) async fn upload(
     store(&state, move |w| w.put(&e, &component, present)).await?;
     tracing::info!(topology = %name, version = entry.version, digest = %entry.digest, "uploaded to the registry");
     Ok((StatusCode::CREATED, Json(entry)).into_response())
+}
+
+/// Whether `who` may upload a topology of this name: inside its namespace, not a worker's
+/// `--topology`, not another tenant's. Returns the registry as it was when asked.
+fn admit_name(state: &AdminState, who: &Caller, manifest: &Manifest) -> Result<Arc<registry::Snapshot>, ApiError> {
+    let name = &manifest.name;
+    // A name outside the tenant's namespace is refused before anything tells whether it
+    // exists (taken by another tenant, or a worker's --topology): the same answer either way.
+    if let Caller::Tenant(tenant) = who {
+        tenant
+            .check_manifest(manifest)
+            .map_err(|(kind, message)| ApiError::new(StatusCode::FORBIDDEN, kind, message))?;
+    }
+    if state.worker.is_static(name) {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "static-topology",
+            format!("topology {name:?} is given to a worker with --topology; an upload cannot replace it"),
+        ));
+    }
+    let snapshot = state.registry.snapshot();
+    if snapshot.entries.get(name).is_some_and(|(e, _)| !who.owns(&e.tenant)) {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "name-taken",
+            format!("the topology name {name:?} is taken by another tenant; choose another"),
+        ));
+    }
+    Ok(snapshot)
+}
+
+/// A tenant's other topologies than `name` (which an upload of it replaces).
+fn others_of<'a>(
+    tenant: &'a Tenant,
+    snapshot: &'a registry::Snapshot,
+    name: &'a str,
+) -> impl Iterator<Item = &'a Entry> {
+    snapshot
+        .entries
+        .values()
+        .map(|(e, _)| e)
+        .filter(move |e| e.tenant == tenant.name && e.name != name)
+}
+
+/// Refuses a tenant's upload of a new topology once it has `max-topologies` of them.
+fn within_max_topologies(tenant: &Tenant, snapshot: &registry::Snapshot, name: &str) -> Result<(), ApiError> {
+    let mine = others_of(tenant, snapshot, name).count();
+    if let Some(max) = tenant.max_topologies.filter(|max| mine as u32 >= *max) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "over-limit",
+            format!(
+                "tenant {} has {} topologies, its limit (max-topologies = {max})",
+                tenant.name, mine
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a tenant's upload whose `partitions` tasks would take it over `max-tasks`.
+fn within_max_tasks(
+    tenant: &Tenant,
+    snapshot: &registry::Snapshot,
+    name: &str,
+    partitions: u32,
+) -> Result<(), ApiError> {
+    let others: u32 = others_of(tenant, snapshot, name).map(|e| e.partitions).sum();
+    if let Some(max) = tenant.max_tasks.filter(|max| others + partitions > *max) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "over-limit",
+            format!(
+                "tenant {} would run {} tasks with this topology's {partitions}, over its limit (max-tasks = {max})",
+                tenant.name,
+                others + partitions
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// What the registry records of each sub-topology (none for a topology of one): its
+/// partitions, what its description declares, what it says of its operators.
+fn subtopology_entries(
+    stages: &[crate::topology::Stage],
+    description: &sluice_wire::Description,
+    operators: &crate::runtime::Operators,
+) -> Vec<registry::SubtopologyEntry> {
+    let operators_of = |sub: &str| -> Vec<String> {
+        operators
+            .iter()
+            .find(|(name, _)| name == sub)
+            .map(|(_, lines)| lines.clone())
+            .unwrap_or_default()
+    };
+    stages
+        .iter()
+        .filter_map(|s| {
+            let name = s.sub.as_deref()?.to_string();
+            let declared = description.subtopologies.iter().find(|d| d.name == name);
+            let field = |f: fn(&sluice_wire::Subtopology) -> &Vec<String>| declared.map(f).cloned().unwrap_or_default();
+            Some(registry::SubtopologyEntry {
+                partitions: s.partitions as u32,
+                stores: field(|d| &d.stores),
+                sources: field(|d| &d.sources),
+                sinks: field(|d| &d.sinks),
+                operators: operators_of(&name),
+                name,
+            })
+        })
+        .collect()
+}
+
+/// The version an upload gets after `previous`, and where it commits and starts: asked to
+/// reprocess, it commits in a fresh group (its epoch is its version), which starts at
+/// `reprocess_from`; otherwise the group (and its start) of the version before stays.
+fn next_version(
+    previous: Option<&Entry>,
+    reprocess_from: Option<crate::manifest::StartFrom>,
+) -> (u32, u32, Option<crate::manifest::StartFrom>) {
+    let version = previous.map_or(1, |p| p.version + 1);
+    let (offsets_epoch, reprocess_from) = match reprocess_from {
+        Some(from) => (version, Some(from)),
+        None => previous.map_or((0, None), |p| (p.offsets_epoch, p.reprocess_from)),
+    };
+    (version, offsets_epoch, reprocess_from)
 }
 
 /// Checks an upload as its worker would before running it (see
@@ -560,4 +602,53 @@ fn check(
             ApiError::new(status, kind, e.to_string())
         })?;
     Ok((checked.description, checked.stages, checked.operators))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::StartFrom;
+
+    fn previous(version: u32, offsets_epoch: u32, reprocess_from: Option<StartFrom>) -> Entry {
+        Entry {
+            name: "t".into(),
+            version,
+            manifest: String::new(),
+            digest: String::new(),
+            size: 0,
+            chunks: 0,
+            uploaded_at_ms: 0,
+            created_at_ms: 0,
+            partitions: 1,
+            subtopologies: vec![],
+            internal_topics: vec![],
+            sources: vec![],
+            sinks: vec![],
+            stores: vec![],
+            operators: vec![],
+            tenant: String::new(),
+            caps: Default::default(),
+            offsets_epoch,
+            reprocess_from,
+        }
+    }
+
+    #[test]
+    fn a_new_version_keeps_its_group_unless_it_reprocesses() {
+        // The first upload: version 1 in the group of epoch 0.
+        assert_eq!(next_version(None, None), (1, 0, None));
+        // Reprocessing the first upload: a fresh group from the start asked for.
+        assert_eq!(
+            next_version(None, Some(StartFrom::Earliest)),
+            (1, 1, Some(StartFrom::Earliest))
+        );
+        // An upgrade keeps the group (and the start) of the version before.
+        let p = previous(3, 2, Some(StartFrom::Latest));
+        assert_eq!(next_version(Some(&p), None), (4, 2, Some(StartFrom::Latest)));
+        // Reprocessing commits in the group of its own version, from the new start.
+        assert_eq!(
+            next_version(Some(&p), Some(StartFrom::Offset(5))),
+            (4, 4, Some(StartFrom::Offset(5)))
+        );
+    }
 }

@@ -215,16 +215,6 @@ async fn gather(
             info.state
         );
     }
-    let changelog_end = |task: &TaskId| -> Option<i64> {
-        let prefix = format!("{}-", task.topology);
-        let matching: Vec<i64> = ends
-            .iter()
-            .filter(|((t, p), _)| t.starts_with(&prefix) && *p == task.partition as i32)
-            .map(|(_, e)| *e)
-            .collect();
-        (!matching.is_empty()).then(|| matching.iter().sum())
-    };
-
     let mut status = Status {
         cluster: args.cluster.clone(),
         group: group.to_string(),
@@ -236,25 +226,7 @@ async fn gather(
         handovers: vec![],
     };
     let mut metas = BTreeMap::new();
-    let decoded: Vec<(String, String, MemberMetadata, Assignment)> = info
-        .members
-        .iter()
-        .map(|(id, host, meta, assignment)| {
-            use sluice::group::framing::{unframe_assignment, unframe_metadata};
-            let meta = meta
-                .as_deref()
-                .and_then(|b| MemberMetadata::decode(&unframe_metadata(b).ok()?).ok());
-            let assignment = assignment
-                .as_deref()
-                .and_then(|b| Assignment::decode(&unframe_assignment(b).ok()?).ok());
-            (
-                id.clone(),
-                host.clone(),
-                meta.unwrap_or_default(),
-                assignment.unwrap_or_default(),
-            )
-        })
-        .collect();
+    let decoded = decode_members(&info.members);
     // Every worker's live status, asked for at once.
     let asks = decoded.iter().map(|(_, _, meta, _)| async move {
         if meta.admin.is_empty() {
@@ -278,57 +250,9 @@ async fn gather(
             }
             None => None,
         };
-        if let Some(live) = &live {
-            for t in &live.tasks {
-                status.tasks.push(Task {
-                    task: t.task.clone(),
-                    role: if t.phase == Some(Phase::Failed) {
-                        "failed"
-                    } else {
-                        t.role.as_str()
-                    },
-                    owner: owner.clone(),
-                    lag: t.lag,
-                    phase: t.phase,
-                    progress: t.progress,
-                    restore_rate: t.restore_rate,
-                    unavailable_seconds: (t.role == Role::Active).then_some(t.unavailable_seconds),
-                    error: t.error.clone(),
-                });
-            }
-        }
-        let sums: BTreeMap<&TaskId, i64> = meta.offset_sums.iter().map(|(t, s)| (t, *s)).collect();
-        let failed: BTreeMap<&TaskId, &String> = meta.failed.iter().map(|(t, e)| (t, e)).collect();
-        for (role, tasks) in [
-            ("active", &assignment.active),
-            ("standby", &assignment.standby),
-            ("learner", &assignment.learner),
-        ] {
-            for t in tasks.iter().filter(|_| live.is_none()) {
-                // A sub-topology that keeps no state has no changelog lag (the changelogs at
-                // its partition are another sub-topology's).
-                let stateless = t.sub.as_deref().is_some_and(|sub| {
-                    meta.topologies
-                        .iter()
-                        .flatten()
-                        .any(|info| *info.name == *t.topology && info.subs.iter().any(|s| s.name == sub && !s.stateful))
-                });
-                let lag = changelog_end(t)
-                    .filter(|_| !stateless)
-                    .map(|end| (end - sums.get(t).copied().unwrap_or(0)).max(0));
-                let error = failed.get(t).map(|e| e.to_string());
-                status.tasks.push(Task {
-                    task: t.to_string(),
-                    role: if error.is_some() { "failed" } else { role },
-                    owner: owner.clone(),
-                    lag,
-                    phase: None,
-                    progress: None,
-                    restore_rate: None,
-                    unavailable_seconds: None,
-                    error,
-                });
-            }
+        match &live {
+            Some(live) => status.tasks.extend(live_tasks(&owner, live)),
+            None => status.tasks.extend(last_join_tasks(&owner, &meta, &assignment, ends)),
         }
         for h in live.iter().flat_map(|l| &l.handovers) {
             status.handovers.push(Handover {
@@ -336,22 +260,9 @@ async fn gather(
                 handover: h.clone(),
             });
         }
-        status.workers.push(Worker {
-            member: owner,
-            worker_id: uuid::Uuid::from_bytes(meta.worker_id).to_string(),
-            host,
-            capacity: meta.capacity,
-            version: meta.version,
-            leaving: meta.leaving,
-            active: assignment.active.len(),
-            standby: assignment.standby.len(),
-            learner: assignment.learner.len(),
-            admin: meta.admin.clone(),
-            live: live.is_some(),
-            rebalances: live.as_ref().map(|l| l.rebalances),
-            last_rebalance_seconds: live.as_ref().and_then(|l| l.last_rebalance_seconds),
-            rebalancing: live.as_ref().map(|l| l.rebalancing),
-        });
+        status
+            .workers
+            .push(worker_row(owner, host, &meta, &assignment, live.as_ref()));
         metas.insert(member_id, meta);
     }
     status
@@ -362,6 +273,130 @@ async fn gather(
         .handovers
         .sort_by(|a, b| a.handover.ago_seconds.total_cmp(&b.handover.ago_seconds));
     Ok(status)
+}
+
+/// Each member's metadata and assignment, decoded (a part that does not decode is shown
+/// empty).
+fn decode_members(members: &[MemberInfo]) -> Vec<(String, String, MemberMetadata, Assignment)> {
+    use sluice::group::framing::{unframe_assignment, unframe_metadata};
+    members
+        .iter()
+        .map(|(id, host, meta, assignment)| {
+            let meta = meta
+                .as_deref()
+                .and_then(|b| MemberMetadata::decode(&unframe_metadata(b).ok()?).ok());
+            let assignment = assignment
+                .as_deref()
+                .and_then(|b| Assignment::decode(&unframe_assignment(b).ok()?).ok());
+            (
+                id.clone(),
+                host.clone(),
+                meta.unwrap_or_default(),
+                assignment.unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+/// The sum of the end offsets of `task`'s changelogs at its partition (none known: none).
+fn changelog_end(ends: &BTreeMap<(String, i32), i64>, task: &TaskId) -> Option<i64> {
+    let prefix = format!("{}-", task.topology);
+    let matching: Vec<i64> = ends
+        .iter()
+        .filter(|((t, p), _)| t.starts_with(&prefix) && *p == task.partition as i32)
+        .map(|(_, e)| *e)
+        .collect();
+    (!matching.is_empty()).then(|| matching.iter().sum())
+}
+
+/// A reachable worker's tasks, as it reports them now.
+fn live_tasks<'a>(owner: &'a str, live: &'a WorkerStatus) -> impl Iterator<Item = Task> + 'a {
+    live.tasks.iter().map(move |t| Task {
+        task: t.task.clone(),
+        role: if t.phase == Some(Phase::Failed) {
+            "failed"
+        } else {
+            t.role.as_str()
+        },
+        owner: owner.to_string(),
+        lag: t.lag,
+        phase: t.phase,
+        progress: t.progress,
+        restore_rate: t.restore_rate,
+        unavailable_seconds: (t.role == Role::Active).then_some(t.unavailable_seconds),
+        error: t.error.clone(),
+    })
+}
+
+/// An unreachable worker's tasks as of its last join: its assignment, with lags from the
+/// offset sums its metadata told against the changelogs' ends now.
+fn last_join_tasks(
+    owner: &str,
+    meta: &MemberMetadata,
+    assignment: &Assignment,
+    ends: &BTreeMap<(String, i32), i64>,
+) -> Vec<Task> {
+    let sums: BTreeMap<&TaskId, i64> = meta.offset_sums.iter().map(|(t, s)| (t, *s)).collect();
+    let failed: BTreeMap<&TaskId, &String> = meta.failed.iter().map(|(t, e)| (t, e)).collect();
+    let mut tasks = Vec::new();
+    for (role, assigned) in [
+        ("active", &assignment.active),
+        ("standby", &assignment.standby),
+        ("learner", &assignment.learner),
+    ] {
+        for t in assigned {
+            // A sub-topology that keeps no state has no changelog lag (the changelogs at
+            // its partition are another sub-topology's).
+            let stateless = t.sub.as_deref().is_some_and(|sub| {
+                meta.topologies
+                    .iter()
+                    .flatten()
+                    .any(|info| *info.name == *t.topology && info.subs.iter().any(|s| s.name == sub && !s.stateful))
+            });
+            let lag = changelog_end(ends, t)
+                .filter(|_| !stateless)
+                .map(|end| (end - sums.get(t).copied().unwrap_or(0)).max(0));
+            let error = failed.get(t).map(|e| e.to_string());
+            tasks.push(Task {
+                task: t.to_string(),
+                role: if error.is_some() { "failed" } else { role },
+                owner: owner.to_string(),
+                lag,
+                phase: None,
+                progress: None,
+                restore_rate: None,
+                unavailable_seconds: None,
+                error,
+            });
+        }
+    }
+    tasks
+}
+
+/// A worker's row: from its metadata and assignment, and its live figures when it answered.
+fn worker_row(
+    owner: String,
+    host: String,
+    meta: &MemberMetadata,
+    assignment: &Assignment,
+    live: Option<&WorkerStatus>,
+) -> Worker {
+    Worker {
+        member: owner,
+        worker_id: uuid::Uuid::from_bytes(meta.worker_id).to_string(),
+        host,
+        capacity: meta.capacity,
+        version: meta.version,
+        leaving: meta.leaving,
+        active: assignment.active.len(),
+        standby: assignment.standby.len(),
+        learner: assignment.learner.len(),
+        admin: meta.admin.clone(),
+        live: live.is_some(),
+        rebalances: live.map(|l| l.rebalances),
+        last_rebalance_seconds: live.and_then(|l| l.last_rebalance_seconds),
+        rebalancing: live.map(|l| l.rebalancing),
+    }
 }
 
 /// A worker's `GET /status`.
@@ -492,5 +527,55 @@ fn print_text(s: &Status) {
         for p in &s.problems {
             println!("  {p}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ends() -> BTreeMap<(String, i32), i64> {
+        BTreeMap::from([
+            (("orders-counts-changelog".to_string(), 0), 100),
+            (("orders-totals-changelog".to_string(), 0), 50),
+            (("orders-counts-changelog".to_string(), 1), 7),
+            (("other-changelog".to_string(), 0), 1_000),
+        ])
+    }
+
+    #[test]
+    fn a_tasks_changelog_end_sums_its_topologys_changelogs_at_its_partition() {
+        assert_eq!(changelog_end(&ends(), &TaskId::new("orders", 0)), Some(150));
+        assert_eq!(changelog_end(&ends(), &TaskId::new("orders", 1)), Some(7));
+        assert_eq!(changelog_end(&ends(), &TaskId::new("orders", 2)), None);
+        assert_eq!(changelog_end(&ends(), &TaskId::new("stateless", 0)), None);
+    }
+
+    #[test]
+    fn an_unreachable_workers_tasks_show_their_lag_as_of_its_last_join_and_its_failures() {
+        let meta = MemberMetadata {
+            offset_sums: vec![(TaskId::new("orders", 0), 120)],
+            failed: vec![(TaskId::new("orders", 1), "trapped".to_string())],
+            ..Default::default()
+        };
+        let assignment = Assignment {
+            active: vec![TaskId::new("orders", 0), TaskId::new("orders", 1)],
+            standby: vec![TaskId::new("other", 0)],
+            ..Default::default()
+        };
+        let tasks = last_join_tasks("m1", &meta, &assignment, &ends());
+        let seen: Vec<(String, &str, Option<i64>, Option<&str>)> = tasks
+            .iter()
+            .map(|t| (t.task.clone(), t.role, t.lag, t.error.as_deref()))
+            .collect();
+        assert_eq!(
+            seen,
+            vec![
+                ("orders/0".to_string(), "active", Some(30), None),
+                ("orders/1".to_string(), "failed", Some(7), Some("trapped")),
+                ("other/0".to_string(), "standby", Some(1_000), None),
+            ]
+        );
+        assert!(tasks.iter().all(|t| t.owner == "m1" && t.phase.is_none()));
     }
 }

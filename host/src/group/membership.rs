@@ -9,6 +9,7 @@ use bytes::Bytes;
 use kafka_protocol::messages::find_coordinator_request::FindCoordinatorRequest;
 use kafka_protocol::messages::heartbeat_request::HeartbeatRequest;
 use kafka_protocol::messages::join_group_request::{JoinGroupRequest, JoinGroupRequestProtocol};
+use kafka_protocol::messages::join_group_response::{JoinGroupResponse, JoinGroupResponseMember};
 use kafka_protocol::messages::leave_group_request::{LeaveGroupRequest, MemberIdentity};
 use kafka_protocol::messages::sync_group_request::{SyncGroupRequest, SyncGroupRequestAssignment};
 use kafka_protocol::messages::GroupId;
@@ -269,28 +270,7 @@ impl Membership {
         let protocol = StrBytes::from_string(protocol_name(&self.config.assignor));
         let mut backoff = Duration::from_millis(50);
         loop {
-            // Signed anew each time: the member id (or generation) may have changed since.
-            let binding = Binding {
-                group: &self.config.group,
-                member: self.config.instance_id.as_deref().unwrap_or(&self.member_id),
-                from_generation: self.generation,
-            };
-            let signed = metadata.encode_signed(
-                metadata.version.min(CURRENT_VERSION),
-                self.config.secret.as_ref(),
-                &binding,
-            );
-            let encoded = Bytes::from(self.framing.metadata(signed));
-            let request = JoinGroupRequest::default()
-                .with_group_id(self.group_id())
-                .with_session_timeout_ms(self.config.session_timeout.as_millis() as i32)
-                .with_rebalance_timeout_ms(self.config.rebalance_timeout.as_millis() as i32)
-                .with_member_id(StrBytes::from_string(self.member_id.clone()))
-                .with_group_instance_id(self.instance())
-                .with_protocol_type(StrBytes::from_static_str(self.framing.protocol_type()))
-                .with_protocols(vec![JoinGroupRequestProtocol::default()
-                    .with_name(protocol.clone())
-                    .with_metadata(encoded.clone())]);
+            let request = self.join_request(metadata, &protocol);
             let join_sent = Instant::now();
             tracing::debug!(target: "handover", generation = self.generation, "JoinGroup sent");
             let response = match self.coordinator().await?.send(&request, JOIN_GROUP_VERSION).await {
@@ -303,58 +283,9 @@ impl Membership {
                     continue;
                 }
             };
-            match response.error_code {
-                code::NONE => {}
-                code::MEMBER_ID_REQUIRED => {
-                    self.member_id = response.member_id.to_string();
-                    continue;
-                }
-                code::UNKNOWN_MEMBER_ID | code::ILLEGAL_GENERATION => {
-                    // Only a member that completed a join has something to lose; a new one
-                    // (its id just handed out) simply asks again.
-                    let was_member = self.generation >= 0;
-                    self.member_id.clear();
-                    self.generation = -1;
-                    if was_member {
-                        return Err(self.lost("JoinGroup", response.error_code));
-                    }
-                    continue;
-                }
-                code::REBALANCE_IN_PROGRESS | code::COORDINATOR_LOAD_IN_PROGRESS => {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
-                    continue;
-                }
-                code::NOT_COORDINATOR | code::COORDINATOR_NOT_AVAILABLE => {
-                    self.reconnect();
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
-                    continue;
-                }
-                code::FENCED_INSTANCE_ID => return Err(self.fenced()),
-                code::INCONSISTENT_GROUP_PROTOCOL if self.framing == Framing::Consumer => {
-                    // Either the group's members are workers of a version that joined with
-                    // the older protocol type (a rolling upgrade: join as they do), or they
-                    // run another assignor (then the older type is refused too).
-                    tracing::warn!(
-                        group = %self.config.group,
-                        "the coordinator refused protocol type {1:?}: joining as Sluice versions before 0.2 \
-                         did ({0:?}), which a group of such workers takes (it refuses this worker again if \
-                         its members run another assignor)",
-                        Framing::Legacy.protocol_type(),
-                        Framing::Consumer.protocol_type()
-                    );
-                    self.framing = Framing::Legacy;
-                    continue;
-                }
-                code::INCONSISTENT_GROUP_PROTOCOL => {
-                    return Err(MembershipError::OtherProtocol {
-                        group: self.config.group.clone(),
-                        ours: self.config.assignor.clone(),
-                        reason: describe(response.error_code),
-                    })
-                }
-                other => return Err(self.refused("JoinGroup", other)),
+            if response.error_code != code::NONE {
+                self.join_again(&response, &mut backoff).await?;
+                continue;
             }
             self.member_id = response.member_id.to_string();
             self.generation = response.generation_id;
@@ -366,69 +297,7 @@ impl Membership {
             );
             let sync_sent = Instant::now();
             let assignments = if leader {
-                let mut members = BTreeMap::new();
-                let mut unreadable = Vec::new();
-                let generation = self.generation;
-                for m in &response.members {
-                    let binding = Binding {
-                        group: &self.config.group,
-                        member: m.group_instance_id.as_deref().unwrap_or(&m.member_id),
-                        from_generation: -1,
-                    };
-                    let decoded = unframe_metadata(&m.metadata)
-                        .and_then(|bytes| MemberMetadata::decode_signed(&bytes, self.config.secret.as_ref(), &binding));
-                    match decoded {
-                        Ok((_, from)) if !fresh_for(from, generation) => {
-                            tracing::warn!(
-                                member = %m.member_id, instance = ?m.group_instance_id.as_deref(),
-                                "a member's metadata was signed in generation {from}, too long before generation \
-                                 {generation} (a copy of old metadata?); it gets no tasks"
-                            );
-                            unreadable.push(m.member_id.to_string());
-                        }
-                        Ok((meta, _)) => {
-                            members.insert(m.member_id.to_string(), meta);
-                        }
-                        Err(e) => {
-                            tracing::warn!(
-                                member = %m.member_id, instance = ?m.group_instance_id.as_deref(),
-                                "a member's metadata does not decode, it gets no tasks: {e}"
-                            );
-                            unreadable.push(m.member_id.to_string());
-                        }
-                    }
-                }
-                // Assign in the highest version every member understands (rolling upgrades).
-                let version = members
-                    .values()
-                    .map(|m| m.supported.min(CURRENT_VERSION))
-                    .min()
-                    .unwrap_or(CURRENT_VERSION);
-                let mut assignments = assign(&members);
-                for id in unreadable {
-                    assignments.insert(
-                        id,
-                        Assignment {
-                            error: AssignmentError::BadMetadata as i16,
-                            ..Default::default()
-                        },
-                    );
-                }
-                assignments
-                    .into_iter()
-                    .map(|(id, mut a)| {
-                        a.generation = generation;
-                        let bytes = self.framing.assignment(a.encode_signed(
-                            version,
-                            self.config.secret.as_ref(),
-                            &self.config.group,
-                            &id,
-                        ));
-                        SyncGroupRequestAssignment::default()
-                            .with_member_id(StrBytes::from_string(id))
-                            .with_assignment(Bytes::from(bytes))
-                    })
-                    .collect()
+                self.leader_assignments(&response.members, &assign)
             } else {
                 Vec::new()
             };
@@ -450,40 +319,15 @@ impl Membership {
                     continue;
                 }
             };
-            match response.error_code {
-                code::NONE => {}
-                code::REBALANCE_IN_PROGRESS => continue,
-                code::UNKNOWN_MEMBER_ID | code::ILLEGAL_GENERATION => {
-                    self.member_id.clear();
-                    self.generation = -1;
-                    return Err(self.lost("SyncGroup", response.error_code));
-                }
-                code::NOT_COORDINATOR | code::COORDINATOR_NOT_AVAILABLE => {
-                    self.reconnect();
-                    continue;
-                }
-                code::FENCED_INSTANCE_ID => return Err(self.fenced()),
-                other => return Err(self.refused("SyncGroup", other)),
+            if response.error_code != code::NONE {
+                self.sync_again(response.error_code)?;
+                continue;
             }
             tracing::debug!(
                 target: "handover", generation = self.generation,
                 ms = sync_sent.elapsed().as_millis() as u64, "SyncGroup answered"
             );
-            let assignment = unframe_assignment(&response.assignment)
-                .and_then(|bytes| {
-                    Assignment::decode_signed(
-                        &bytes,
-                        self.config.secret.as_ref(),
-                        &self.config.group,
-                        &self.member_id,
-                        self.generation,
-                    )
-                })
-                .map_err(|e| MembershipError::BadAssignment {
-                    group: self.config.group.clone(),
-                    detail: e.to_string(),
-                    leader: leader_id.clone(),
-                })?;
+            let assignment = self.decode_assignment(&response.assignment, &leader_id)?;
             return Ok(Joined {
                 generation: self.generation,
                 member_id: self.member_id.clone(),
@@ -492,6 +336,204 @@ impl Membership {
                 alive_at: join_sent,
             });
         }
+    }
+
+    /// This member's JoinGroup, its metadata signed anew each time: the member id (or
+    /// generation) may have changed since the last.
+    fn join_request(&self, metadata: &MemberMetadata, protocol: &StrBytes) -> JoinGroupRequest {
+        let binding = Binding {
+            group: &self.config.group,
+            member: self.config.instance_id.as_deref().unwrap_or(&self.member_id),
+            from_generation: self.generation,
+        };
+        let signed = metadata.encode_signed(
+            metadata.version.min(CURRENT_VERSION),
+            self.config.secret.as_ref(),
+            &binding,
+        );
+        let encoded = Bytes::from(self.framing.metadata(signed));
+        JoinGroupRequest::default()
+            .with_group_id(self.group_id())
+            .with_session_timeout_ms(self.config.session_timeout.as_millis() as i32)
+            .with_rebalance_timeout_ms(self.config.rebalance_timeout.as_millis() as i32)
+            .with_member_id(StrBytes::from_string(self.member_id.clone()))
+            .with_group_instance_id(self.instance())
+            .with_protocol_type(StrBytes::from_static_str(self.framing.protocol_type()))
+            .with_protocols(vec![JoinGroupRequestProtocol::default()
+                .with_name(protocol.clone())
+                .with_metadata(encoded)])
+    }
+
+    /// A JoinGroup answered with an error: `Ok` when the join is to be sent again (after
+    /// taking the member id handed out, backing off, finding the coordinator again or
+    /// falling back to the older framing), the error when it ends the join.
+    async fn join_again(
+        &mut self,
+        response: &JoinGroupResponse,
+        backoff: &mut Duration,
+    ) -> Result<(), MembershipError> {
+        match response.error_code {
+            code::MEMBER_ID_REQUIRED => {
+                self.member_id = response.member_id.to_string();
+                Ok(())
+            }
+            code::UNKNOWN_MEMBER_ID | code::ILLEGAL_GENERATION => {
+                // Only a member that completed a join has something to lose; a new one
+                // (its id just handed out) simply asks again.
+                let was_member = self.generation >= 0;
+                self.member_id.clear();
+                self.generation = -1;
+                if was_member {
+                    return Err(self.lost("JoinGroup", response.error_code));
+                }
+                Ok(())
+            }
+            code::REBALANCE_IN_PROGRESS | code::COORDINATOR_LOAD_IN_PROGRESS => {
+                tokio::time::sleep(*backoff).await;
+                *backoff = (*backoff * 2).min(Duration::from_secs(2));
+                Ok(())
+            }
+            code::NOT_COORDINATOR | code::COORDINATOR_NOT_AVAILABLE => {
+                self.reconnect();
+                tokio::time::sleep(*backoff).await;
+                *backoff = (*backoff * 2).min(Duration::from_secs(2));
+                Ok(())
+            }
+            code::FENCED_INSTANCE_ID => Err(self.fenced()),
+            code::INCONSISTENT_GROUP_PROTOCOL if self.framing == Framing::Consumer => {
+                // Either the group's members are workers of a version that joined with
+                // the older protocol type (a rolling upgrade: join as they do), or they
+                // run another assignor (then the older type is refused too).
+                tracing::warn!(
+                    group = %self.config.group,
+                    "the coordinator refused protocol type {1:?}: joining as Sluice versions before 0.2 \
+                     did ({0:?}), which a group of such workers takes (it refuses this worker again if \
+                     its members run another assignor)",
+                    Framing::Legacy.protocol_type(),
+                    Framing::Consumer.protocol_type()
+                );
+                self.framing = Framing::Legacy;
+                Ok(())
+            }
+            code::INCONSISTENT_GROUP_PROTOCOL => Err(MembershipError::OtherProtocol {
+                group: self.config.group.clone(),
+                ours: self.config.assignor.clone(),
+                reason: describe(response.error_code),
+            }),
+            other => Err(self.refused("JoinGroup", other)),
+        }
+    }
+
+    /// The leader's work in a join: reads every member's signed metadata (one that does not
+    /// decode, or was signed too many generations ago, gets no tasks), runs `assign` on the
+    /// rest and signs each assignment, in the highest version every member understands.
+    fn leader_assignments(
+        &self,
+        joined: &[JoinGroupResponseMember],
+        assign: &impl Fn(&BTreeMap<String, MemberMetadata>) -> BTreeMap<String, Assignment>,
+    ) -> Vec<SyncGroupRequestAssignment> {
+        let mut members = BTreeMap::new();
+        let mut unreadable = Vec::new();
+        let generation = self.generation;
+        for m in joined {
+            let binding = Binding {
+                group: &self.config.group,
+                member: m.group_instance_id.as_deref().unwrap_or(&m.member_id),
+                from_generation: -1,
+            };
+            let decoded = unframe_metadata(&m.metadata)
+                .and_then(|bytes| MemberMetadata::decode_signed(&bytes, self.config.secret.as_ref(), &binding));
+            match decoded {
+                Ok((_, from)) if !fresh_for(from, generation) => {
+                    tracing::warn!(
+                        member = %m.member_id, instance = ?m.group_instance_id.as_deref(),
+                        "a member's metadata was signed in generation {from}, too long before generation \
+                         {generation} (a copy of old metadata?); it gets no tasks"
+                    );
+                    unreadable.push(m.member_id.to_string());
+                }
+                Ok((meta, _)) => {
+                    members.insert(m.member_id.to_string(), meta);
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        member = %m.member_id, instance = ?m.group_instance_id.as_deref(),
+                        "a member's metadata does not decode, it gets no tasks: {e}"
+                    );
+                    unreadable.push(m.member_id.to_string());
+                }
+            }
+        }
+        // Assign in the highest version every member understands (rolling upgrades).
+        let version = members
+            .values()
+            .map(|m| m.supported.min(CURRENT_VERSION))
+            .min()
+            .unwrap_or(CURRENT_VERSION);
+        let mut assignments = assign(&members);
+        for id in unreadable {
+            assignments.insert(
+                id,
+                Assignment {
+                    error: AssignmentError::BadMetadata as i16,
+                    ..Default::default()
+                },
+            );
+        }
+        assignments
+            .into_iter()
+            .map(|(id, mut a)| {
+                a.generation = generation;
+                let bytes = self.framing.assignment(a.encode_signed(
+                    version,
+                    self.config.secret.as_ref(),
+                    &self.config.group,
+                    &id,
+                ));
+                SyncGroupRequestAssignment::default()
+                    .with_member_id(StrBytes::from_string(id))
+                    .with_assignment(Bytes::from(bytes))
+            })
+            .collect()
+    }
+
+    /// A SyncGroup answered with error `code`: `Ok` when the member is to join again, the
+    /// error when it ends the join.
+    fn sync_again(&mut self, code: i16) -> Result<(), MembershipError> {
+        match code {
+            code::REBALANCE_IN_PROGRESS => Ok(()),
+            code::UNKNOWN_MEMBER_ID | code::ILLEGAL_GENERATION => {
+                self.member_id.clear();
+                self.generation = -1;
+                Err(self.lost("SyncGroup", code))
+            }
+            code::NOT_COORDINATOR | code::COORDINATOR_NOT_AVAILABLE => {
+                self.reconnect();
+                Ok(())
+            }
+            code::FENCED_INSTANCE_ID => Err(self.fenced()),
+            other => Err(self.refused("SyncGroup", other)),
+        }
+    }
+
+    /// This member's assignment from the SyncGroup answer, its signature checked (one that
+    /// does not decode names `leader_id`, the leader that made it).
+    fn decode_assignment(&self, framed: &[u8], leader_id: &str) -> Result<Assignment, MembershipError> {
+        unframe_assignment(framed)
+            .and_then(|bytes| {
+                Assignment::decode_signed(
+                    &bytes,
+                    self.config.secret.as_ref(),
+                    &self.config.group,
+                    &self.member_id,
+                    self.generation,
+                )
+            })
+            .map_err(|e| MembershipError::BadAssignment {
+                group: self.config.group.clone(),
+                detail: e.to_string(),
+                leader: leader_id.to_string(),
+            })
     }
 
     /// One heartbeat, answered within `timeout` or counted as unreachable; call it every

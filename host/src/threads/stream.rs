@@ -17,6 +17,10 @@ use rdkafka::message::{BorrowedMessage, Message, OwnedMessage};
 use rdkafka::{Offset, TopicPartitionList};
 use rustc_hash::FxHashMap;
 
+mod fair_share;
+
+use fair_share::FairShare;
+
 use super::slot::{Outcome, TaskSlot};
 use crate::kafka::{ConsumerEvents, KafkaSettings};
 use crate::task::partition_group::Lag;
@@ -112,37 +116,13 @@ struct Running {
     /// them of the consumer), and which of them are paused because their queue is full.
     parts: Vec<SourcePart>,
     held: Vec<bool>,
-    /// Thread time charged to it here (its virtual time, see [`ThreadTasks::share`]), its
-    /// virtual time when its last charged work began (its start tag), and the task's own
-    /// count when last charged.
-    vtime: Duration,
-    start: Duration,
-    seen: Duration,
-    /// Whether it had work when shares were last handed out.
-    busy: bool,
-    /// How far its virtual time may go before it lets the others go first: the least among
-    /// the thread's other busy tasks at the last share (its own, when none is), plus
-    /// [`FAIR_QUANTUM`].
-    limit: Option<Duration>,
 }
 
-impl Running {
-    /// Charges the thread time the task's batches held since last charged (guest calls and
-    /// the host's work on their output alike), and takes its turn away if that puts it past
-    /// its share.
-    fn charge(&mut self) -> Duration {
-        let now = self.task.thread_time();
-        let used = now.saturating_sub(self.seen);
-        self.seen = now;
-        if used.is_zero() {
-            return used;
-        }
-        self.start = self.vtime;
-        self.vtime += used;
-        if self.limit.is_some_and(|l| self.vtime > l) {
-            self.task.set_fair_turn(false);
-        }
-        used
+/// Charges the task in slot `index` the thread time its batches held since last charged
+/// (see [`FairShare::charge`]), and takes its turn away if that puts it past its share.
+fn charge(share: &mut FairShare, index: usize, task: &mut Task) {
+    if share.charge(index, task.thread_time()) {
+        task.set_fair_turn(false);
     }
 }
 
@@ -175,13 +155,6 @@ impl SourcePart {
     }
 }
 
-/// Over how long a stream thread measures whether it is saturated.
-const SATURATION_WINDOW: Duration = Duration::from_millis(500);
-
-/// How far ahead of the least-served busy task a task may be and still get a call: a round,
-/// so tasks of like cost are not held back (their partitions paused) for small differences.
-const FAIR_QUANTUM: Duration = ROUND;
-
 pub(super) struct StreamThread {
     consumer: Arc<StreamConsumer>,
     tasks: ThreadTasks,
@@ -198,8 +171,8 @@ struct ThreadTasks {
     assigned: HashSet<(String, i32)>,
     /// Topics whose metadata the consumer has read.
     known_topics: HashSet<String>,
-    /// The least start tag among the busy tasks: where a task that had no work joins in.
-    entry: Duration,
+    /// Their fair shares of the thread's time, by index in `running`.
+    share: FairShare,
     /// Raised when one of its tasks is asked to stop: the round ends at once.
     attention: Arc<AtomicBool>,
     /// Partitions resumed, for the thread that wakes the consumer's fetcher for them
@@ -207,11 +180,6 @@ struct ThreadTasks {
     waker: std::sync::mpsc::Sender<(String, i32)>,
     /// Where a task asked to stop goes for its final commits (`threads::finishers`).
     finishers: std::sync::mpsc::Sender<super::finishers::Finishing>,
-    /// Thread time charged since `window` began, and whether the last window was saturated
-    /// (charged at least half of it): shares are enforced only then.
-    charged: Duration,
-    window: Instant,
-    saturated: bool,
 }
 
 impl StreamThread {
@@ -234,11 +202,8 @@ impl StreamThread {
                 routes: FxHashMap::default(),
                 assigned: HashSet::new(),
                 known_topics: HashSet::new(),
-                entry: Duration::ZERO,
+                share: FairShare::new(Instant::now()),
                 attention: Arc::new(AtomicBool::new(false)),
-                charged: Duration::ZERO,
-                window: Instant::now(),
-                saturated: false,
             },
         }
     }
@@ -341,89 +306,26 @@ impl StreamThread {
 type StreamConsumer = BaseConsumer<ConsumerEvents>;
 
 impl ThreadTasks {
-    /// Hands out turns by thread time used: a task gets a call only while its virtual time
-    /// (the thread time its calls held here) is within [`FAIR_QUANTUM`] of the least-served
-    /// busy task's. A guest that takes most of its deadline on every call gets its share of
-    /// the thread when others have work, and all of it when they have none (start-time fair
-    /// queueing). A task coming back from idle joins at the least start tag among the busy
-    /// tasks, so it is neither owed the time it had no work nor put behind a long call that
-    /// began before it came back.
+    /// Hands out turns by thread time used (see [`FairShare::share`]): a task is busy when
+    /// it has records (fetched or waiting in its overflow) that wait only for its turn.
     fn share(&mut self) {
-        let now = Instant::now();
-        let elapsed = now.duration_since(self.window);
-        if elapsed >= SATURATION_WINDOW {
-            self.saturated = self.charged * 2 >= elapsed;
-            self.charged = Duration::ZERO;
-            self.window = now;
-        }
-        let entry = self.entry;
-        // The two least virtual times among the busy tasks (the least with its index), so
-        // each task's limit is the least among the others'.
-        let mut least: Option<(usize, Duration)> = None;
-        let mut second: Option<Duration> = None;
-        let mut least_start: Option<Duration> = None;
+        let running = &self.running;
+        self.share.share(Instant::now(), |i| {
+            running[i]
+                .as_ref()
+                .is_some_and(|r| (r.task.has_records() || !r.overflow.is_empty()) && r.task.waits_only_for_its_turn())
+        });
         for (i, r) in self.running.iter_mut().enumerate() {
-            let Some(r) = r else { continue };
-            let busy = (r.task.has_records() || !r.overflow.is_empty()) && r.task.waits_only_for_its_turn();
-            if busy && !r.busy {
-                r.vtime = r.vtime.max(entry);
-                r.start = r.vtime;
+            if let Some(r) = r {
+                r.task.set_fair_turn(self.share.turn(i));
             }
-            r.busy = busy;
-            if !busy {
-                continue;
-            }
-            least_start = Some(least_start.map_or(r.start, |s| s.min(r.start)));
-            match least {
-                Some((_, v)) if v <= r.vtime => second = Some(second.map_or(r.vtime, |s| s.min(r.vtime))),
-                _ => {
-                    second = least.map(|(_, v)| v);
-                    least = Some((i, r.vtime));
-                }
-            }
-        }
-        if let Some(s) = least_start {
-            self.entry = s;
-        } else if let Some(v) = self.running.iter().flatten().map(|r| r.vtime).max() {
-            // Nobody has work: whoever gets some next joins level with the most served.
-            self.entry = self.entry.max(v);
-        }
-        if !self.saturated {
-            // Work-conserving: while the thread has time to spare, nobody waits for a share.
-            // A task that used more than its light neighbours (a burst, a backlog after a
-            // handover, a call slowed by another process) would otherwise wait until they
-            // had used as much, which at their pace can take seconds; its lead is forgiven
-            // down to a quantum, so the shares start even when the thread fills up.
-            let least = least.map(|(_, v)| v);
-            for r in self.running.iter_mut().flatten() {
-                if r.busy {
-                    if let Some(v) = least {
-                        r.vtime = r.vtime.min(v + FAIR_QUANTUM);
-                    }
-                }
-                r.limit = None;
-                r.task.set_fair_turn(true);
-            }
-            return;
-        }
-        for (i, r) in self.running.iter_mut().enumerate() {
-            let Some(r) = r else { continue };
-            let others = match least {
-                Some((l, _)) if l == i => second,
-                other => other.map(|(_, v)| v),
-            };
-            // With no other task busy, a task may go a quantum past where it is before the
-            // next share looks again (a guest's long call is then one call, not a round's).
-            r.limit = Some(others.unwrap_or(r.vtime) + FAIR_QUANTUM);
-            r.task
-                .set_fair_turn(!r.busy || others.is_none_or(|v| r.vtime <= v + FAIR_QUANTUM));
         }
     }
 
-    /// Charges task `index` the thread time it used since last charged (see [`Running::charge`]).
+    /// Charges task `index` the thread time it used since last charged (see [`charge`]).
     fn charge(&mut self, index: usize) {
         if let Some(r) = self.running[index].as_mut() {
-            self.charged += r.charge();
+            charge(&mut self.share, index, &mut r.task);
         }
     }
 
@@ -482,7 +384,7 @@ impl ThreadTasks {
         tracing::debug!(target: "handover", task = %task.id(), assigned = fresh.count(), "on its stream thread");
         task.wake_with(self.attention.clone());
         // A task joins at the thread's virtual time: no credit for the time before it came.
-        let seen = task.thread_time();
+        self.share.join(index, task.thread_time());
         self.running[index] = Some(Running {
             task,
             slot,
@@ -491,11 +393,6 @@ impl ThreadTasks {
             fed: false,
             held: vec![false; parts.len()],
             parts,
-            vtime: self.entry,
-            start: self.entry,
-            seen,
-            busy: false,
-            limit: None,
         });
         if let Err(e) = result {
             // The task cannot read: it ends, and the worker starts it again later.
@@ -603,10 +500,10 @@ impl ThreadTasks {
         let Some(running) = self.running[index].as_mut() else {
             return;
         };
-        let mut used = Duration::ZERO;
+        let share = &mut self.share;
         let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mut end = running.task.step(&mut self.env);
-            used += running.charge();
+            charge(share, index, &mut running.task);
             // Records the partition group let go but the batch had no room for: batch by
             // batch while the task may process (the group holds at most a bounded number).
             while ordered && end.is_none() && running.task.may_process() {
@@ -616,7 +513,7 @@ impl ThreadTasks {
                     break;
                 }
                 end = running.task.process_now(&mut self.env);
-                used += running.charge();
+                charge(share, index, &mut running.task);
             }
             while end.is_none() && !running.overflow.is_empty() && running.task.may_process() {
                 let waiting = std::mem::take(&mut running.overflow);
@@ -631,12 +528,11 @@ impl ThreadTasks {
                 running.overflow.extend(rest);
                 if !running.overflow.is_empty() {
                     end = running.task.process_now(&mut self.env);
-                    used += running.charge();
+                    charge(share, index, &mut running.task);
                 }
             }
             end
         }));
-        self.charged += used;
         match stepped {
             Ok(None) => {
                 if ordered {
@@ -676,6 +572,7 @@ impl ThreadTasks {
         let partitions = self.partitions_of(index);
         let _ = consumer.pause(&partitions);
         let running = self.running[index].take()?;
+        self.share.leave(index);
         for (topic, partition, _) in running.task.sources() {
             if let Some(p) = self.routes.get_mut(&topic) {
                 if p.get(&partition).is_some_and(|(i, _)| *i == index) {

@@ -11,127 +11,15 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
-use serde::{Deserialize, Serialize};
+mod families;
+mod status;
+
+use families::{labels, role_labels};
+pub use families::{BoardMetrics, PhaseLabels};
+pub use status::{HandoverStatus, Phase, Role, TaskStatus, WorkerStatus};
 
 use crate::group::TaskId;
-use crate::metrics::{RoleLabels, TaskLabels};
 use crate::task::TaskProgress;
-
-/// What a task is on this worker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// It processes records here (or will, once it has started).
-    Active,
-    /// A warm copy of the state, kept for failover.
-    Standby,
-    /// A copy of the state being restored to take the task over.
-    Learner,
-}
-
-impl Role {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Active => "active",
-            Role::Standby => "standby",
-            Role::Learner => "learner",
-        }
-    }
-}
-
-/// Where an active task is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Phase {
-    /// Assigned; opening its producer and state, or waiting to start again after a failure.
-    Starting,
-    /// Replaying its changelog before it can process.
-    Restoring,
-    /// Processing records.
-    Running,
-    /// Stopped by a guest fault; stays stopped.
-    Failed,
-}
-
-/// One task as `GET /status` shows it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct TaskStatus {
-    pub task: String,
-    pub role: Role,
-    /// Active tasks only.
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub phase: Option<Phase>,
-    /// Changelog records the local state is behind (stateful tasks; 0 for an active task
-    /// that is processing). None: not known yet.
-    pub lag: Option<i64>,
-    /// Changelog records replayed in this role so far.
-    pub restored: u64,
-    /// Records per second replayed recently.
-    pub restore_rate: Option<f64>,
-    /// Share of what there was to replay when the role began that is replayed (0 to 1).
-    pub progress: Option<f64>,
-    /// Seconds the task spent here assigned as active but unable to process (starting,
-    /// restoring, waiting to retry), over all its assignments to this worker.
-    pub unavailable_seconds: f64,
-    /// Seconds since it took this role here.
-    pub in_role_seconds: f64,
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub error: Option<String>,
-}
-
-/// The worker as `GET /status` shows it.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct WorkerStatus {
-    /// The group generation of the last assignment (0: none yet, or not in a cluster).
-    pub generation: i32,
-    pub leader: bool,
-    /// Draining: the worker asked for its tasks to be moved away.
-    pub leaving: bool,
-    /// A rebalance is going on (from the first join until an assignment that needs no
-    /// further join is applied).
-    pub rebalancing: bool,
-    /// Rebalances this worker took part in since it started.
-    pub rebalances: u64,
-    pub last_rebalance_seconds: Option<f64>,
-    pub rebalance_seconds_total: f64,
-    pub tasks: Vec<TaskStatus>,
-    /// The last handovers of tasks to and from this worker, newest first.
-    #[serde(default)]
-    pub handovers: Vec<HandoverStatus>,
-}
-
-/// One task's move, as the worker it left or the worker it came to saw it. Phases a side
-/// did not see are none: the old owner knows its revoke, the new owner the rest.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct HandoverStatus {
-    pub task: String,
-    /// `in`: the task came here; `out`: it left.
-    pub direction: String,
-    /// Seconds since the handover finished here.
-    pub ago_seconds: f64,
-    /// Old owner: from the assignment that revoked the task to its final commit.
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub revoke_seconds: Option<f64>,
-    /// New owner: from the assignment of the revoking round to the one that gave it here
-    /// (the old owner's revoke, and the group's round trips).
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub rebalance_seconds: Option<f64>,
-    /// New owner: from that assignment to processing (stores opened and the tail of the
-    /// changelog replayed, guest instantiated, offsets looked up).
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub start_seconds: Option<f64>,
-    /// New owner: from processing to the first record produced.
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub first_output_seconds: Option<f64>,
-    /// New owner: the three above.
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub total_seconds: Option<f64>,
-}
 
 /// A task moving here: when its revoking round began, when it was assigned here, and when
 /// it began processing.
@@ -210,114 +98,10 @@ struct Inner {
     handovers: std::collections::VecDeque<(Instant, HandoverStatus)>,
 }
 
-/// The metric families the board keeps current.
-#[derive(Clone)]
-pub struct BoardMetrics {
-    pub role: Family<RoleLabels, Gauge>,
-    pub lag: Family<TaskLabels, Gauge>,
-    pub unavailable: Family<TaskLabels, Counter<f64>>,
-    pub rebalances: Counter,
-    pub rebalance_seconds: Histogram,
-    pub generation: Gauge,
-    pub handover_seconds: Family<PhaseLabels, Histogram, fn() -> Histogram>,
-}
-
-/// A phase of a handover (`revoke`, `rebalance`, `start`, `first_output`, `total`).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
-pub struct PhaseLabels {
-    pub phase: String,
-}
-
-/// 5 ms to ~80 s.
-fn handover_histogram() -> Histogram {
-    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
-        0.005, 2.0, 15,
-    ))
-}
-
-impl BoardMetrics {
-    pub fn new() -> BoardMetrics {
-        BoardMetrics {
-            role: Family::default(),
-            lag: Family::default(),
-            unavailable: Family::default(),
-            rebalances: Counter::default(),
-            // 10 ms to ~80 s.
-            rebalance_seconds: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
-                0.01, 2.0, 14,
-            )),
-            generation: Gauge::default(),
-            handover_seconds: Family::new_with_constructor(handover_histogram),
-        }
-    }
-
-    /// Registers the families with the worker's metrics.
-    pub fn register(&self, registry: &mut Registry) {
-        registry.register(
-            "task_role",
-            "1 for each task this worker holds, labelled with its role (active, standby, learner)",
-            self.role.clone(),
-        );
-        registry.register(
-            "task_lag_records",
-            "Changelog records a task's local state is behind (0 for an active task that processes)",
-            self.lag.clone(),
-        );
-        registry.register(
-            "task_unavailable_seconds",
-            "Time a task assigned here as active could not process (starting, restoring, retrying)",
-            self.unavailable.clone(),
-        );
-        registry.register(
-            "rebalances",
-            "Rebalances this worker took part in (from its join to an assignment needing no further join)",
-            self.rebalances.clone(),
-        );
-        registry.register(
-            "rebalance_seconds",
-            "How long this worker's rebalances took",
-            self.rebalance_seconds.clone(),
-        );
-        registry.register(
-            "handover_seconds",
-            "Phases of the handovers of tasks to and from this worker: revoke (old owner: revoked to final commit), \
-             rebalance (new owner: the revoking round to the assignment here), start (to processing), first_output \
-             (to the first record produced), total (the last three)",
-            self.handover_seconds.clone(),
-        );
-        registry.register(
-            "generation",
-            "The group generation of this worker's last assignment",
-            self.generation.clone(),
-        );
-    }
-}
-
-impl Default for BoardMetrics {
-    fn default() -> Self {
-        BoardMetrics::new()
-    }
-}
-
 /// A worker's live status (see the module docs).
 pub struct Board {
     inner: Mutex<Inner>,
     metrics: BoardMetrics,
-}
-
-fn labels(task: &TaskId) -> TaskLabels {
-    TaskLabels {
-        topology: task.topology.to_string(),
-        task: task.to_string(),
-    }
-}
-
-fn role_labels(task: &TaskId, role: Role) -> RoleLabels {
-    RoleLabels {
-        topology: task.topology.to_string(),
-        task: task.to_string(),
-        role: role.as_str().to_string(),
-    }
 }
 
 /// Weight of the newest sample in the smoothed restore rate.
@@ -680,6 +464,8 @@ fn progress(e: &Entry) -> Option<f64> {
 
 #[cfg(test)]
 mod tests {
+    use prometheus_client::registry::Registry;
+
     use super::*;
 
     fn board() -> Board {
