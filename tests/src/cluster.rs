@@ -22,6 +22,7 @@ impl PrivateCluster {
 
     /// As [`start`](Self::start), with more arguments for `dev/kafka up`.
     pub fn start_with(brokers: u32, extra: &[&str]) -> Result<PrivateCluster> {
+        crate::refuse_under_no_kafka();
         let dir = std::env::temp_dir().join(crate::unique_name("sluice-kafka"));
         std::fs::create_dir_all(&dir)?;
         let brokers = brokers.to_string();

@@ -3,10 +3,17 @@
 //! Every test that talks to Kafka calls [`kafka()`]. When `KAFKA_BOOTSTRAP` is set, that
 //! cluster is used as it is; otherwise the first call runs `dev/kafka up`, which starts a
 //! local broker (or finds the one already running) and prints its address. The broker is
-//! left running for the next run; `dev/kafka down` stops it.
+//! left running for the next run; `dev/kafka down` stops it. Under `SLUICE_TEST_NO_KAFKA=1`
+//! (`dev/test --unit`) a test that asks for Kafka fails at once instead.
+//!
+//! A new test's set-up (topics, manifest, workers, waiting for a result) is [`Scenario`]
+//! and [`eventually`], in [`scenario`].
 
 pub mod cluster;
+pub mod scenario;
 pub mod worker;
+
+pub use scenario::{eventually, Scenario};
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -42,6 +49,7 @@ pub struct Security {
 /// `SLUICE_TEST_SECURITY=sasl_ssl` it is the secured one ([`secured`]): every worker the
 /// tests start connects as the `worker` principal, and the harness as `admin`.
 pub fn kafka() -> &'static Kafka {
+    refuse_under_no_kafka();
     if std::env::var("SLUICE_TEST_SECURITY").is_ok_and(|s| s == "sasl_ssl") {
         return secured();
     }
@@ -64,11 +72,20 @@ pub fn kafka() -> &'static Kafka {
 /// `worker` principal is given ACLs wide enough for any test's topics and groups (the
 /// `secured` tests grant exactly what `sluice acls` derives, on names of their own).
 pub fn secured() -> &'static Kafka {
+    refuse_under_no_kafka();
     SECURED.get_or_init(|| {
         let kafka = start_secured_kafka().unwrap_or_else(|e| panic!("no secured Kafka for the tests: {e:#}"));
         eprintln!("tests: using the secured Kafka at {}", kafka.bootstrap);
         kafka
     })
+}
+
+/// Fails the calling test when `SLUICE_TEST_NO_KAFKA=1`: a test run that promised no broker
+/// (`dev/test --unit`) must neither start one nor wait on one.
+pub(crate) fn refuse_under_no_kafka() {
+    if std::env::var("SLUICE_TEST_NO_KAFKA").is_ok_and(|v| v == "1") {
+        panic!("this test needs Kafka, and SLUICE_TEST_NO_KAFKA=1 (dev/test --unit) runs none: run it with dev/test");
+    }
 }
 
 static SECURED: OnceLock<Kafka> = OnceLock::new();

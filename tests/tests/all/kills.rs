@@ -6,8 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use sluice_tests::worker::{guest, manifest, TempDir, WorkerProcess};
-use sluice_tests::{kafka, unique_name};
+use sluice_tests::{kafka, Scenario};
 
 const PARTITIONS: i32 = 4;
 
@@ -38,44 +37,25 @@ async fn kill_trial(guarantee: &str) -> anyhow::Result<()> {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| std::process::id() as u64 * 2_654_435_761 + 1);
     eprintln!("kill trial ({guarantee}): {kills} kills, seed {seed}");
-    let (input, output) = (unique_name("kill-in"), unique_name("kill-out"));
-    kafka().create_topic(&input, PARTITIONS).await?;
-    kafka().create_topic(&output, PARTITIONS).await?;
-    let dir = TempDir::new("kills");
-    let name = unique_name("wc");
-    let m = dir.write(
-        "wc.toml",
-        &manifest(
-            &name,
-            &guest("word-count"),
-            &[("lines", &input)],
-            &[("counts", &output)],
-            "",
-        ),
-    );
-    let state = dir.path().join("state");
+    let wc = Scenario::builder("wc", "word-count")
+        .source("lines", PARTITIONS)
+        .sink("counts", PARTITIONS)
+        .create()
+        .await?;
     let start = || {
-        WorkerProcess::start(
-            kafka().bootstrap(),
-            dir.path(),
-            &[
-                "--topology",
-                m.to_str().unwrap(),
-                "--state-dir",
-                state.to_str().unwrap(),
-                "--processing-guarantee",
-                guarantee,
-                "--commit-interval",
-                "100ms",
-                "--batch-size",
-                "100",
-            ],
-        )
+        wc.worker(&[
+            "--processing-guarantee",
+            guarantee,
+            "--commit-interval",
+            "100ms",
+            "--batch-size",
+            "100",
+        ])
     };
     let chunks = 20 + kills * 8;
     let total = chunks * 250;
     let producing = {
-        let input = input.clone();
+        let input = wc.input().to_string();
         tokio::spawn(async move {
             let mut positions = Vec::new();
             for chunk in 0..chunks {
@@ -93,16 +73,7 @@ async fn kill_trial(guarantee: &str) -> anyhow::Result<()> {
         worker = start()?;
     }
     let positions = producing.await??;
-    if let Err(e) = kafka()
-        .wait_committed(
-            &format!("sluice-{name}"),
-            &input,
-            PARTITIONS,
-            total as i64,
-            Duration::from_secs(180),
-        )
-        .await
-    {
+    if let Err(e) = wc.wait_committed(total, Duration::from_secs(180)).await {
         panic!("{e:#}; the last worker's log:\n{}", worker.log());
     }
     assert!(worker.terminate(Duration::from_secs(60))?.success(), "{}", worker.log());
@@ -115,7 +86,7 @@ async fn kill_trial(guarantee: &str) -> anyhow::Result<()> {
     }
     let mut over: BTreeMap<u64, usize> = BTreeMap::new();
     for p in 0..PARTITIONS {
-        let counts = sluice_tests::worker::dump_counts(&state, &name, p, "counts")?;
+        let counts = wc.store_counts(p, "counts")?;
         for (word, n) in &truth[&p] {
             let got = counts.get(word).copied().unwrap_or(0);
             if guarantee == "exactly-once" {
@@ -131,7 +102,7 @@ async fn kill_trial(guarantee: &str) -> anyhow::Result<()> {
     }
     if guarantee == "exactly-once" {
         // Read-committed output: each word's counts 1..=n, each exactly once.
-        let out = kafka().read_all(&output, Duration::from_secs(120))?;
+        let out = wc.read_all(Duration::from_secs(120))?;
         let mut per_word: BTreeMap<String, Vec<u64>> = BTreeMap::new();
         for r in &out {
             let word = String::from_utf8(r.key.clone().unwrap())?;

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use sluice_tests::worker::{guest, manifest, TempDir, WorkerProcess};
-use sluice_tests::{kafka, unique_name};
+use sluice_tests::{eventually, kafka, unique_name, Scenario};
 
 /// Lines spread over 4 partitions, each word on every partition: the same word in two input
 /// partitions must still get one count.
@@ -41,45 +41,27 @@ fn lines(range: std::ops::Range<usize>) -> Vec<(Vec<u8>, Vec<u8>, i64)> {
 }
 
 async fn two_stage_word_count(guarantee: &str) -> anyhow::Result<()> {
-    let (input, output) = (unique_name("totals-in"), unique_name("totals-out"));
-    kafka().create_topic(&input, INPUT_PARTITIONS).await?;
-    kafka().create_topic(&output, 3).await?;
-    let dir = TempDir::new("stages");
-    let name = unique_name("totals");
-    let m = dir.write(
-        "totals.toml",
-        &manifest(
-            &name,
-            &guest("word-totals"),
-            &[("lines", &input)],
-            &[("counts", &output)],
-            "",
-        ),
-    );
-    let state = dir.path().join("state");
+    let totals = Scenario::builder("totals", "word-totals")
+        .source("lines", INPUT_PARTITIONS)
+        .sink("counts", 3)
+        .create()
+        .await?;
+    let name = totals.name();
     let start = || {
-        WorkerProcess::start(
-            kafka().bootstrap(),
-            dir.path(),
-            &[
-                "--topology",
-                m.to_str().unwrap(),
-                "--state-dir",
-                state.to_str().unwrap(),
-                "--processing-guarantee",
-                guarantee,
-                "--commit-interval",
-                "100ms",
-                "--batch-size",
-                "100",
-            ],
-        )
+        totals.worker(&[
+            "--processing-guarantee",
+            guarantee,
+            "--commit-interval",
+            "100ms",
+            "--batch-size",
+            "100",
+        ])
     };
     let (chunks, per_chunk) = (24, 250);
     let total = chunks * per_chunk;
     let all = lines(0..total);
     let producing = {
-        let (input, all) = (input.clone(), all.clone());
+        let (input, all) = (totals.input().to_string(), all.clone());
         tokio::spawn(async move {
             for chunk in all.chunks(per_chunk) {
                 kafka().produce_stamped(&input, chunk).await?;
@@ -112,33 +94,33 @@ async fn two_stage_word_count(guarantee: &str) -> anyhow::Result<()> {
         }
     }
     // Done when every word's largest count has reached the truth.
-    let deadline = std::time::Instant::now() + Duration::from_secs(180);
-    let out = loop {
-        let out = kafka().read_all(&output, Duration::from_secs(60))?;
-        let mut largest: BTreeMap<String, u64> = BTreeMap::new();
-        for r in &out {
-            let word = String::from_utf8(r.key.clone().unwrap_or_default())?;
-            let n: u64 = std::str::from_utf8(r.value.as_deref().unwrap_or_default())?.parse()?;
-            let e = largest.entry(word).or_insert(0);
-            *e = (*e).max(n);
-        }
-        let short: Vec<_> = truth
-            .iter()
-            .filter(|(w, n)| largest.get(*w).copied().unwrap_or(0) < **n)
-            .collect();
-        if short.is_empty() {
-            break out;
-        }
-        if std::time::Instant::now() > deadline {
-            panic!(
-                "{} words are still below their count, e.g. {:?}; the worker's log:\n{}",
+    let out = eventually(
+        Duration::from_secs(180),
+        "every word's largest count to reach the truth",
+        || {
+            let out = totals.read_all(Duration::from_secs(60))?;
+            let mut largest: BTreeMap<String, u64> = BTreeMap::new();
+            for r in &out {
+                let word = String::from_utf8(r.key.clone().unwrap_or_default())?;
+                let n: u64 = std::str::from_utf8(r.value.as_deref().unwrap_or_default())?.parse()?;
+                let e = largest.entry(word).or_insert(0);
+                *e = (*e).max(n);
+            }
+            let short: Vec<_> = truth
+                .iter()
+                .filter(|(w, n)| largest.get(*w).copied().unwrap_or(0) < **n)
+                .collect();
+            anyhow::ensure!(
+                short.is_empty(),
+                "{} words are still below their count, e.g. {:?}",
                 short.len(),
-                &short[..short.len().min(5)],
-                worker.log()
+                &short[..short.len().min(5)]
             );
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+            Ok(out)
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}; the worker's log:\n{}", worker.log()));
     assert!(worker.terminate(Duration::from_secs(60))?.success(), "{}", worker.log());
 
     let mut per_word: BTreeMap<String, Vec<u64>> = BTreeMap::new();
@@ -201,63 +183,43 @@ fn watermarks(topic: &str, partitions: i32) -> anyhow::Result<Vec<(i64, i64)>> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn repartition_records_are_deleted_once_the_counting_tasks_have_committed_them() -> anyhow::Result<()> {
-    let (input, output) = (unique_name("purge-in"), unique_name("purge-out"));
-    kafka().create_topic(&input, INPUT_PARTITIONS).await?;
-    kafka().create_topic(&output, 2).await?;
-    let dir = TempDir::new("purge");
-    let name = unique_name("purge");
-    let m = dir.write(
-        "totals.toml",
-        &manifest(
-            &name,
-            &guest("word-totals"),
-            &[("lines", &input)],
-            &[("counts", &output)],
-            "",
-        ),
-    );
-    let mut worker = WorkerProcess::start(
-        kafka().bootstrap(),
-        dir.path(),
-        &[
-            "--topology",
-            m.to_str().unwrap(),
-            "--state-dir",
-            dir.path().join("state").to_str().unwrap(),
-            "--commit-interval",
-            "100ms",
-            // Longer than the counting takes: the purge that deletes the last words comes
-            // after the tasks have gone idle.
-            "--repartition-purge-interval",
-            "3s",
-        ],
-    )?;
+    let purge = Scenario::builder("purge", "word-totals")
+        .source("lines", INPUT_PARTITIONS)
+        .sink("counts", 2)
+        .create()
+        .await?;
+    let name = purge.name();
+    let mut worker = purge.worker(&[
+        "--commit-interval",
+        "100ms",
+        // Longer than the counting takes: the purge that deletes the last words comes
+        // after the tasks have gone idle.
+        "--repartition-purge-interval",
+        "3s",
+    ])?;
     let all = lines(0..2_000);
-    kafka().produce_stamped(&input, &all).await?;
+    purge.produce_stamped(&all).await?;
     let words = all.len() as i64 * 5;
     let repartition = format!("{name}-words-repartition");
     // Every word went through the repartition topic, and once counted, is deleted from it:
     // within a few purge intervals, not at the next commit of an idle task (a minute).
-    let deadline = std::time::Instant::now() + Duration::from_secs(45);
-    loop {
+    eventually(Duration::from_secs(45), "the repartition topic to be purged", || {
         // The topic may not have reached this client's metadata yet: no marks, look again.
         let marks = watermarks(&repartition, REPARTITION_PARTITIONS).unwrap_or_default();
         let written: i64 = marks.iter().map(|(_, high)| high).sum();
         let left: i64 = marks.iter().map(|(low, high)| high - low).sum();
         if !marks.is_empty() && written >= words && left == 0 {
-            break;
+            Ok(())
+        } else {
+            Err(format!(
+                "{written} of {words} words written, {left} still there (low, high per partition: {marks:?})"
+            ))
         }
-        if std::time::Instant::now() > deadline {
-            panic!(
-                "the repartition topic was not purged: {written} of {words} words written, {left} still there \
-                 (low, high per partition: {marks:?}); the worker's log:\n{}",
-                worker.log()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}; the worker's log:\n{}", worker.log()));
     // Deleted only what was counted: the counts are all there.
-    let out = kafka().read_all(&output, Duration::from_secs(60))?;
+    let out = purge.read_all(Duration::from_secs(60))?;
     assert_eq!(out.len() as i64, words, "one count per word");
     assert!(worker.terminate(Duration::from_secs(60))?.success(), "{}", worker.log());
     Ok(())

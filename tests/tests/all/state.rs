@@ -1,11 +1,9 @@
 //! State stores against a real broker: word count, crashes, rebuilding state, changelog checks.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
 use std::time::Duration;
 
-use sluice_tests::worker::{dump_counts, dump_store, guest, manifest, TempDir, WorkerProcess};
-use sluice_tests::{kafka, unique_name};
+use sluice_tests::{eventually, kafka, Scenario};
 
 const VOCABULARY: usize = 300;
 
@@ -38,92 +36,36 @@ fn truth(lines: &[(Vec<u8>, Vec<u8>)], positions: &[(i32, i64)]) -> HashMap<i32,
     counts
 }
 
-struct WordCount {
-    name: String,
-    input: String,
-    output: String,
-    manifest: std::path::PathBuf,
-    dir: TempDir,
+/// A word count over four partitions, its state in the scenario's directory.
+async fn word_count() -> anyhow::Result<Scenario> {
+    Scenario::builder("wc", "word-count")
+        .source("lines", 4)
+        .sink("counts", 4)
+        .create()
+        .await
 }
 
-impl WordCount {
-    async fn new() -> anyhow::Result<WordCount> {
-        let kafka = kafka();
-        let (input, output) = (unique_name("wc-in"), unique_name("wc-out"));
-        kafka.create_topic(&input, 4).await?;
-        kafka.create_topic(&output, 4).await?;
-        let dir = TempDir::new("word-count");
-        let name = unique_name("wc");
-        let manifest = dir.write(
-            "wc.toml",
-            &manifest(
-                &name,
-                &guest("word-count"),
-                &[("lines", &input)],
-                &[("counts", &output)],
-                "",
-            ),
-        );
-        Ok(WordCount {
-            name,
-            input,
-            output,
-            manifest,
-            dir,
-        })
-    }
-
-    fn start(&self, extra: &[&str]) -> anyhow::Result<WorkerProcess> {
-        let state = self.dir.path().join("state");
-        let mut args = vec![
-            "--topology",
-            self.manifest.to_str().unwrap(),
-            "--state-dir",
-            state.to_str().unwrap(),
-        ];
-        args.extend_from_slice(extra);
-        WorkerProcess::start(kafka().bootstrap(), self.dir.path(), &args)
-    }
-
-    /// Waits until the worker has committed `total` input records over the four partitions.
-    async fn wait_committed(&self, total: i64, timeout: Duration) -> anyhow::Result<()> {
-        kafka()
-            .wait_committed(&format!("sluice-{}", self.name), &self.input, 4, total, timeout)
-            .await
-    }
-
-    /// Waits until every task's checkpoint names a changelog offset above 0: each has
-    /// committed state at least once.
-    async fn wait_checkpointed(&self, timeout: Duration) -> anyhow::Result<()> {
-        let deadline = std::time::Instant::now() + timeout;
-        let state = self.dir.path().join("state").join(&self.name);
-        loop {
-            let positions: Vec<Option<i64>> = (0..4)
-                .map(|p| {
-                    let text = std::fs::read_to_string(state.join(p.to_string()).join("checkpoint.json")).ok()?;
-                    let map: BTreeMap<String, i64> = serde_json::from_str(&text).ok()?;
-                    map.get("counts").copied()
-                })
-                .collect();
-            if positions.iter().all(|p| p.is_some_and(|o| o > 0)) {
-                return Ok(());
-            }
-            anyhow::ensure!(
-                std::time::Instant::now() < deadline,
-                "not every task checkpointed within {timeout:?}: {positions:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
+/// Waits until every task's checkpoint names a changelog offset above 0: each has committed
+/// state at least once.
+async fn wait_checkpointed(wc: &Scenario, timeout: Duration) -> anyhow::Result<()> {
+    let state = wc.state().join(wc.name());
+    eventually(timeout, "every task to checkpoint a changelog offset above 0", || {
+        let positions: Vec<Option<i64>> = (0..4)
+            .map(|p| {
+                let text = std::fs::read_to_string(state.join(p.to_string()).join("checkpoint.json")).ok()?;
+                let map: BTreeMap<String, i64> = serde_json::from_str(&text).ok()?;
+                map.get("counts").copied()
+            })
+            .collect();
+        if positions.iter().all(|p| p.is_some_and(|o| o > 0)) {
+            Ok(())
+        } else {
+            Err(format!(
+                "the checkpoints' offsets of \"counts\" per task: {positions:?}"
+            ))
         }
-    }
-
-    /// The counts in the store of one task (its worker stopped), decoded.
-    fn store_counts(&self, partition: i32) -> anyhow::Result<Counts> {
-        dump_counts(&self.dir.path().join("state"), &self.name, partition, "counts")
-    }
-
-    fn dump(&self, partition: i32) -> anyhow::Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        dump_store(&self.dir.path().join("state"), &self.name, partition, "counts")
-    }
+    })
+    .await
 }
 
 /// `from_offset` of each "restored" line of task `<name>/<partition>` in a worker log.
@@ -147,24 +89,24 @@ fn restored_from(log: &str, name: &str) -> HashMap<i32, i64> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn word_count_over_100k_records_equals_the_ground_truth() -> anyhow::Result<()> {
-    let wc = WordCount::new().await?;
+    let wc = word_count().await?;
     let input = lines(0..100_000);
-    let positions = kafka().produce(&wc.input, &input).await?;
+    let positions = wc.produce(&input).await?;
     let truth = truth(&input, &positions);
-    let mut worker = wc.start(&[])?;
+    let mut worker = wc.worker(&[])?;
     wc.wait_committed(100_000, Duration::from_secs(240)).await?;
     // A fresh start restores nothing.
-    assert!(restored_from(&worker.log(), &wc.name).values().all(|&from| from == 0));
+    assert!(restored_from(&worker.log(), wc.name()).values().all(|&from| from == 0));
     assert!(worker.terminate(Duration::from_secs(60))?.success());
     for p in 0..4 {
         assert_eq!(
-            wc.store_counts(p)?,
+            wc.store_counts(p, "counts")?,
             truth[&p],
             "partition {p}: no crash, so every count is exact"
         );
     }
     // The sink carries each running count: the last one per word and partition is the total.
-    let emitted = kafka().consume(&wc.output, 500_000, Duration::from_secs(120)).await?;
+    let emitted = wc.consume(500_000, Duration::from_secs(120)).await?;
     let mut highest: BTreeMap<String, u64> = BTreeMap::new();
     for r in &emitted {
         let word = String::from_utf8(r.key.clone().unwrap())?;
@@ -184,12 +126,12 @@ async fn word_count_over_100k_records_equals_the_ground_truth() -> anyhow::Resul
 
 #[tokio::test(flavor = "multi_thread")]
 async fn after_sigkill_no_count_is_below_the_truth_and_state_restores_from_the_checkpoint() -> anyhow::Result<()> {
-    let wc = WordCount::new().await?;
+    let wc = word_count().await?;
     let args = ["--commit-interval", "100ms", "--batch-size", "50"];
-    let mut worker = wc.start(&args)?;
+    let mut worker = wc.worker(&args)?;
     let total = 40_000;
     let producing = {
-        let input = wc.input.clone();
+        let input = wc.input().to_string();
         tokio::spawn(async move {
             let mut positions = Vec::new();
             for chunk in 0..40 {
@@ -205,16 +147,16 @@ async fn after_sigkill_no_count_is_below_the_truth_and_state_restores_from_the_c
     };
     // Kill once state has been written for a while, with input still arriving, and every
     // task has checkpointed at least once (a task that started late may not have yet).
-    kafka().consume(&wc.output, 25_000, Duration::from_secs(60)).await?;
-    wc.wait_checkpointed(Duration::from_secs(60)).await?;
+    wc.consume(25_000, Duration::from_secs(60)).await?;
+    wait_checkpointed(&wc, Duration::from_secs(60)).await?;
     worker.kill()?;
     let killed_log = worker.log();
     let positions = producing.await??;
 
-    let mut worker = wc.start(&args)?;
-    wc.wait_committed(total as i64, Duration::from_secs(240)).await?;
+    let mut worker = wc.worker(&args)?;
+    wc.wait_committed(total, Duration::from_secs(240)).await?;
     // Every task restored from its checkpoint, not from the start of its changelog.
-    let restored = restored_from(&worker.log(), &wc.name);
+    let restored = restored_from(&worker.log(), wc.name());
     assert_eq!(restored.len(), 4, "restore lines: {restored:?}\n{}", worker.log());
     assert!(
         restored.values().all(|&from| from > 0),
@@ -224,7 +166,7 @@ async fn after_sigkill_no_count_is_below_the_truth_and_state_restores_from_the_c
     assert!(worker.terminate(Duration::from_secs(60))?.success());
     let truth = truth(&lines(0..total), &positions);
     for p in 0..4 {
-        let counts = wc.store_counts(p)?;
+        let counts = wc.store_counts(p, "counts")?;
         for (word, n) in &truth[&p] {
             let got = counts.get(word).copied().unwrap_or(0);
             assert!(got >= *n, "partition {p}, {word}: {got} < {n}");
@@ -235,39 +177,46 @@ async fn after_sigkill_no_count_is_below_the_truth_and_state_restores_from_the_c
 
 #[tokio::test(flavor = "multi_thread")]
 async fn deleted_local_state_is_rebuilt_from_the_changelog_identically() -> anyhow::Result<()> {
-    let wc = WordCount::new().await?;
+    let wc = word_count().await?;
     let input = lines(0..20_000);
-    kafka().produce(&wc.input, &input).await?;
-    let mut worker = wc.start(&[])?;
+    wc.produce(&input).await?;
+    let mut worker = wc.worker(&[])?;
     wc.wait_committed(20_000, Duration::from_secs(120)).await?;
     assert!(worker.terminate(Duration::from_secs(60))?.success());
-    let before = wc.dump(0)?;
+    let before = wc.store(0, "counts")?;
     assert!(
         before.len() > 10,
         "the store of partition 0 is nearly empty: {before:?}"
     );
 
-    std::fs::remove_dir_all(Path::new(&wc.dir.path().join("state")).join(&wc.name).join("0"))?;
-    let mut worker = wc.start(&[])?;
-    let line = worker.wait_for_line(&[" restored ", &format!("task={}/0", wc.name)], Duration::from_secs(60))?;
+    std::fs::remove_dir_all(wc.state().join(wc.name()).join("0"))?;
+    let mut worker = wc.worker(&[])?;
+    let line = worker.wait_for_line(
+        &[" restored ", &format!("task={}/0", wc.name())],
+        Duration::from_secs(60),
+    )?;
     assert!(line.contains("from_offset=0"), "{line}");
     assert!(!line.contains("records=0"), "{line}");
     assert!(worker.terminate(Duration::from_secs(60))?.success());
-    assert_eq!(wc.dump(0)?, before, "the rebuilt store differs from the original");
+    assert_eq!(
+        wc.store(0, "counts")?,
+        before,
+        "the rebuilt store differs from the original"
+    );
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_changelog_with_the_wrong_partition_count_is_refused() -> anyhow::Result<()> {
-    let wc = WordCount::new().await?;
-    let changelog = format!("{}-counts-changelog", wc.name);
+    let wc = word_count().await?;
+    let changelog = format!("{}-counts-changelog", wc.name());
     kafka().create_topic(&changelog, 2).await?;
-    let mut worker = wc.start(&[])?;
+    let mut worker = wc.worker(&[])?;
     assert!(!worker.wait(Duration::from_secs(60))?.success());
     let expected = format!(
         "changelog topic {changelog:?} of store \"counts\" has 2 partitions, but topology {} reads 4 source partitions; \
          a changelog needs one partition per source partition (delete the topic to let the worker recreate it, or fix the sources)",
-        wc.name
+        wc.name()
     );
     assert!(
         worker.log().contains(&expected),
@@ -279,12 +228,12 @@ async fn a_changelog_with_the_wrong_partition_count_is_refused() -> anyhow::Resu
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_changelog_that_also_deletes_old_segments_is_refused() -> anyhow::Result<()> {
-    let wc = WordCount::new().await?;
-    let changelog = format!("{}-counts-changelog", wc.name);
+    let wc = word_count().await?;
+    let changelog = format!("{}-counts-changelog", wc.name());
     kafka()
         .create_topic_with(&changelog, 4, 1, &[("cleanup.policy", "compact,delete")])
         .await?;
-    let mut worker = wc.start(&[])?;
+    let mut worker = wc.worker(&[])?;
     assert!(!worker.wait(Duration::from_secs(60))?.success());
     let expected = format!(
         "changelog topic {changelog:?} of store \"counts\" has cleanup.policy=compact,delete, but a changelog must \

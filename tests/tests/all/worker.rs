@@ -4,7 +4,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use sluice_tests::worker::{guest, manifest, sluice_binary, TempDir, WorkerProcess};
-use sluice_tests::{free_port, http_get, kafka, unique_name};
+use sluice_tests::{free_port, http_get, kafka, unique_name, Scenario};
 
 fn records(prefix: &str, range: std::ops::Range<usize>) -> Vec<(Vec<u8>, Vec<u8>)> {
     range
@@ -19,38 +19,18 @@ fn records(prefix: &str, range: std::ops::Range<usize>) -> Vec<(Vec<u8>, Vec<u8>
 
 #[tokio::test(flavor = "multi_thread")]
 async fn ten_thousand_records_through_uppercase_all_arrive_upper_cased() -> anyhow::Result<()> {
-    let kafka = kafka();
-    let (input, output) = (unique_name("upper-in"), unique_name("upper-out"));
-    kafka.create_topic(&input, 4).await?;
-    kafka.create_topic(&output, 4).await?;
+    let up = Scenario::builder("upper", "uppercase")
+        .source("input", 4)
+        .sink("output", 4)
+        .create()
+        .await?;
     let sent = records("hello", 0..10_000);
-    kafka.produce(&input, &sent).await?;
-
-    let dir = TempDir::new("uppercase");
-    let name = unique_name("shout");
-    let m = dir.write(
-        "shout.toml",
-        &manifest(
-            &name,
-            &guest("uppercase"),
-            &[("input", &input)],
-            &[("output", &output)],
-            "",
-        ),
-    );
+    up.produce(&sent).await?;
+    let name = up.name();
     let metrics_port = free_port();
-    let mut worker = WorkerProcess::start(
-        kafka.bootstrap(),
-        dir.path(),
-        &[
-            "--topology",
-            m.to_str().unwrap(),
-            "--metrics",
-            &format!("127.0.0.1:{metrics_port}"),
-        ],
-    )?;
+    let mut worker = up.worker(&["--metrics", &format!("127.0.0.1:{metrics_port}")])?;
 
-    let received = kafka.consume(&output, sent.len(), Duration::from_secs(120)).await?;
+    let received = up.consume(sent.len(), Duration::from_secs(120)).await?;
     let expected: BTreeSet<(Vec<u8>, Vec<u8>)> =
         sent.iter().map(|(k, v)| (k.clone(), v.to_ascii_uppercase())).collect();
     let got: BTreeSet<(Vec<u8>, Vec<u8>)> = received
@@ -109,47 +89,25 @@ async fn ten_thousand_records_through_uppercase_all_arrive_upper_cased() -> anyh
     let status = worker.terminate(Duration::from_secs(60))?;
     assert!(status.success(), "exit status {status}; log:\n{}", worker.log());
     // A clean stop commits everything it read.
-    let group = format!("sluice-{name}");
-    assert_eq!(
-        kafka.committed_total(&group, &input, 4)?,
-        10_000,
-        "offsets committed at shutdown"
-    );
+    assert_eq!(up.committed_total()?, 10_000, "offsets committed at shutdown");
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_worker_killed_mid_stream_and_restarted_loses_nothing() -> anyhow::Result<()> {
     let kafka = kafka();
-    let (input, output) = (unique_name("kill-in"), unique_name("kill-out"));
-    kafka.create_topic(&input, 4).await?;
-    kafka.create_topic(&output, 4).await?;
-    let dir = TempDir::new("kill");
-    let name = unique_name("killed");
-    let m = dir.write(
-        "m.toml",
-        &manifest(
-            &name,
-            &guest("uppercase"),
-            &[("input", &input)],
-            &[("output", &output)],
-            "",
-        ),
-    );
-    let args = [
-        "--topology",
-        m.to_str().unwrap(),
-        "--batch-size",
-        "20",
-        "--commit-interval",
-        "50ms",
-    ];
-    let mut worker = WorkerProcess::start(kafka.bootstrap(), dir.path(), &args)?;
+    let up = Scenario::builder("killed", "uppercase")
+        .source("input", 4)
+        .sink("output", 4)
+        .create()
+        .await?;
+    let args = ["--batch-size", "20", "--commit-interval", "50ms"];
+    let mut worker = up.worker(&args)?;
 
     // Input keeps arriving for a few seconds: 30 chunks of 1,000 records, 100 ms apart.
     let total = 30_000;
     let producing = {
-        let input = input.clone();
+        let input = up.input().to_string();
         tokio::spawn(async move {
             for chunk in 0..30 {
                 kafka
@@ -161,16 +119,16 @@ async fn a_worker_killed_mid_stream_and_restarted_loses_nothing() -> anyhow::Res
         })
     };
     // Kill the worker once part of the input has made it through, while more is arriving.
-    kafka.consume(&output, 5_000, Duration::from_secs(60)).await?;
+    up.consume(5_000, Duration::from_secs(60)).await?;
     worker.kill()?;
-    let killed_with = kafka.committed_total(&format!("sluice-{name}"), &input, 4)?;
+    let killed_with = up.committed_total()?;
     producing.await??;
     assert!(
         killed_with < total as i64,
         "everything was committed before the kill; the test proves nothing"
     );
 
-    let mut worker = WorkerProcess::start(kafka.bootstrap(), dir.path(), &args)?;
+    let mut worker = up.worker(&args)?;
     // Every input arrives at least once (duplicates are allowed: at-least-once).
     let expected: BTreeSet<Vec<u8>> = records("streamed", 0..total)
         .iter()
@@ -178,7 +136,7 @@ async fn a_worker_killed_mid_stream_and_restarted_loses_nothing() -> anyhow::Res
         .collect();
     let mut seen = BTreeSet::new();
     let consumer = kafka.consumer(&unique_name("reader"))?;
-    rdkafka::consumer::Consumer::subscribe(&consumer, &[output.as_str()])?;
+    rdkafka::consumer::Consumer::subscribe(&consumer, &[up.output()])?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     while seen.len() < expected.len() {
         let message = tokio::time::timeout_at(deadline, consumer.recv()).await.map_err(|_| {
