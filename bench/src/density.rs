@@ -33,6 +33,9 @@ pub struct DensityArgs {
     /// Seconds of idle to measure.
     #[arg(long, default_value_t = 10)]
     idle_secs: u64,
+    /// The worker's processing guarantee: at-least-once or exactly-once.
+    #[arg(long, default_value = "at-least-once")]
+    processing_guarantee: String,
 }
 
 fn config(bootstrap: &str) -> ClientConfig {
@@ -135,6 +138,7 @@ pub async fn run(args: DensityArgs) -> anyhow::Result<()> {
     if let Some(threads) = args.threads {
         worker.args(["--threads", &threads.to_string()]);
     }
+    worker.args(["--processing-guarantee", &args.processing_guarantee]);
     let log = std::fs::File::create(dir.join("worker.log"))?;
     let mut child = worker
         .env("SLUICE_LOG", "warn")
@@ -159,6 +163,7 @@ pub async fn run(args: DensityArgs) -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_millis(100));
     }
     let start_s = started.elapsed().as_secs_f64();
+    let start_cpu = cpu_seconds(pid).context("cpu")?;
     std::thread::sleep(Duration::from_secs(3));
     let (cpu0, segs0, t0) = (cpu_seconds(pid).context("cpu")?, out_segments(), Instant::now());
     std::thread::sleep(Duration::from_secs(args.idle_secs));
@@ -170,7 +175,18 @@ pub async fn run(args: DensityArgs) -> anyhow::Result<()> {
     };
     let threads = status_field(pid, "Threads:").context("threads")?;
     let rss = status_field(pid, "VmRSS:").context("rss")? * 1024;
-    println!("  all {tasks} tasks running after {start_s:.1} s");
+    let sockets = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|fds| {
+            fds.filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+                .filter(|target| target.to_string_lossy().starts_with("socket:"))
+                .count()
+        })
+        .unwrap_or(0);
+    println!(
+        "  all {tasks} tasks running after {start_s:.1} s ({}), {start_cpu:.1} s of CPU to start them",
+        args.processing_guarantee
+    );
+    println!("  {sockets} sockets open");
     println!(
         "  idle: {threads} OS threads, RSS {} MiB ({:.0} KiB per task), CPU {:.1}% of a core, \
          {segs} TCP segments/s sent on this host (worker and broker)",
