@@ -39,7 +39,7 @@ pub struct E2eArgs {
     /// More arguments for `sluice worker` (repeat), e.g. `--sluice-arg=--prefetch=16MiB`.
     #[arg(long = "sluice-arg", allow_hyphen_values = true)]
     sluice_args: Vec<String>,
-    /// Skip the exactly-once run.
+    /// Skip the exactly-once runs.
     #[arg(long)]
     no_exactly_once: bool,
 }
@@ -115,9 +115,17 @@ pub async fn run(args: E2eArgs) -> anyhow::Result<()> {
     let dir = std::env::temp_dir().join(format!("sluice-bench-{id}"));
     std::fs::create_dir_all(&dir)?;
     // Each system reads the same input into an output of its own, in alternating rounds.
+    // Exactly-once: Sluice at its default commit interval under exactly-once (100 ms, Kafka
+    // Streams' default) and at 1 s; Kafka Streams' exactly_once_v2 at its default.
     let mut systems: Vec<&str> = vec!["sluice"];
     if args.kafka_streams_classpath.is_some() {
         systems.push("kafka streams");
+    }
+    if !args.no_exactly_once {
+        systems.extend(["sluice eos", "sluice eos 1s"]);
+        if args.kafka_streams_classpath.is_some() {
+            systems.push("kafka streams eos");
+        }
     }
     systems.push("native");
     let mut results: Vec<(&str, Measured)> = Vec::new();
@@ -130,7 +138,7 @@ pub async fn run(args: E2eArgs) -> anyhow::Result<()> {
                 r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
             }
             let command = match system {
-                "sluice" => {
+                "sluice" | "sluice eos" | "sluice eos 1s" => {
                     let manifest = dir.join(format!("{run}.toml"));
                     std::fs::write(
                         &manifest,
@@ -148,9 +156,15 @@ pub async fn run(args: E2eArgs) -> anyhow::Result<()> {
                         .args(["--batch-size", &args.batch.to_string()])
                         .args(&args.sluice_args)
                         .env("SLUICE_LOG", "warn");
+                    if system != "sluice" {
+                        worker.args(["--processing-guarantee", "exactly-once"]);
+                    }
+                    if system == "sluice eos 1s" {
+                        worker.args(["--commit-interval", "1s"]);
+                    }
                     worker
                 }
-                "kafka streams" => {
+                "kafka streams" | "kafka streams eos" => {
                     let mut streams = Command::new("java");
                     streams
                         .args([
@@ -164,7 +178,8 @@ pub async fn run(args: E2eArgs) -> anyhow::Result<()> {
                         ])
                         .arg(format!("bench-streams-{run}"))
                         // Stream threads = partitions, as a user would tune it.
-                        .arg(args.partitions.to_string());
+                        .arg(args.partitions.to_string())
+                        .arg(if system == "kafka streams" { "at_least_once" } else { "exactly_once_v2" });
                     streams
                 }
                 _ => {
@@ -207,64 +222,30 @@ pub async fn run(args: E2eArgs) -> anyhow::Result<()> {
         println!("  {system:<14} {steady:>14.0} {total:>16.0} {cpu:>14.2} {rss:>8.0} MB");
         medians.push((system, steady, cpu, rss));
     }
-    let sluice = medians[0];
-    for &(system, steady, cpu, rss) in &medians[1..] {
+    let ratio = |a: &str, b: &str| {
+        let (Some(a), Some(b)) = (medians.iter().find(|m| m.0 == a), medians.iter().find(|m| m.0 == b)) else {
+            return;
+        };
         println!(
-            "  sluice / {system}: {:.2}x the steady throughput, {:.2}x the CPU per record, {:.2}x the peak RSS",
-            sluice.1 / steady,
-            sluice.2 / cpu,
-            sluice.3 / rss
+            "  {} / {}: {:.2}x the steady throughput, {:.2}x the CPU per record, {:.2}x the peak RSS",
+            a.0,
+            b.0,
+            a.1 / b.1,
+            a.2 / b.2,
+            a.3 / b.3
         );
+    };
+    for (a, b) in [
+        ("sluice", "kafka streams"),
+        ("sluice", "native"),
+        ("sluice eos", "sluice"),
+        ("sluice eos 1s", "sluice"),
+        ("sluice eos", "kafka streams eos"),
+        ("kafka streams eos", "kafka streams"),
+    ] {
+        ratio(a, b);
     }
     println!();
-
-    if args.no_exactly_once {
-        let _ = std::fs::remove_dir_all(&dir);
-        return Ok(());
-    }
-    // The same job under exactly-once (transactions), into an output of its own.
-    let eos_output = format!("bench-out-eos-{id}");
-    let topic = [NewTopic::new(&eos_output, args.partitions, TopicReplication::Fixed(1))];
-    for r in admin.create_topics(&topic, &AdminOptions::new()).await? {
-        r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
-    }
-    let eos_manifest = dir.join("bench-eos.toml");
-    std::fs::write(
-        &eos_manifest,
-        format!(
-            "name = \"bench-eos-{id}\"\ncomponent = {:?}\n[sources]\ninput = {input:?}\n[sinks]\noutput = {eos_output:?}\n",
-            args.component.display().to_string()
-        ),
-    )?;
-    let mut worker = Command::new(crate::sluice_binary()?);
-    worker
-        .args(["worker", "--bootstrap", &args.bootstrap, "--topology"])
-        .arg(&eos_manifest)
-        .args(["--batch-size", &args.batch.to_string()])
-        .args(["--processing-guarantee", "exactly-once"])
-        .args(&args.sluice_args)
-        .env("SLUICE_LOG", "warn");
-    let eos = measure(
-        "exactly-once",
-        worker,
-        &args,
-        &eos_output,
-        &dir.join("worker-eos.log"),
-        &id,
-    )?;
-    // Exactly-once output becomes visible only when a transaction commits (every commit
-    // interval), so its "first output" comes late and the first-to-last figure flatters it:
-    // compare start to last.
-    println!(
-        "  exactly-once / at-least-once: {:.2}x the throughput (start to the last output; exactly-once output is visible only at each commit)",
-        (args.records as f64 / eos.total_s) / median(
-            results
-                .iter()
-                .filter(|(s, _)| *s == "sluice")
-                .map(|(_, m)| args.records as f64 / m.total_s)
-                .collect()
-        )
-    );
 
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())

@@ -136,7 +136,7 @@ pub fn worker_acls(principal: &str, cluster: Option<&str>, namespaces: &[String]
             "sluice-",
             true,
             vec![Write, Describe],
-            "exactly-once: each task's transactional producer (sluice-TOPOLOGY-PARTITION)",
+            "exactly-once: each stream thread's transactional producer (sluice-worker-WORKER-THREAD)",
         ),
         acl(
             Resource::Cluster,

@@ -85,9 +85,11 @@ pub struct WorkerSettings {
     /// Lower it to bound memory under a backlog, at some cost in throughput.
     #[arg(long, default_value = "64MiB", value_parser = parse_size)]
     prefetch: usize,
-    /// How often each task commits its source offsets (after flushing what it produced).
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
-    commit_interval: Duration,
+    /// How often source offsets are committed, with what was produced and written since
+    /// (default: 100ms under exactly-once, as in Kafka Streams, where it is also how long
+    /// readers wait for results; 1s under at-least-once).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    commit_interval: Option<Duration>,
     /// `at-least-once` (the default, faster: after a failure some records are processed
     /// twice) or `exactly-once` (Kafka transactions: outputs, state and offsets commit
     /// atomically, and a new owner fences the old one).
@@ -411,6 +413,10 @@ impl WorkerSettings {
             request_timeout: args.admin_request_timeout,
             secret: secret.clone(),
         };
+        let commit_interval = args.commit_interval.unwrap_or(match args.processing_guarantee {
+            Guarantee::ExactlyOnce => Duration::from_millis(100),
+            Guarantee::AtLeastOnce => Duration::from_secs(1),
+        });
         let worker = WorkerConfig {
             cluster,
             kafka,
@@ -421,12 +427,12 @@ impl WorkerSettings {
                 max_batch_bytes: args.max_batch_bytes,
                 prefetch_bytes: args.prefetch,
                 standby_restore_rate: Some(args.standby_restore_rate).filter(|&r| r > 0),
-                commit_interval: args.commit_interval,
+                commit_interval,
                 punctuate_interval: args.punctuate_interval,
                 guarantee: args.processing_guarantee,
                 idle_commit_interval: args
                     .idle_commit_interval
-                    .unwrap_or(args.commit_interval.max(Duration::from_secs(60))),
+                    .unwrap_or(commit_interval.max(Duration::from_secs(60))),
                 purge_interval: args.repartition_purge_interval,
             },
             changelogs: ChangelogSettings {

@@ -202,6 +202,20 @@ pub fn write_offsets_hint(dir: &Path, positions: &checkpoint::Checkpoint) -> Res
     checkpoint::write(&dir.join("checkpoint.json"), positions)
 }
 
+/// A worker id that survives restarts, kept in the state directory.
+pub fn worker_id(state_dir: &Path) -> anyhow::Result<[u8; 16]> {
+    let path = state_dir.join("worker-id");
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        if let Ok(id) = uuid::Uuid::parse_str(text.trim()) {
+            return Ok(*id.as_bytes());
+        }
+    }
+    std::fs::create_dir_all(state_dir).map_err(|e| anyhow::anyhow!("creating {}: {e}", state_dir.display()))?;
+    let id = uuid::Uuid::new_v4();
+    std::fs::write(&path, id.to_string()).map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+    Ok(*id.as_bytes())
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::engine::as_slices;

@@ -300,19 +300,20 @@ impl Task {
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(self.id.clone());
         }
+        Ok(self.fresh_instance().err())
+    }
+
+    /// Replaces the guest instance with a fresh one (instantiated and initialised) over the
+    /// same stores.
+    pub(super) fn fresh_instance(&mut self) -> Result<(), GuestFault> {
         let topology = &self.ctx.topology;
         let stores = self.instance.take_stores();
-        let fresh = topology
+        let mut instance = topology
             .loaded
-            .instantiate(&self.id, topology.loaded.description().sinks.clone(), stores)
-            .and_then(|mut instance| instance.init(&self.info).map(|()| instance));
-        match fresh {
-            Ok(instance) => {
-                self.instance = instance;
-                Ok(None)
-            }
-            Err(fault) => Ok(Some(fault)),
-        }
+            .instantiate(&self.id, topology.loaded.description().sinks.clone(), stores)?;
+        instance.init(&self.info)?;
+        self.instance = instance;
+        Ok(())
     }
 
     /// Produces what a call (`at` says which) emitted, then keeps the call's state writes;

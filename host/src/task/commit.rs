@@ -7,11 +7,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::{Offset, TopicPartitionList};
+
 use sluice_wire::wire;
 
 use super::control::{Lease, Request, TaskControl};
 use super::delivery::{DeliveryTracker, Outgoing};
-use super::{KafkaEnv, Task, TaskContext, TaskError, TaskOutput, TransactionError};
+use super::{KafkaEnv, Task, TaskContext, TaskError, TaskOutput};
 use crate::group::offsets::Position;
 use crate::state::Charge;
 
@@ -21,17 +22,14 @@ pub(super) enum Commit {
     Done,
     /// The lease was not valid: nothing was committed.
     Skipped,
-    /// Another producer took the task's transactional id: nothing was committed, ever will be.
-    Fenced,
 }
 
 /// How long a commit waits for the task's produced records to be acknowledged.
 const DELIVERY_TIMEOUT: Duration = Duration::from_secs(120);
 
 impl Task {
-    /// The commit protocol (see `state` for where a crash can fall). Commits nothing
-    /// when the lease is not valid (skipped: the task waits for it) or another producer
-    /// fenced the task (exactly-once: it is not ours any more).
+    /// The commit protocol under at-least-once (see `state` for where a crash can fall).
+    /// Commits nothing when the lease is not valid (skipped: the task waits for it).
     pub(super) fn commit(&mut self, env: &mut KafkaEnv) -> Result<Commit, TaskError> {
         self.last_commit = Instant::now();
         if !self.ctx.lease.valid() {
@@ -47,33 +45,16 @@ impl Task {
         // 1. The stores' writes since the last commit go to their changelogs.
         let logged = self.log_state()?;
         let idle_due = self.last_offsets_commit.elapsed() >= self.ctx.settings.idle_commit_interval;
-        if self.positions == self.committed && !logged && !self.output.in_transaction() && !idle_due {
+        if self.positions == self.committed && !logged && !idle_due {
             // Nothing new to commit, but what was committed before may not be purged yet
             // (the last commit of a task whose input has stopped).
             self.purge_committed(env);
             return Ok(Commit::Done);
         }
-        // 2. Everything produced is acknowledged; source offsets are committed.
-        if self.output.is_transactional() {
-            let offsets = self.offsets();
-            let group = self
-                .group_metadata
-                .as_ref()
-                .expect("a transactional task has its group's metadata");
-            match self.output.commit(&offsets, group) {
-                Ok(()) => {}
-                Err(TransactionError::Fenced(detail)) => {
-                    tracing::warn!(task = %self.id, "fenced by a newer owner of the task: {detail}");
-                    return Ok(Commit::Fenced);
-                }
-                Err(TransactionError::Aborted(detail)) => {
-                    return Err(TaskError::Transaction {
-                        task: self.id.clone(),
-                        detail,
-                    })
-                }
-            }
-        } else {
+        // 2. Everything produced is acknowledged; source offsets are committed. (Under
+        //    exactly-once the stream thread commits its tasks together: see `transaction`.)
+        debug_assert!(!self.output.is_transactional(), "a transactional task commits with its thread");
+        {
             let produce_error = |detail| TaskError::Produce {
                 task: self.id.clone(),
                 detail,
@@ -121,7 +102,7 @@ impl Task {
     /// Deletes, every purge interval, what this task has committed of its repartition
     /// sources: the records before its committed offset are processed for good (under
     /// exactly-once, the transaction that moved the offset has committed).
-    fn purge_committed(&mut self, env: &mut KafkaEnv) {
+    pub(super) fn purge_committed(&mut self, env: &mut KafkaEnv) {
         let stage = self.ctx.stage();
         if stage.internal_sources.is_empty()
             || self.last_purge.elapsed() < self.ctx.settings.purge_interval

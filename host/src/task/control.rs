@@ -86,6 +86,102 @@ impl Lease {
     }
 }
 
+/// The membership a transaction proves under exactly-once (KIP-447's fencing by generation,
+/// on the cluster's group): with the offsets it commits, every stream thread's transaction
+/// sends one more offset commit, to the cluster's group, carrying this worker's member id and
+/// generation. The group coordinator refuses it from a worker that is no longer a member or
+/// holds an older generation, and the refused transaction can only abort: a worker that lost
+/// a task (frozen, cut off, slow to notice a rebalance) can commit nothing for it once the
+/// group has moved on. Why that covers every way a task moves is in `docs/guarantees.md`.
+#[derive(Debug)]
+pub struct Fence {
+    state: std::sync::Mutex<FenceState>,
+}
+
+#[derive(Debug, Clone)]
+enum FenceState {
+    /// A worker outside any cluster: its tasks are its own; nothing to prove.
+    Alone,
+    /// A cluster member before its first join, or after its membership was lost.
+    Out { group: String, topic: String },
+    Member(FenceToken),
+}
+
+/// What a transaction commits to the cluster's group to prove the membership it ran under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FenceToken {
+    /// The cluster's group (`sluice.cluster.NAME`).
+    pub group: String,
+    pub member_id: String,
+    pub generation: i32,
+    pub instance_id: Option<String>,
+    /// The partition whose offset (in the cluster's group) the proof commits: partition 0 of
+    /// the cluster's registry topic, which every worker may read (the broker checks it
+    /// exists). Nothing reads that offset.
+    pub topic: String,
+}
+
+/// Why a transaction may not commit now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotMember;
+
+impl Fence {
+    /// For a worker outside any cluster.
+    pub fn alone() -> Fence {
+        Fence {
+            state: std::sync::Mutex::new(FenceState::Alone),
+        }
+    }
+
+    /// For a member of the cluster group `group` (not joined yet); `topic` is the registry.
+    pub fn cluster(group: &str, topic: &str) -> Fence {
+        Fence {
+            state: std::sync::Mutex::new(FenceState::Out {
+                group: group.to_string(),
+                topic: topic.to_string(),
+            }),
+        }
+    }
+
+    /// The worker joined the group as `member_id` in `generation`.
+    pub fn admit(&self, member_id: &str, generation: i32, instance_id: Option<&str>) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let (group, topic) = match &*state {
+            FenceState::Alone => return,
+            FenceState::Out { group, topic } => (group.clone(), topic.clone()),
+            FenceState::Member(t) => (t.group.clone(), t.topic.clone()),
+        };
+        *state = FenceState::Member(FenceToken {
+            group,
+            member_id: member_id.to_string(),
+            generation,
+            instance_id: instance_id.map(str::to_string),
+            topic,
+        });
+    }
+
+    /// The membership is lost: no transaction commits until the worker joins again.
+    pub fn revoke(&self) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let FenceState::Member(t) = &*state {
+            *state = FenceState::Out {
+                group: t.group.clone(),
+                topic: t.topic.clone(),
+            };
+        }
+    }
+
+    /// What a transaction committed now must prove: nothing (alone), the membership, or
+    /// [`NotMember`] (commit nothing).
+    pub fn token(&self) -> Result<Option<FenceToken>, NotMember> {
+        match &*self.state.lock().unwrap_or_else(|p| p.into_inner()) {
+            FenceState::Alone => Ok(None),
+            FenceState::Out { .. } => Err(NotMember),
+            FenceState::Member(t) => Ok(Some(t.clone())),
+        }
+    }
+}
+
 /// What a task has been asked to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Request {
@@ -253,5 +349,29 @@ mod tests {
         assert_eq!(control.request(), Request::Stop);
         control.abort();
         assert_eq!(control.request(), Request::Abort);
+    }
+
+    #[test]
+    fn a_fence_proves_the_last_generation_joined_and_nothing_once_revoked() {
+        let alone = Fence::alone();
+        assert_eq!(alone.token(), Ok(None), "a worker alone proves nothing");
+        alone.revoke();
+        assert_eq!(alone.token(), Ok(None));
+
+        let fence = Fence::cluster("sluice.cluster.c", "sluice.cluster.c.registry");
+        assert_eq!(fence.token(), Err(NotMember), "before the first join");
+        fence.admit("m-1", 4, Some("w1"));
+        let token = fence.token().unwrap().unwrap();
+        assert_eq!(
+            (token.group.as_str(), token.member_id.as_str(), token.generation, token.instance_id.as_deref()),
+            ("sluice.cluster.c", "m-1", 4, Some("w1"))
+        );
+        assert_eq!(token.topic, "sluice.cluster.c.registry");
+        fence.admit("m-1", 5, Some("w1"));
+        assert_eq!(fence.token().unwrap().unwrap().generation, 5);
+        fence.revoke();
+        assert_eq!(fence.token(), Err(NotMember), "a lost membership proves nothing");
+        fence.admit("m-2", 7, None);
+        assert_eq!(fence.token().unwrap().unwrap().member_id, "m-2");
     }
 }

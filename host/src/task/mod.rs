@@ -25,11 +25,11 @@ mod reject;
 mod source;
 mod start;
 pub mod state;
+mod transaction;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::ConsumerGroupMetadata;
 use sluice_wire::wire::Writer;
 use sluice_wire::TaskInfo;
 
@@ -41,7 +41,8 @@ use crate::topology::DeployedTopology;
 use commit::Commit;
 use control::{Lease, Request, TaskControl};
 use delivery::{DeliveryTracker, WorkerProducer};
-pub use output::{Guarantee, TaskOutput, TransactionError};
+pub use output::{thread_transactional_id, Guarantee, TaskOutput, ThreadProducer, TransactionError};
+pub use transaction::Prepared as InTransaction;
 pub use source::KafkaEnv;
 use start::report_end;
 pub use start::{prepare, Prepared};
@@ -225,8 +226,6 @@ pub fn thread_charge(held: Duration) -> Duration {
 
 pub struct Task {
     ctx: TaskContext,
-    /// The topology group's metadata for offsets committed in a transaction (exactly-once).
-    group_metadata: Option<ConsumerGroupMetadata>,
     /// `sluice-<topology>`: where source offsets are committed.
     group: String,
     labels: TaskLabels,
@@ -437,6 +436,8 @@ impl Task {
     fn turn(&mut self, env: &mut KafkaEnv) -> Result<Option<TaskSummary>, TaskError> {
         match self.ctx.control.request() {
             Request::Run => {}
+            // Under exactly-once its stream thread closes it and commits (`close_for_stop`).
+            Request::Stop if self.output.is_transactional() => return Ok(None),
             Request::Stop => return self.finish(env).map(Some),
             Request::Abort => return Ok(Some(self.abort("asked to abort"))),
         }
@@ -449,12 +450,10 @@ impl Task {
             self.process_batch(env)?;
         }
         self.maybe_punctuate()?;
-        if self.last_commit.elapsed() >= self.ctx.settings.commit_interval {
-            match self.commit(env)? {
-                // Skipped: the lease ran out meanwhile; the task waits for it (above).
-                Commit::Done | Commit::Skipped => {}
-                Commit::Fenced => return Ok(Some(self.abort("another owner fenced it"))),
-            }
+        // Under exactly-once the stream thread commits all its tasks in one transaction.
+        if !self.output.is_transactional() && self.last_commit.elapsed() >= self.ctx.settings.commit_interval {
+            // Skipped: the lease ran out meanwhile; the task waits for it (above).
+            self.commit(env)?;
         }
         Ok(None)
     }
@@ -489,9 +488,9 @@ impl Task {
         self.retry = None;
     }
 
-    /// Stops without committing: uncommitted state is dropped, an open transaction aborted.
+    /// Stops without committing: uncommitted state is dropped (under exactly-once, what it
+    /// sent in its thread's open transaction is taken back by the thread aborting it).
     fn abort(&mut self, why: &str) -> TaskSummary {
-        self.output.abort();
         if let Some(state) = &self.state {
             state.discard(self.instance.stores_mut());
         }

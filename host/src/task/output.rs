@@ -1,23 +1,25 @@
-//! Where a task's records go: the worker's shared producer (at-least-once), or a
-//! transactional producer of the task's own (exactly-once).
+//! Where a task's records go: the worker's shared producer (at-least-once), or the
+//! transactional producer of the stream thread the task runs on (exactly-once).
 //!
-//! Why one transactional producer per task, not per thread: source offsets are committed
-//! under the topology's consumer group (`sluice-<topology>`), which no worker is a member
-//! of, so the broker cannot fence a zombie by group generation (KIP-447). It fences by
-//! `transactional.id` instead: the id is the task's (`sluice-<topology>-<partition>`), so a
-//! new owner's producer, by initialising, aborts whatever the old owner left open and makes
-//! every later write, offset commit and transaction commit of the old one fail. This costs a
-//! producer per active task under exactly-once; at-least-once keeps one shared producer.
+//! Under exactly-once every stream thread has one transactional producer, and all the tasks
+//! it drives commit their outputs, changelog writes and source offsets in one transaction
+//! (Kafka Streams' `exactly_once_v2`, KIP-447). Its transactional id belongs to the thread
+//! (`sluice-worker-<worker id>-<thread>`, the worker id kept in the state directory), so a
+//! restarted worker's threads abort what their killed predecessors left open. Zombies are
+//! fenced by the cluster group's generation, not by the transactional id: see
+//! [`super::control::Fence`] and `docs/guarantees.md`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::Producer;
-use rdkafka::TopicPartitionList;
+use rdkafka::{Offset, TopicPartitionList};
+use rdkafka_sys as rdsys;
 
 use super::delivery::{self, DeliveryRouter, DeliveryTracker, Outgoing, WorkerProducer, PARTITIONER};
+use super::control::FenceToken;
 use crate::kafka::KafkaSettings;
 
 /// What a task promises about its outputs, state and offsets.
@@ -46,58 +48,130 @@ impl std::str::FromStr for Guarantee {
 /// Why a transaction did not commit.
 #[derive(Debug)]
 pub enum TransactionError {
-    /// Another producer with this task's transactional id took over: the task is not ours.
+    /// The producer cannot go on (another producer took its transactional id, or the
+    /// broker timed the transaction out): nothing was committed, and the producer must be
+    /// made again.
     Fenced(String),
-    /// The transaction was aborted (its records and offsets will never be visible).
+    /// The transaction was aborted (its records and offsets will never be visible): the
+    /// group refused the membership it proved, or a write failed.
     Aborted(String),
 }
 
-/// How long a transaction may take to commit, or a transactional producer to start.
-const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a transaction may stay open before the broker aborts it, and how long a commit
+/// or a producer's start may take. A worker killed with a transaction open holds back its
+/// partitions' readers (and the next owner's committed offsets) this long: Kafka Streams'
+/// default under exactly-once.
+pub const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The transactional id of stream thread `thread` of the worker whose id is `worker`.
+pub fn thread_transactional_id(worker: &str, thread: usize) -> String {
+    format!("sluice-worker-{worker}-{thread}")
+}
+
+/// Where a task sends its records.
 pub struct TaskOutput {
-    producer: Arc<WorkerProducer>,
-    transactional: bool,
-    in_transaction: bool,
+    kind: Kind,
+    /// Whether the task sent anything in its thread's open transaction (which an abort of
+    /// that transaction then takes back).
+    touched: bool,
+}
+
+enum Kind {
+    Shared(Arc<WorkerProducer>),
+    /// Exactly-once: its stream thread's producer, once the task is on that thread.
+    Thread(Option<Arc<ThreadProducer>>),
 }
 
 impl TaskOutput {
     /// Records go through the worker's shared producer.
     pub fn shared(producer: Arc<WorkerProducer>) -> TaskOutput {
         TaskOutput {
-            producer,
-            transactional: false,
-            in_transaction: false,
+            kind: Kind::Shared(producer),
+            touched: false,
         }
     }
 
-    /// A transactional producer of the task's own. Initialising it fences every earlier
-    /// producer of this id (and aborts what it left open). Retries while the transaction
-    /// coordinator is not ready; gives up (none) when `stopping` says so.
-    pub fn transactional(
-        kafka: &KafkaSettings,
-        transactional_id: &str,
-        stopping: &dyn Fn() -> bool,
-    ) -> Result<Option<TaskOutput>, String> {
+    /// Records go through the transactional producer of the stream thread the task will run
+    /// on ([`attach`](Self::attach)).
+    pub fn transactional() -> TaskOutput {
+        TaskOutput {
+            kind: Kind::Thread(None),
+            touched: false,
+        }
+    }
+
+    /// The task is on a stream thread: its records go in that thread's transactions.
+    pub fn attach(&mut self, producer: Arc<ThreadProducer>) {
+        if let Kind::Thread(slot) = &mut self.kind {
+            *slot = Some(producer);
+        }
+    }
+
+    pub fn is_transactional(&self) -> bool {
+        matches!(self.kind, Kind::Thread(_))
+    }
+
+    /// Whether the task sent records in its thread's open transaction.
+    pub fn touched(&self) -> bool {
+        self.touched
+    }
+
+    /// The thread's transaction ended (committed or aborted).
+    pub fn settled(&mut self) {
+        self.touched = false;
+    }
+
+    /// Enqueues a record (see [`delivery::send`]); false: `give_up` said to stop waiting.
+    pub fn send(
+        &mut self,
+        tracker: &Arc<DeliveryTracker>,
+        out: Outgoing<'_>,
+        give_up: &dyn Fn() -> bool,
+    ) -> Result<bool, String> {
+        match &self.kind {
+            Kind::Shared(producer) => delivery::send(producer, tracker, out, give_up),
+            Kind::Thread(Some(thread)) => {
+                thread.begin()?;
+                self.touched = true;
+                delivery::send(&thread.producer, tracker, out, give_up)
+            }
+            Kind::Thread(None) => Err("the task is not on a stream thread yet: it has no producer".into()),
+        }
+    }
+}
+
+/// A stream thread's transactional producer: one open transaction at a time, holding what
+/// every task of the thread sent since the thread's last commit.
+pub struct ThreadProducer {
+    producer: WorkerProducer,
+    id: String,
+    in_transaction: AtomicBool,
+}
+
+impl ThreadProducer {
+    /// Makes and initialises the producer of transactional id `id`, which aborts whatever an
+    /// earlier producer of that id (this thread before the worker restarted) left open.
+    /// Retries while the transaction coordinator is not ready; none when `stopping` says so.
+    pub fn start(kafka: &KafkaSettings, id: &str, stopping: &dyn Fn() -> bool) -> Result<Option<ThreadProducer>, String> {
         let producer: WorkerProducer = kafka
             .worker_client()
-            .set("transactional.id", transactional_id)
+            .set("transactional.id", id)
             .set(PARTITIONER.0, PARTITIONER.1)
             .set("transaction.timeout.ms", TRANSACTION_TIMEOUT.as_millis().to_string())
             .set("linger.ms", "5")
             .set("compression.type", "lz4")
+            // Many tasks share it: the queue holds many tasks' worth (see the shared one).
+            .set("queue.buffering.max.messages", "1000000")
             .create_with_context(DeliveryRouter)
-            .map_err(|e| format!("creating the transactional producer {transactional_id}: {e}"))?;
+            .map_err(|e| format!("creating the transactional producer {id}: {e}"))?;
         let started = Instant::now();
         let mut backoff = Duration::from_millis(200);
         loop {
             match producer.init_transactions(TRANSACTION_TIMEOUT) {
                 Ok(()) => break,
-                Err(e) if is_fatal(&e) => {
-                    return Err(format!("initialising transactional producer {transactional_id}: {e}"))
-                }
+                Err(e) if is_fatal(&e) => return Err(format!("initialising transactional producer {id}: {e}")),
                 Err(e) => tracing::warn!(
-                    transactional_id, after = ?started.elapsed(),
+                    transactional_id = id, after = ?started.elapsed(),
                     "initialising the transactional producer failed: {e}; retrying in {backoff:?}"
                 ),
             }
@@ -107,85 +181,163 @@ impl TaskOutput {
             std::thread::sleep(backoff);
             backoff = (backoff * 2).min(Duration::from_secs(5));
         }
-        Ok(Some(TaskOutput {
-            producer: Arc::new(producer),
-            transactional: true,
-            in_transaction: false,
+        tracing::info!(transactional_id = id, ms = started.elapsed().as_millis() as u64, "transactional producer ready");
+        Ok(Some(ThreadProducer {
+            producer,
+            id: id.to_string(),
+            in_transaction: AtomicBool::new(false),
         }))
     }
 
-    pub fn is_transactional(&self) -> bool {
-        self.transactional
+    pub fn id(&self) -> &str {
+        &self.id
     }
 
-    /// Whether a transaction is open (something was sent since the last commit).
+    /// Whether a transaction is open (something was sent since the last commit or abort).
     pub fn in_transaction(&self) -> bool {
-        self.in_transaction
+        self.in_transaction.load(Ordering::Acquire)
     }
 
-    /// Sends one record (in the open transaction, which it begins if needed).
-    /// Enqueues a record (see [`delivery::send`]); false: `give_up` said to stop waiting.
-    pub fn send(
-        &mut self,
-        tracker: &Arc<DeliveryTracker>,
-        out: Outgoing<'_>,
-        give_up: &dyn Fn() -> bool,
-    ) -> Result<bool, String> {
-        self.begin()?;
-        delivery::send(&self.producer, tracker, out, give_up)
-    }
-
-    fn begin(&mut self) -> Result<(), String> {
-        if self.transactional && !self.in_transaction {
+    fn begin(&self) -> Result<(), String> {
+        if !self.in_transaction() {
             self.producer
                 .begin_transaction()
                 .map_err(|e| format!("beginning a transaction: {e}"))?;
-            self.in_transaction = true;
+            self.in_transaction.store(true, Ordering::Release);
         }
         Ok(())
     }
 
-    /// Commits the open transaction with `offsets` as the group's source offsets (a
-    /// transaction is begun for the offsets alone if none is open).
-    pub fn commit(
-        &mut self,
-        offsets: &TopicPartitionList,
-        group: &ConsumerGroupMetadata,
-    ) -> Result<(), TransactionError> {
+    /// Commits the open transaction (beginning one for the offsets alone if none is open):
+    /// first each group's source offsets (`offsets`: group → partitions), then, in a
+    /// cluster, the proof of membership (`fence`), last the commit. A refused proof aborts
+    /// the transaction: what it holds, offsets included, is never visible.
+    ///
+    /// The proof goes after the offsets on purpose: offsets added to a transaction are
+    /// pending until it ends, and the next owner of a task waits for pending offsets of its
+    /// partitions before it reads its state (`require_stable`). So a worker that froze
+    /// before its proof leaves offsets the next owner waits on until the transaction aborts;
+    /// one that froze after a proof the group accepted (it was still the owner) commits a
+    /// transaction the next owner then reads whole.
+    pub fn commit(&self, offsets: &[(String, TopicPartitionList)], fence: Option<&FenceToken>) -> Result<(), TransactionError> {
         self.begin().map_err(TransactionError::Aborted)?;
         let result = (|| {
-            if offsets.count() > 0 {
-                self.producer
-                    .send_offsets_to_transaction(offsets, group, TRANSACTION_TIMEOUT)?;
+            for (group, tpl) in offsets {
+                if tpl.count() > 0 {
+                    send_offsets(&self.producer, tpl, group, None)?;
+                }
             }
-            self.producer.commit_transaction(TRANSACTION_TIMEOUT)
+            if let Some(token) = fence {
+                let mut tpl = TopicPartitionList::new();
+                tpl.add_partition_offset(&token.topic, 0, Offset::Offset(0))
+                    .map_err(|e| Failure::other(format!("the fence's partition: {e}")))?;
+                send_offsets(&self.producer, &tpl, &token.group, Some(token))
+                    .map_err(|f| f.context("the cluster group refused this worker's membership"))?;
+            }
+            self.producer
+                .commit_transaction(TRANSACTION_TIMEOUT)
+                .map_err(Failure::from_kafka)
         })();
         match result {
             Ok(()) => {
-                self.in_transaction = false;
+                self.in_transaction.store(false, Ordering::Release);
                 Ok(())
             }
-            Err(e) if is_fenced(&e) => {
-                self.in_transaction = false;
-                Err(TransactionError::Fenced(e.to_string()))
+            Err(f) if f.fatal => {
+                self.in_transaction.store(false, Ordering::Release);
+                Err(TransactionError::Fenced(f.message))
             }
-            Err(e) => {
-                let detail = format!("committing the transaction: {e}");
+            Err(f) => {
+                let detail = format!("committing the transaction: {}", f.message);
                 self.abort();
                 Err(TransactionError::Aborted(detail))
             }
         }
     }
 
-    /// Aborts the open transaction, if any (errors are logged: a fenced producer's
-    /// transaction is aborted by its successor anyway).
-    pub fn abort(&mut self) {
-        if self.in_transaction {
+    /// Aborts the open transaction, if any (errors are logged: a transaction the broker
+    /// timed out, or one of a fenced producer, is aborted already).
+    pub fn abort(&self) {
+        if self.in_transaction.swap(false, Ordering::AcqRel) {
             if let Err(e) = self.producer.abort_transaction(TRANSACTION_TIMEOUT) {
-                tracing::debug!("aborting the transaction: {e}");
+                tracing::debug!(transactional_id = %self.id, "aborting the transaction: {e}");
             }
-            self.in_transaction = false;
         }
+    }
+}
+
+/// Why adding offsets to a transaction, or committing it, failed.
+struct Failure {
+    message: String,
+    /// The producer cannot go on (fenced, or timed out by the broker).
+    fatal: bool,
+}
+
+impl Failure {
+    fn other(message: String) -> Failure {
+        Failure { message, fatal: false }
+    }
+
+    fn from_kafka(e: KafkaError) -> Failure {
+        Failure {
+            fatal: is_fenced(&e),
+            message: e.to_string(),
+        }
+    }
+
+    fn context(self, what: &str) -> Failure {
+        Failure {
+            message: format!("{what}: {}", self.message),
+            ..self
+        }
+    }
+}
+
+/// `rd_kafka_send_offsets_to_transaction` with group metadata of our making: rust-rdkafka
+/// builds it only from a consumer's own membership, and the fence proves the worker's
+/// membership in the cluster group, which no librdkafka consumer holds. `member` none: the
+/// offsets of a group nobody joins (generation -1).
+fn send_offsets(producer: &WorkerProducer, offsets: &TopicPartitionList, group: &str, member: Option<&FenceToken>) -> Result<(), Failure> {
+    use rdkafka::client::Client;
+    use std::ffi::{CStr, CString};
+    let cstring = |s: &str| CString::new(s).map_err(|_| Failure::other(format!("{s:?} holds a NUL byte")));
+    let group_c = cstring(group)?;
+    let member_c = member.map(|m| cstring(&m.member_id)).transpose()?;
+    let instance_c = member.and_then(|m| m.instance_id.as_deref()).map(cstring).transpose()?;
+    let client: &Client<DeliveryRouter> = producer.client();
+    // SAFETY: every pointer handed to librdkafka lives until the call returns; the group
+    // metadata and the error it returns are destroyed here, once.
+    unsafe {
+        let cgm = match (&member_c, member) {
+            (Some(member_c), Some(m)) => rdsys::rd_kafka_consumer_group_metadata_new_with_genid(
+                group_c.as_ptr(),
+                m.generation,
+                member_c.as_ptr(),
+                instance_c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
+            ),
+            _ => rdsys::rd_kafka_consumer_group_metadata_new(group_c.as_ptr()),
+        };
+        if cgm.is_null() {
+            return Err(Failure::other(format!("making the metadata of group {group}")));
+        }
+        let error = rdsys::rd_kafka_send_offsets_to_transaction(
+            client.native_ptr(),
+            offsets.ptr(),
+            cgm,
+            TRANSACTION_TIMEOUT.as_millis() as i32,
+        );
+        rdsys::rd_kafka_consumer_group_metadata_destroy(cgm);
+        if error.is_null() {
+            return Ok(());
+        }
+        let message = CStr::from_ptr(rdsys::rd_kafka_error_string(error)).to_string_lossy().into_owned();
+        let name = CStr::from_ptr(rdsys::rd_kafka_error_name(error)).to_string_lossy().into_owned();
+        let fatal = rdsys::rd_kafka_error_is_fatal(error) != 0;
+        rdsys::rd_kafka_error_destroy(error);
+        Err(Failure {
+            message: format!("adding the offsets of group {group} to the transaction: {name}: {message}"),
+            fatal,
+        })
     }
 }
 

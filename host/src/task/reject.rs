@@ -39,8 +39,10 @@ impl Task {
         };
         let policy = self.ctx.topology.on_error;
         if policy == OnError::Fail || range.len() != 1 {
-            // Commit what was processed before it; nothing after.
-            match self.commit(env) {
+            // Commit what was processed before it; nothing after. (Under exactly-once the
+            // stream thread aborts its transaction instead: the next attempt processes those
+            // records again.)
+            match if self.output.is_transactional() { Ok(Commit::Skipped) } else { self.commit(env) } {
                 Ok(Commit::Done) => {}
                 Ok(_) => {
                     tracing::warn!(task = %self.id, "not committing the records before the failure: no lease, or fenced")

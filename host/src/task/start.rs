@@ -1,10 +1,10 @@
-//! Starting a task: its producer (under exactly-once, fencing the previous owner first),
-//! its restored state, its guest instance, and where each source starts.
+//! Starting a task: where each source starts (its committed offsets, once stable), its
+//! restored state and its guest instance. Under exactly-once it has no producer of its own:
+//! its stream thread's transactions carry its records (`output`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::Consumer;
 use sluice_wire::wire::Writer;
 use sluice_wire::TaskInfo;
 
@@ -109,20 +109,13 @@ impl super::TaskProgress for Watched<'_> {
     }
 }
 
-/// The transactional id of a task's producer under exactly-once: `sluice-<topology>-<partition>`,
-/// or `sluice-<topology>/<sub>-<partition>` in a topology of several sub-topologies (names
-/// hold no '/', so no two tasks share one).
-pub fn transactional_id(task: &crate::group::TaskId) -> String {
-    format!("sluice-{}-{}", task.unit(), task.partition)
-}
-
 /// How long a step of a start may go without progress before the start is given up (and
 /// the task started again): each step retries by itself, logging, well within it.
 pub const STEP_DEADLINE: Duration = Duration::from_secs(150);
 
 impl Task {
-    /// Prepares a task: its producer (under exactly-once, fencing the previous owner first),
-    /// its restored state, its guest instance and its consumer. None: asked to stop first.
+    /// Prepares a task: its committed offsets, its restored state and its guest instance.
+    /// None: asked to stop first.
     pub(super) fn start(
         mut ctx: TaskContext,
         id: String,
@@ -143,22 +136,36 @@ impl Task {
             source_topics: topology.binding.source_topics.clone(),
             sink_topics: topology.binding.sink_topics.clone(),
         };
-        // The new owner's producer goes first: it aborts what a previous owner left open, so
-        // the changelogs read below hold only committed data.
-        ctx.control
-            .enter("fencing the previous owner (its transactional producer)", STEP_DEADLINE);
-        let began = Instant::now();
+        // Under exactly-once the task's records go in its stream thread's transactions: no
+        // producer of its own to start here.
         let output = match ctx.settings.guarantee {
             Guarantee::AtLeastOnce => TaskOutput::shared(ctx.producer.clone()),
-            Guarantee::ExactlyOnce => {
-                let transactional_id = transactional_id(&ctx.task);
-                match TaskOutput::transactional(&ctx.kafka, &transactional_id, &stopping) {
-                    Ok(Some(output)) => output,
-                    Ok(None) => return Ok(None),
-                    Err(detail) => return Err(TaskError::Transaction { task: id, detail }),
-                }
-            }
+            Guarantee::ExactlyOnce => TaskOutput::transactional(),
         };
+        let began = Instant::now();
+        // The committed offsets first: the lookup waits for offsets pending in an open
+        // transaction (`require_stable`), and under exactly-once every transaction holding
+        // this task's writes holds its offsets too. Once they are stable, no transaction of
+        // a previous owner can still commit changelog records of this task (see
+        // `docs/guarantees.md`), so the restore below reads all there is.
+        let sources = &ctx.source_topics();
+        ctx.control.enter("looking up its committed offsets", STEP_DEADLINE);
+        let Some(committed) = source::committed(env, &topology.group, sources, ctx.partition, &id, &stopping) else {
+            return Ok(None);
+        };
+        // After a deploy that asked to reprocess, the group starts empty: from there.
+        let committed = match topology.start_from {
+            Some(from) if committed.iter().any(Option::is_none) => {
+                source::start_from(&ctx.kafka, sources, ctx.partition, committed, from).map_err(|detail| {
+                    TaskError::Source {
+                        task: id.clone(),
+                        detail,
+                    }
+                })?
+            }
+            _ => committed,
+        };
+        let offsets_at = began.elapsed();
         let Some((state, stores)) = open_state(&mut ctx, &id, &stopping)? else {
             return Ok(None);
         };
@@ -177,26 +184,6 @@ impl Task {
             .map_err(fail)?;
         instance.init(&info).map_err(fail)?;
         let instantiated_at = began.elapsed();
-        let sources = &ctx.source_topics();
-        ctx.control.enter("looking up its committed offsets", STEP_DEADLINE);
-        let Some(committed) = source::committed(env, &topology.group, sources, ctx.partition, &id, &stopping) else {
-            return Ok(None);
-        };
-        // After a deploy that asked to reprocess, the group starts empty: from there.
-        let committed = match topology.start_from {
-            Some(from) if committed.iter().any(Option::is_none) => {
-                source::start_from(&ctx.kafka, sources, ctx.partition, committed, from).map_err(|detail| {
-                    TaskError::Source {
-                        task: id.clone(),
-                        detail,
-                    }
-                })?
-            }
-            _ => committed,
-        };
-        // Offsets committed in a transaction name the topology's group.
-        ctx.control.enter("reading its group's metadata", STEP_DEADLINE);
-        let group_metadata = group_metadata(&ctx, &output, &id)?;
         let counters = Counters {
             records_in: ctx.metrics.records_in.get_or_create(&labels).clone(),
             enforced_processing: ctx.metrics.enforced_processing.get_or_create(&labels).clone(),
@@ -205,9 +192,9 @@ impl Task {
             call_seconds: ctx.metrics.guest_call_seconds.get_or_create(&labels).clone(),
         };
         tracing::debug!(
-            target: "handover", task = %id, open_ms = opened_at.as_millis() as u64,
+            target: "handover", task = %id, open_ms = (opened_at - offsets_at).as_millis() as u64,
             instantiate_ms = (instantiated_at - opened_at).as_millis() as u64,
-            offsets_ms = (began.elapsed() - instantiated_at).as_millis() as u64, "start steps"
+            offsets_ms = offsets_at.as_millis() as u64, "start steps"
         );
         tracing::info!(committed = ?committed, guarantee = ?ctx.settings.guarantee, task = %id, "started");
         let rate = topology.records_per_second.map(|r| rate::Rate::new(r, Instant::now()));
@@ -224,7 +211,6 @@ impl Task {
             holds_back && (topology.on_error != crate::manifest::OnError::Fail || super::batch::lost_cache_before(&id));
         Ok(Some(Task {
             inputs,
-            group_metadata,
             group: topology.group.clone(),
             labels,
             id,
@@ -360,28 +346,4 @@ fn open_state(
         }
     }
     Ok(Some((state, stores)))
-}
-
-/// Under exactly-once, the topology group's metadata, which offsets committed in a
-/// transaction carry.
-fn group_metadata(
-    ctx: &TaskContext,
-    output: &TaskOutput,
-    id: &str,
-) -> Result<Option<rdkafka::consumer::ConsumerGroupMetadata>, TaskError> {
-    if !output.is_transactional() {
-        return Ok(None);
-    }
-    let topology = &ctx.topology;
-    let consumer =
-        crate::topology::source_consumer(&ctx.kafka, &topology.group, 1 << 20).map_err(|e| TaskError::Transaction {
-            task: id.to_string(),
-            detail: format!("creating a consumer for the group metadata: {e}"),
-        })?;
-    Ok(Some(consumer.group_metadata().ok_or_else(|| {
-        TaskError::Transaction {
-            task: id.to_string(),
-            detail: "the consumer has no group metadata".into(),
-        }
-    })?))
 }

@@ -61,7 +61,15 @@ impl Drop for StreamThreads {
 impl StreamThreads {
     /// Starts `count` stream threads (each with its share of `prefetch_bytes`) and the
     /// starter threads. They run until the worker drops this.
-    pub fn start(count: usize, kafka: &KafkaSettings, prefetch_bytes: usize) -> anyhow::Result<StreamThreads> {
+    ///
+    /// Under exactly-once (`exactly_once`: the worker's id, its membership's fence and the
+    /// commit interval) each thread commits its tasks in transactions of its own producer.
+    pub fn start(
+        count: usize,
+        kafka: &KafkaSettings,
+        prefetch_bytes: usize,
+        exactly_once: Option<(String, Arc<crate::task::control::Fence>, std::time::Duration)>,
+    ) -> anyhow::Result<StreamThreads> {
         let count = count.max(1);
         let mut threads = Vec::with_capacity(count);
         let mut streams = Vec::new();
@@ -73,10 +81,16 @@ impl StreamThreads {
             let env = KafkaEnv::new(kafka)?;
             let load2 = load.clone();
             let finishers = finishers.clone();
+            let exactly_once = exactly_once.as_ref().map(|(worker, fence, interval)| stream::ExactlyOnce {
+                kafka: kafka.clone(),
+                transactional_id: crate::task::thread_transactional_id(worker, i),
+                fence: fence.clone(),
+                commit_interval: *interval,
+            });
             streams.push(
                 std::thread::Builder::new()
                     .name(format!("stream-{i}"))
-                    .spawn(move || StreamThread::new(consumer, env, load2, finishers).run(rx))?,
+                    .spawn(move || StreamThread::new(consumer, env, load2, finishers, exactly_once).run(rx))?,
             );
             threads.push((tx, load));
         }

@@ -18,8 +18,11 @@ use rdkafka::{Offset, TopicPartitionList};
 use rustc_hash::FxHashMap;
 
 mod fair_share;
+mod transaction;
 
 use fair_share::FairShare;
+pub(super) use transaction::ExactlyOnce;
+use transaction::Transaction;
 
 use super::slot::{Outcome, TaskSlot};
 use crate::kafka::{ConsumerEvents, KafkaSettings};
@@ -112,6 +115,9 @@ struct Running {
     paused: bool,
     /// Whether a record was fed to it yet (for the handover trace).
     fed: bool,
+    /// Under exactly-once: asked to stop, it has closed, and ends with its thread's next
+    /// commit (which comes at once).
+    leaving: bool,
     /// Its source partitions, for their lags (a task that orders its inputs by time asks
     /// them of the consumer), and which of them are paused because their queue is full.
     parts: Vec<SourcePart>,
@@ -180,6 +186,8 @@ struct ThreadTasks {
     waker: std::sync::mpsc::Sender<(String, i32)>,
     /// Where a task asked to stop goes for its final commits (`threads::finishers`).
     finishers: std::sync::mpsc::Sender<super::finishers::Finishing>,
+    /// Under exactly-once: the thread's transaction, which all its tasks commit together.
+    txn: Option<Transaction>,
 }
 
 impl StreamThread {
@@ -188,6 +196,7 @@ impl StreamThread {
         env: KafkaEnv,
         load: Arc<AtomicUsize>,
         finishers: std::sync::mpsc::Sender<super::finishers::Finishing>,
+        exactly_once: Option<ExactlyOnce>,
     ) -> StreamThread {
         let consumer = Arc::new(consumer);
         let waker = spawn_waker(consumer.clone());
@@ -196,6 +205,7 @@ impl StreamThread {
             tasks: ThreadTasks {
                 waker,
                 finishers,
+                txn: exactly_once.map(Transaction::new),
                 env,
                 load,
                 running: Vec::new(),
@@ -242,6 +252,7 @@ impl StreamThread {
             for i in 0..self.tasks.running.len() {
                 self.tasks.turn(&self.consumer, i);
             }
+            self.tasks.commit_when_due(&self.consumer);
         }
     }
 
@@ -329,7 +340,8 @@ impl ThreadTasks {
         }
     }
 
-    fn add(&mut self, consumer: &StreamConsumer, task: Box<Task>, slot: Arc<TaskSlot>) {
+    fn add(&mut self, consumer: &StreamConsumer, mut task: Box<Task>, slot: Arc<TaskSlot>) {
+        let joined = self.join_transaction(&mut task);
         let index = match self.running.iter().position(Option::is_none) {
             Some(i) => i,
             None => {
@@ -391,19 +403,21 @@ impl ThreadTasks {
             overflow: Vec::new(),
             paused: false,
             fed: false,
+            leaving: false,
             held: vec![false; parts.len()],
             parts,
         });
+        let result = joined.and(result.map_err(|e| format!("positioning its partitions: {e}")));
         if let Err(e) = result {
-            // The task cannot read: it ends, and the worker starts it again later.
+            // The task cannot read or write: it ends, and the worker starts it again later.
             let running = self.running[index].as_mut().expect("added above");
-            let end = running.task.abandon(format!("positioning its partitions: {e}"));
+            let end = running.task.abandon(e);
             self.end(consumer, index, Some(end));
         }
     }
 
     fn feed(&mut self, consumer: &StreamConsumer, index: usize, source: u32, message: &BorrowedMessage<'_>) {
-        let Some(running) = self.running[index].as_mut() else {
+        let Some(running) = self.running[index].as_mut().filter(|r| !r.leaving) else {
             return;
         };
         if running.task.orders_inputs() {
@@ -489,8 +503,15 @@ impl ThreadTasks {
         let Some(running) = self.running[index].as_mut() else {
             return;
         };
+        if running.leaving {
+            return;
+        }
         if running.task.asked_to_stop() {
-            self.hand_off(consumer, index);
+            if self.txn.is_some() {
+                self.close_for_stop(consumer, index);
+            } else {
+                self.hand_off(consumer, index);
+            }
             return;
         }
         let ordered = running.task.orders_inputs();
@@ -597,11 +618,15 @@ impl ThreadTasks {
         }
     }
 
-    /// A task ended: its partitions are paused and forgotten, its slot told.
+    /// A task ended: its partitions are paused and forgotten, its slot told. Under
+    /// exactly-once, one that ended with records in the thread's open transaction (failed,
+    /// or asked to abort) takes the transaction down with it: the other tasks go back to
+    /// their last commit (see `transaction`).
     fn end(&mut self, consumer: &StreamConsumer, index: usize, outcome: Outcome) {
         let Some(running) = self.detach(consumer, index) else {
             return;
         };
+        let doomed = self.txn.is_some() && running.task.in_transaction();
         // Its stores stay open, returned to the task runner for whoever uses them next here,
         // and the rest of it (guest instance, producer) is dropped on another thread: its end
         // is told at once. The worker waits for those drops before it exits (`Drops::settle`).
@@ -612,6 +637,9 @@ impl ThreadTasks {
         drops.later(task);
         tracing::debug!(target: "handover", task = %id, ms = started.elapsed().as_millis() as u64, "off its stream thread");
         slot.end(outcome);
+        if doomed {
+            self.abort_transaction(consumer, &format!("task {id} ended with records in it"));
+        }
     }
 }
 

@@ -9,7 +9,6 @@ mod decide;
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -27,20 +26,6 @@ use crate::group::TaskId;
 use crate::group::{cluster_group, placement};
 
 pub use config::{ClusterConfig, LearnerRejoin, Stop};
-
-/// A worker id that survives restarts, kept in the state directory.
-fn worker_id(state_dir: &Path) -> anyhow::Result<[u8; 16]> {
-    let path = state_dir.join("worker-id");
-    if let Ok(text) = std::fs::read_to_string(&path) {
-        if let Ok(id) = uuid::Uuid::parse_str(text.trim()) {
-            return Ok(*id.as_bytes());
-        }
-    }
-    std::fs::create_dir_all(state_dir).with_context(|| format!("creating {}", state_dir.display()))?;
-    let id = uuid::Uuid::new_v4();
-    std::fs::write(&path, id.to_string()).with_context(|| format!("writing {}", path.display()))?;
-    Ok(*id.as_bytes())
-}
 
 pub async fn run(
     cluster: &ClusterConfig,
@@ -129,7 +114,7 @@ impl<'a> GroupRunner<'a> {
             )
         })?;
         runner.release_failed_tasks(cluster.release_failed_tasks);
-        let worker_id = worker_id(&cluster.state_dir)?;
+        let worker_id = crate::state::dir::worker_id(&cluster.state_dir)?;
         anyhow::ensure!(
             (OLDEST_VERSION..=CURRENT_VERSION).contains(&cluster.metadata_version),
             "metadata version {} is not one this worker speaks ({OLDEST_VERSION} to {CURRENT_VERSION})",
@@ -320,6 +305,11 @@ impl<'a> GroupRunner<'a> {
         self.heartbeats
             .lease
             .renew(joined.alive_at, self.heartbeats.lease_length);
+        // Transactions from now on prove this generation (the tasks it revokes are still
+        // this worker's until it rejoins; none it assigns were anyone else's in it).
+        self.runner
+            .fence()
+            .admit(&joined.member_id, joined.generation, self.cluster.instance_id.as_deref());
         if self.leaving_since.is_some() && joined.leader && staying.get() == 0 {
             // Every member is leaving: there is nowhere to move the tasks. This one (the
             // leader) stops its tasks and leaves; the next leader does the same.
@@ -682,6 +672,7 @@ fn drain_timed_out(cluster: &ClusterConfig, leaving_since: Option<Instant>) -> b
 /// committing, then the worker rejoins.
 async fn lose_membership(runner: &mut TaskRunner, why: &str) {
     runner.lease().revoke();
+    runner.fence().revoke();
     runner.board().not_ready();
     let running = runner.owned();
     tracing::warn!(

@@ -30,7 +30,7 @@ use crate::registry::Watcher;
 use crate::runtime::{Runtime, RuntimeConfig};
 use crate::secret::ClusterSecret;
 use crate::state::dir::StateDir;
-use crate::task::control::Lease;
+use crate::task::control::{Fence, Lease};
 use crate::task::delivery::{self, DeliveryRouter, WorkerProducer};
 use crate::task::{TaskSettings, TaskSummary};
 use crate::topology::ChangelogSettings;
@@ -281,11 +281,18 @@ impl Worker {
         } else {
             Lease::forever()
         });
+        let fence = Arc::new(match &config.cluster {
+            Some(cluster) => Fence::cluster(&crate::group::cluster_group(&cluster.name), &crate::registry::topic(&cluster.name)),
+            None => Fence::alone(),
+        });
+        let worker_id = uuid::Uuid::from_bytes(crate::state::dir::worker_id(&config.state_dir)?).to_string();
         for t in &deployed {
             tracing::info!(topology = %t.name, tasks = t.tasks().len(), internal = ?t.internal_topics, sources = ?t.binding.source_topics, sinks = ?t.binding.sink_topics, "deployed");
         }
         let mut runner = TaskRunner::new(
             lease,
+            fence,
+            &worker_id,
             producer.clone(),
             config.tasks.clone(),
             metrics,

@@ -18,7 +18,7 @@ use crate::kafka::KafkaSettings;
 use crate::metrics::Metrics;
 use crate::state::dir::StateDir;
 use crate::state::warm::{Handover, Warm, WarmStores};
-use crate::task::control::{Lease, TaskControl};
+use crate::task::control::{Fence, Lease, TaskControl};
 use crate::task::delivery::WorkerProducer;
 use crate::task::{self, Ended, TaskError, TaskSettings, TaskSummary};
 use crate::threads::standbys as standby;
@@ -66,6 +66,8 @@ impl Stopping {
 pub struct TaskRunner {
     /// Whether tasks may process and commit (renewed by the group membership).
     lease: Arc<Lease>,
+    /// The membership exactly-once transactions prove (set by the group membership).
+    fence: Arc<Fence>,
     producer: Arc<WorkerProducer>,
     settings: TaskSettings,
     metrics: Metrics,
@@ -114,6 +116,8 @@ impl TaskRunner {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         lease: Arc<Lease>,
+        fence: Arc<Fence>,
+        worker_id: &str,
         producer: Arc<WorkerProducer>,
         settings: TaskSettings,
         metrics: Metrics,
@@ -122,7 +126,9 @@ impl TaskRunner {
         state: Arc<StateDir>,
         deployed: Vec<DeployedTopology>,
     ) -> anyhow::Result<TaskRunner> {
-        let streams = StreamThreads::start(settings.threads, &kafka, settings.prefetch_bytes)?;
+        let exactly_once = (settings.guarantee == task::Guarantee::ExactlyOnce)
+            .then(|| (worker_id.to_string(), fence.clone(), settings.commit_interval));
+        let streams = StreamThreads::start(settings.threads, &kafka, settings.prefetch_bytes, exactly_once)?;
         let updater = standby::StandbyUpdater::start(&kafka, state.clone(), settings.standby_restore_rate)?;
         let globals = GlobalUpdater::start(&kafka, state.clone())?;
         // Global tables fill from now on, before any task that reads one is placed here.
@@ -132,6 +138,7 @@ impl TaskRunner {
             updater,
             _globals: globals,
             lease,
+            fence,
             producer,
             settings,
             metrics,
@@ -386,6 +393,11 @@ impl TaskRunner {
     /// The membership lease the tasks obey.
     pub fn lease(&self) -> &Arc<Lease> {
         &self.lease
+    }
+
+    /// The membership exactly-once transactions prove.
+    pub fn fence(&self) -> &Arc<Fence> {
+        &self.fence
     }
 
     /// Asks tasks to stop — cleanly (finish the batch, commit, close) or, with `abort`,

@@ -166,3 +166,116 @@ async fn a_worker_of_the_earlier_protocol_type_and_a_new_one_share_a_group() -> 
     c.leave().await?;
     Ok(())
 }
+
+/// Exactly-once's fence against a real coordinator: a stream thread's transaction proves the
+/// worker's membership of the cluster group (`task::control::Fence`). A transaction that
+/// proves an older generation, or a member the group no longer has, is refused and aborts:
+/// none of its records and none of its offsets become visible. Without the fence (the
+/// transaction sending only the topology group's offsets, as it did when each task had a
+/// producer of its own) the zombie's transaction commits, and this test fails.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_transaction_proving_an_old_generation_or_a_removed_member_is_refused_and_invisible() -> anyhow::Result<()> {
+    use rdkafka::{Offset, TopicPartitionList};
+    use sluice::task::control::Fence;
+    use sluice::task::delivery::{DeliveryTracker, Outgoing};
+    use sluice::task::{TaskOutput, ThreadProducer, TransactionError};
+
+    let group = unique_name("sluice.cluster.fence");
+    let (out, topology_group) = (unique_name("fence-out"), unique_name("sluice-fence-topology"));
+    kafka().create_topic(&out, 1).await?;
+    let tasks: Vec<TaskId> = (0..4).map(|p| TaskId::new("fence", p)).collect();
+    let assign = sticky(&tasks);
+    let mut a = Membership::new(config(&group));
+    let first = a.join(&metadata(3, &[]), assign).await?;
+    // A's fence, and a second one that keeps what A held in the first generation (a zombie).
+    let (fence, zombie) = (Fence::cluster(&group, &out), Fence::cluster(&group, &out));
+    fence.admit(&first.member_id, first.generation, None);
+    zombie.admit(&first.member_id, first.generation, None);
+
+    let settings = sluice::kafka::KafkaSettings::new(kafka().bootstrap());
+    let producer = std::sync::Arc::new(
+        ThreadProducer::start(&settings, &unique_name("sluice-worker-fence"), &|| false)
+            .map_err(anyhow::Error::msg)?
+            .expect("not asked to stop"),
+    );
+    // A tracker per send, as a task gets new ones when its thread's transaction aborts (the
+    // aborted records' deliveries fail into the old ones).
+    let send = |value: &str| -> anyhow::Result<()> {
+        let tracker = std::sync::Arc::new(DeliveryTracker::default());
+        let mut output = TaskOutput::transactional();
+        output.attach(producer.clone());
+        let sent = output.send(
+            &tracker,
+            Outgoing {
+                topic: &out,
+                partition: Some(0),
+                key: None,
+                value: Some(value.as_bytes()),
+                timestamp: -1,
+                headers: sluice_wire::wire::Headers::EMPTY,
+            },
+            &|| false,
+        );
+        anyhow::ensure!(sent.map_err(anyhow::Error::msg)?, "the send gave up");
+        Ok(())
+    };
+    let offsets = |offset: i64| {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&out, 0, Offset::Offset(offset)).unwrap();
+        vec![(topology_group.clone(), tpl)]
+    };
+    let commit = |fence: &Fence, offset: i64| producer.commit(&offsets(offset), fence.token().unwrap().as_ref());
+
+    // The member's own generation: committed.
+    send("first")?;
+    commit(&fence, 10).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+
+    // B joins: a new generation, which A joins too. The zombie still proves the first.
+    let mut b = Membership::new(config(&group));
+    let (a_meta, b_meta) = (metadata(3, &first.assignment.active), metadata(3, &[]));
+    let (second_a, second_b) = tokio::join!(
+        async {
+            until_rejoin_needed(&mut a).await?;
+            anyhow::Ok(a.join(&a_meta, assign).await?)
+        },
+        b.join(&b_meta, assign)
+    );
+    let (second_a, _second_b) = (second_a?, second_b?);
+    assert!(second_a.generation > first.generation);
+    send("from a zombie of the first generation")?;
+    match commit(&zombie, 20) {
+        Err(TransactionError::Aborted(detail)) => assert!(
+            detail.contains("ILLEGAL_GENERATION") || detail.contains("generation"),
+            "refused for another reason: {detail}"
+        ),
+        other => panic!("a transaction proving an old generation was not refused: {other:?}"),
+    }
+
+    // The current generation commits again.
+    fence.admit(&second_a.member_id, second_a.generation, None);
+    send("second")?;
+    commit(&fence, 30).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+
+    // A leaves the group: its member id proves nothing any more.
+    a.leave().await?;
+    send("from a member that left")?;
+    match commit(&fence, 40) {
+        Err(TransactionError::Aborted(detail)) => assert!(
+            detail.contains("UNKNOWN_MEMBER_ID") || detail.contains("member"),
+            "refused for another reason: {detail}"
+        ),
+        other => panic!("a transaction proving a removed member was not refused: {other:?}"),
+    }
+    b.leave().await?;
+
+    // Read committed: the two records of the member's own generations, nothing of the others;
+    // and the topology group's offset is the last one a valid transaction committed.
+    let values: Vec<String> = kafka()
+        .read_all(&out, Duration::from_secs(30))?
+        .into_iter()
+        .map(|r| String::from_utf8(r.value.unwrap_or_default()).unwrap())
+        .collect();
+    assert_eq!(values, ["first", "second"]);
+    assert_eq!(kafka().committed_offsets(&topology_group, &out, 1)?, vec![Some(30)]);
+    Ok(())
+}
