@@ -179,7 +179,11 @@ pub async fn run(args: E2eArgs) -> anyhow::Result<()> {
                         .arg(format!("bench-streams-{run}"))
                         // Stream threads = partitions, as a user would tune it.
                         .arg(args.partitions.to_string())
-                        .arg(if system == "kafka streams" { "at_least_once" } else { "exactly_once_v2" });
+                        .arg(if system == "kafka streams" {
+                            "at_least_once"
+                        } else {
+                            "exactly_once_v2"
+                        });
                     streams
                 }
                 _ => {

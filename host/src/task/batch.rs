@@ -308,9 +308,10 @@ impl Task {
     pub(super) fn fresh_instance(&mut self) -> Result<(), GuestFault> {
         let topology = &self.ctx.topology;
         let stores = self.instance.take_stores();
-        let mut instance = topology
-            .loaded
-            .instantiate(&self.id, topology.loaded.description().sinks.clone(), stores)?;
+        let mut instance =
+            topology
+                .loaded
+                .instantiate(&self.id, topology.loaded.description().sinks.clone(), stores)?;
         instance.init(&self.info)?;
         self.instance = instance;
         Ok(())

@@ -53,7 +53,10 @@ impl Task {
         }
         // 2. Everything produced is acknowledged; source offsets are committed. (Under
         //    exactly-once the stream thread commits its tasks together: see `transaction`.)
-        debug_assert!(!self.output.is_transactional(), "a transactional task commits with its thread");
+        debug_assert!(
+            !self.output.is_transactional(),
+            "a transactional task commits with its thread"
+        );
         {
             let produce_error = |detail| TaskError::Produce {
                 task: self.id.clone(),

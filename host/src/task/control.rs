@@ -103,7 +103,10 @@ enum FenceState {
     /// A worker outside any cluster: its tasks are its own; nothing to prove.
     Alone,
     /// A cluster member before its first join, or after its membership was lost.
-    Out { group: String, topic: String },
+    Out {
+        group: String,
+        topic: String,
+    },
     Member(FenceToken),
 }
 
@@ -363,7 +366,12 @@ mod tests {
         fence.admit("m-1", 4, Some("w1"));
         let token = fence.token().unwrap().unwrap();
         assert_eq!(
-            (token.group.as_str(), token.member_id.as_str(), token.generation, token.instance_id.as_deref()),
+            (
+                token.group.as_str(),
+                token.member_id.as_str(),
+                token.generation,
+                token.instance_id.as_deref()
+            ),
             ("sluice.cluster.c", "m-1", 4, Some("w1"))
         );
         assert_eq!(token.topic, "sluice.cluster.c.registry");

@@ -42,11 +42,11 @@ use commit::Commit;
 use control::{Lease, Request, TaskControl};
 use delivery::{DeliveryTracker, WorkerProducer};
 pub use output::{thread_transactional_id, Guarantee, TaskOutput, ThreadProducer, TransactionError};
-pub use transaction::Prepared as InTransaction;
 pub use source::KafkaEnv;
 use start::report_end;
 pub use start::{prepare, Prepared};
 use state::TaskState;
+pub use transaction::Prepared as InTransaction;
 
 /// Knobs shared by every task of a worker.
 #[derive(Debug, Clone)]

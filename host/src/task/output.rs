@@ -18,8 +18,8 @@ use rdkafka::producer::Producer;
 use rdkafka::{Offset, TopicPartitionList};
 use rdkafka_sys as rdsys;
 
-use super::delivery::{self, DeliveryRouter, DeliveryTracker, Outgoing, WorkerProducer, PARTITIONER};
 use super::control::FenceToken;
+use super::delivery::{self, DeliveryRouter, DeliveryTracker, Outgoing, WorkerProducer, PARTITIONER};
 use crate::kafka::KafkaSettings;
 
 /// What a task promises about its outputs, state and offsets.
@@ -152,7 +152,11 @@ impl ThreadProducer {
     /// Makes and initialises the producer of transactional id `id`, which aborts whatever an
     /// earlier producer of that id (this thread before the worker restarted) left open.
     /// Retries while the transaction coordinator is not ready; none when `stopping` says so.
-    pub fn start(kafka: &KafkaSettings, id: &str, stopping: &dyn Fn() -> bool) -> Result<Option<ThreadProducer>, String> {
+    pub fn start(
+        kafka: &KafkaSettings,
+        id: &str,
+        stopping: &dyn Fn() -> bool,
+    ) -> Result<Option<ThreadProducer>, String> {
         let producer: WorkerProducer = kafka
             .worker_client()
             .set("transactional.id", id)
@@ -181,7 +185,11 @@ impl ThreadProducer {
             std::thread::sleep(backoff);
             backoff = (backoff * 2).min(Duration::from_secs(5));
         }
-        tracing::info!(transactional_id = id, ms = started.elapsed().as_millis() as u64, "transactional producer ready");
+        tracing::info!(
+            transactional_id = id,
+            ms = started.elapsed().as_millis() as u64,
+            "transactional producer ready"
+        );
         Ok(Some(ThreadProducer {
             producer,
             id: id.to_string(),
@@ -219,7 +227,11 @@ impl ThreadProducer {
     /// before its proof leaves offsets the next owner waits on until the transaction aborts;
     /// one that froze after a proof the group accepted (it was still the owner) commits a
     /// transaction the next owner then reads whole.
-    pub fn commit(&self, offsets: &[(String, TopicPartitionList)], fence: Option<&FenceToken>) -> Result<(), TransactionError> {
+    pub fn commit(
+        &self,
+        offsets: &[(String, TopicPartitionList)],
+        fence: Option<&FenceToken>,
+    ) -> Result<(), TransactionError> {
         self.begin().map_err(TransactionError::Aborted)?;
         let result = (|| {
             for (group, tpl) in offsets {
@@ -234,9 +246,7 @@ impl ThreadProducer {
                 send_offsets(&self.producer, &tpl, &token.group, Some(token))
                     .map_err(|f| f.context("the cluster group refused this worker's membership"))?;
             }
-            self.producer
-                .commit_transaction(TRANSACTION_TIMEOUT)
-                .map_err(Failure::from_kafka)
+            flush_and_commit(&self.producer)
         })();
         match result {
             Ok(()) => {
@@ -278,13 +288,6 @@ impl Failure {
         Failure { message, fatal: false }
     }
 
-    fn from_kafka(e: KafkaError) -> Failure {
-        Failure {
-            fatal: is_fenced(&e),
-            message: e.to_string(),
-        }
-    }
-
     fn context(self, what: &str) -> Failure {
         Failure {
             message: format!("{what}: {}", self.message),
@@ -293,13 +296,71 @@ impl Failure {
     }
 }
 
+/// Waits for every record of the transaction to be acknowledged, then commits it, both
+/// through librdkafka directly: rust-rdkafka's `flush` (which its `commit_transaction` calls
+/// first) waits on the producer's event queue in 100 ms slices, which the polling thread of a
+/// threaded producer empties first, so every commit took at least 100 ms.
+fn flush_and_commit(producer: &WorkerProducer) -> Result<(), Failure> {
+    use rdkafka::client::Client;
+    let client: &Client<DeliveryRouter> = producer.client();
+    let deadline = Instant::now() + TRANSACTION_TIMEOUT;
+    // SAFETY: the client's pointer is valid while `producer` lives; the error returned by
+    // the commit is read and destroyed once, here.
+    unsafe {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rdsys::rd_kafka_flush(client.native_ptr(), left.as_millis().clamp(1, 1000) as i32) {
+                rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR => break,
+                rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR__TIMED_OUT if !left.is_zero() => continue,
+                e => {
+                    return Err(Failure::other(format!(
+                        "waiting for the transaction's records to be acknowledged: {}",
+                        RDKafkaErrorCode::from(e)
+                    )))
+                }
+            }
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        let error = rdsys::rd_kafka_commit_transaction(client.native_ptr(), left.as_millis().max(1) as i32);
+        take_error(error, "committing the transaction")
+    }
+}
+
+/// Reads and destroys a librdkafka error object (none: success).
+///
+/// # Safety
+/// `error` is null or an error object librdkafka returned, not destroyed yet.
+unsafe fn take_error(error: *mut rdsys::rd_kafka_error_t, what: &str) -> Result<(), Failure> {
+    use std::ffi::CStr;
+    if error.is_null() {
+        return Ok(());
+    }
+    let message = CStr::from_ptr(rdsys::rd_kafka_error_string(error))
+        .to_string_lossy()
+        .into_owned();
+    let name = CStr::from_ptr(rdsys::rd_kafka_error_name(error))
+        .to_string_lossy()
+        .into_owned();
+    let fatal = rdsys::rd_kafka_error_is_fatal(error) != 0;
+    rdsys::rd_kafka_error_destroy(error);
+    Err(Failure {
+        message: format!("{what}: {name}: {message}"),
+        fatal,
+    })
+}
+
 /// `rd_kafka_send_offsets_to_transaction` with group metadata of our making: rust-rdkafka
 /// builds it only from a consumer's own membership, and the fence proves the worker's
 /// membership in the cluster group, which no librdkafka consumer holds. `member` none: the
 /// offsets of a group nobody joins (generation -1).
-fn send_offsets(producer: &WorkerProducer, offsets: &TopicPartitionList, group: &str, member: Option<&FenceToken>) -> Result<(), Failure> {
+fn send_offsets(
+    producer: &WorkerProducer,
+    offsets: &TopicPartitionList,
+    group: &str,
+    member: Option<&FenceToken>,
+) -> Result<(), Failure> {
     use rdkafka::client::Client;
-    use std::ffi::{CStr, CString};
+    use std::ffi::CString;
     let cstring = |s: &str| CString::new(s).map_err(|_| Failure::other(format!("{s:?} holds a NUL byte")));
     let group_c = cstring(group)?;
     let member_c = member.map(|m| cstring(&m.member_id)).transpose()?;
@@ -327,25 +388,11 @@ fn send_offsets(producer: &WorkerProducer, offsets: &TopicPartitionList, group: 
             TRANSACTION_TIMEOUT.as_millis() as i32,
         );
         rdsys::rd_kafka_consumer_group_metadata_destroy(cgm);
-        if error.is_null() {
-            return Ok(());
-        }
-        let message = CStr::from_ptr(rdsys::rd_kafka_error_string(error)).to_string_lossy().into_owned();
-        let name = CStr::from_ptr(rdsys::rd_kafka_error_name(error)).to_string_lossy().into_owned();
-        let fatal = rdsys::rd_kafka_error_is_fatal(error) != 0;
-        rdsys::rd_kafka_error_destroy(error);
-        Err(Failure {
-            message: format!("adding the offsets of group {group} to the transaction: {name}: {message}"),
-            fatal,
-        })
+        take_error(
+            error,
+            &format!("adding the offsets of group {group} to the transaction"),
+        )
     }
-}
-
-fn is_fenced(e: &KafkaError) -> bool {
-    matches!(
-        e.rdkafka_error_code(),
-        Some(RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::InvalidProducerEpoch | RDKafkaErrorCode::Fenced)
-    ) || matches!(e, KafkaError::Transaction(t) if t.is_fatal())
 }
 
 fn is_fatal(e: &KafkaError) -> bool {

@@ -42,7 +42,11 @@ impl Task {
             // Commit what was processed before it; nothing after. (Under exactly-once the
             // stream thread aborts its transaction instead: the next attempt processes those
             // records again.)
-            match if self.output.is_transactional() { Ok(Commit::Skipped) } else { self.commit(env) } {
+            match if self.output.is_transactional() {
+                Ok(Commit::Skipped)
+            } else {
+                self.commit(env)
+            } {
                 Ok(Commit::Done) => {}
                 Ok(_) => {
                     tracing::warn!(task = %self.id, "not committing the records before the failure: no lease, or fenced")

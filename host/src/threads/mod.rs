@@ -81,12 +81,14 @@ impl StreamThreads {
             let env = KafkaEnv::new(kafka)?;
             let load2 = load.clone();
             let finishers = finishers.clone();
-            let exactly_once = exactly_once.as_ref().map(|(worker, fence, interval)| stream::ExactlyOnce {
-                kafka: kafka.clone(),
-                transactional_id: crate::task::thread_transactional_id(worker, i),
-                fence: fence.clone(),
-                commit_interval: *interval,
-            });
+            let exactly_once = exactly_once
+                .as_ref()
+                .map(|(worker, fence, interval)| stream::ExactlyOnce {
+                    kafka: kafka.clone(),
+                    transactional_id: crate::task::thread_transactional_id(worker, i),
+                    fence: fence.clone(),
+                    commit_interval: *interval,
+                });
             streams.push(
                 std::thread::Builder::new()
                     .name(format!("stream-{i}"))

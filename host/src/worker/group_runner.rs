@@ -307,9 +307,11 @@ impl<'a> GroupRunner<'a> {
             .renew(joined.alive_at, self.heartbeats.lease_length);
         // Transactions from now on prove this generation (the tasks it revokes are still
         // this worker's until it rejoins; none it assigns were anyone else's in it).
-        self.runner
-            .fence()
-            .admit(&joined.member_id, joined.generation, self.cluster.instance_id.as_deref());
+        self.runner.fence().admit(
+            &joined.member_id,
+            joined.generation,
+            self.cluster.instance_id.as_deref(),
+        );
         if self.leaving_since.is_some() && joined.leader && staying.get() == 0 {
             // Every member is leaving: there is nowhere to move the tasks. This one (the
             // leader) stops its tasks and leaves; the next leader does the same.

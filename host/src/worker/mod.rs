@@ -282,7 +282,10 @@ impl Worker {
             Lease::forever()
         });
         let fence = Arc::new(match &config.cluster {
-            Some(cluster) => Fence::cluster(&crate::group::cluster_group(&cluster.name), &crate::registry::topic(&cluster.name)),
+            Some(cluster) => Fence::cluster(
+                &crate::group::cluster_group(&cluster.name),
+                &crate::registry::topic(&cluster.name),
+            ),
             None => Fence::alone(),
         });
         let worker_id = uuid::Uuid::from_bytes(crate::state::dir::worker_id(&config.state_dir)?).to_string();

@@ -96,7 +96,9 @@ impl ThreadTasks {
     /// Asked to stop: the task closes (what it emits goes in the transaction), its
     /// partitions pause, and the thread commits at once.
     pub(super) fn close_for_stop(&mut self, consumer: &StreamConsumer, index: usize) {
-        let Some(running) = self.running[index].as_mut() else { return };
+        let Some(running) = self.running[index].as_mut() else {
+            return;
+        };
         tracing::debug!(target: "handover", task = %running.task.id(), "closing for its final commit");
         match running.task.close_for_stop() {
             Ok(()) => {
@@ -148,9 +150,15 @@ impl ThreadTasks {
         let began = Instant::now();
         match producer.commit(&offsets, fence.as_ref()) {
             Ok(()) => {
-                tracing::trace!(members = round.members.len(), ms = began.elapsed().as_millis() as u64, "transaction committed");
+                tracing::trace!(
+                    members = round.members.len(),
+                    ms = began.elapsed().as_millis() as u64,
+                    "transaction committed"
+                );
                 for index in round.members {
-                    let Some(running) = self.running[index].as_mut() else { continue };
+                    let Some(running) = self.running[index].as_mut() else {
+                        continue;
+                    };
                     if let Err(e) = running.task.transaction_committed(&mut self.env) {
                         self.end(consumer, index, Some(Err(e)));
                     }
@@ -194,7 +202,9 @@ impl ThreadTasks {
     /// stopped without committing.
     fn finish_leaving(&mut self, consumer: &StreamConsumer, committed: bool) {
         for index in 0..self.running.len() {
-            let Some(running) = self.running[index].as_mut().filter(|r| r.leaving) else { continue };
+            let Some(running) = self.running[index].as_mut().filter(|r| r.leaving) else {
+                continue;
+            };
             let summary = running.task.stopped(committed);
             self.end(consumer, index, Some(Ok(summary)));
         }
@@ -215,17 +225,24 @@ impl ThreadTasks {
             txn.rollbacks += 1;
         }
         let tasks = self.running.iter().flatten().count();
-        tracing::warn!(tasks, "the stream thread's transaction aborted ({why}): its tasks go back to their last commit");
+        tracing::warn!(
+            tasks,
+            "the stream thread's transaction aborted ({why}): its tasks go back to their last commit"
+        );
         self.finish_leaving(consumer, false);
         for index in 0..self.running.len() {
-            let Some(running) = self.running[index].as_mut() else { continue };
+            let Some(running) = self.running[index].as_mut() else {
+                continue;
+            };
             if let Err(e) = running.task.roll_back() {
                 self.end(consumer, index, Some(Err(e)));
                 continue;
             }
             if let Err(e) = self.read_again(consumer, index) {
                 let running = self.running[index].as_mut().expect("still here");
-                let end = running.task.abandon(format!("positioning its partitions after a rollback: {e}"));
+                let end = running
+                    .task
+                    .abandon(format!("positioning its partitions after a rollback: {e}"));
                 self.end(consumer, index, Some(end));
             }
         }
@@ -233,7 +250,9 @@ impl ThreadTasks {
 
     /// A task gone back to its last commit reads its partitions again from there.
     fn read_again(&mut self, consumer: &StreamConsumer, index: usize) -> rdkafka::error::KafkaResult<()> {
-        let Some(running) = self.running[index].as_mut() else { return Ok(()) };
+        let Some(running) = self.running[index].as_mut() else {
+            return Ok(());
+        };
         running.overflow.clear();
         running.paused = false;
         running.held.iter_mut().for_each(|h| *h = false);
@@ -254,7 +273,9 @@ impl ThreadTasks {
     /// ends, to be started again later).
     fn renew_producer(&mut self, consumer: &StreamConsumer) {
         for index in 0..self.running.len() {
-            let Some(running) = self.running[index].as_mut() else { continue };
+            let Some(running) = self.running[index].as_mut() else {
+                continue;
+            };
             let Some(txn) = self.txn.as_mut() else { return };
             match txn.producer() {
                 Ok(producer) => running.task.join_transaction(producer),
