@@ -16,6 +16,7 @@ use sluice::runtime::{Runtime, RuntimeConfig};
 use sluice_guest::wire::{self, Writer};
 use sluice_guest::TaskInfo;
 
+mod crash;
 mod density;
 mod e2e;
 mod native;
@@ -63,6 +64,9 @@ enum Command {
     /// The two-stage word count over millions of words: how much its repartition topic holds
     /// as they flow (the host deletes what the counting tasks committed).
     Repartition(state::RepartitionArgs),
+    /// A worker killed with SIGKILL under load and started again: how much of a 1M-key store
+    /// it restores, under each guarantee.
+    Crash(crash::CrashArgs),
     /// One worker holding many tasks: start time, idle threads, RSS and CPU, and flow.
     Density(density::DensityArgs),
     /// A stateful topology scaled 1 -> 2 -> 3 -> 1 workers under eager, sticky and learners.
@@ -95,6 +99,7 @@ fn main() -> anyhow::Result<()> {
         Command::WordCount(args) => tokio::runtime::Runtime::new()?.block_on(state::word_count(args)),
         Command::WindowedCount(args) => tokio::runtime::Runtime::new()?.block_on(state::windowed_count(args)),
         Command::Repartition(args) => tokio::runtime::Runtime::new()?.block_on(state::repartition(args)),
+        Command::Crash(args) => tokio::runtime::Runtime::new()?.block_on(crash::run(args)),
         Command::Density(args) => tokio::runtime::Runtime::new()?.block_on(density::run(args)),
         Command::Scaling(args) => tokio::runtime::Runtime::new()?.block_on(scaling::run(args)),
         Command::Tenants(args) => tokio::runtime::Runtime::new()?.block_on(tenants::run(args)),

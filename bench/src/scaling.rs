@@ -78,10 +78,11 @@ pub struct ScalingArgs {
     /// `exactly-once`: outputs then show when their transaction commits).
     #[arg(long, default_value = "at-least-once")]
     processing_guarantee: String,
-    /// How often the workers' tasks commit (their `--commit-interval`; under exactly-once
-    /// an output shows when its transaction commits, so this is a floor on the gaps seen).
-    #[arg(long, default_value = "1s")]
-    commit_interval: String,
+    /// How often the workers' tasks commit (their `--commit-interval`; default: theirs, 1s
+    /// under at-least-once and 100ms under exactly-once; under exactly-once an output shows
+    /// when its transaction commits, so this is a floor on the gaps seen).
+    #[arg(long)]
+    commit_interval: Option<String>,
     /// More arguments for every worker (repeat it: `--worker-arg=--standby-restore-rate
     /// --worker-arg=100000`).
     #[arg(long, allow_hyphen_values = true)]
@@ -328,7 +329,7 @@ pub async fn run(args: ScalingArgs) -> anyhow::Result<()> {
         layout.stateful(),
         args.rate,
         args.processing_guarantee,
-        args.commit_interval,
+        args.commit_interval.as_deref().unwrap_or("the worker's default"),
         args.bootstrap
     );
     let mut all = Vec::new();
@@ -495,7 +496,11 @@ async fn one_policy(args: &ScalingArgs, layout: Layout, policy: &str) -> anyhow:
             .arg(dir.join(format!("state-{n}")))
             .args(["--threads", "1", "--capacity", "1", "--session-timeout", "10s"])
             .args(["--processing-guarantee", &args.processing_guarantee])
-            .args(["--commit-interval", &args.commit_interval])
+            .args(
+                args.commit_interval
+                    .iter()
+                    .flat_map(|c| ["--commit-interval", c.as_str()]),
+            )
             .args(policy_args)
             .args(&args.worker_arg)
             .env(

@@ -63,6 +63,12 @@ pub enum TransactionError {
 /// default under exactly-once.
 pub const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long the broker lets a transaction stay open before it aborts it: Kafka Streams'
+/// 10 s, or three commit intervals if that is longer (a transaction is open for one).
+pub fn transaction_timeout(commit_interval: Duration) -> Duration {
+    TRANSACTION_TIMEOUT.max(commit_interval * 3)
+}
+
 /// The transactional id of stream thread `thread` of the worker whose id is `worker`.
 pub fn thread_transactional_id(worker: &str, thread: usize) -> String {
     format!("sluice-worker-{worker}-{thread}")
@@ -150,18 +156,24 @@ pub struct ThreadProducer {
 
 impl ThreadProducer {
     /// Makes and initialises the producer of transactional id `id`, which aborts whatever an
-    /// earlier producer of that id (this thread before the worker restarted) left open.
-    /// Retries while the transaction coordinator is not ready; none when `stopping` says so.
+    /// earlier producer of that id (this thread before the worker restarted) left open. Its
+    /// transactions stay open for a commit interval: the broker aborts one open longer than
+    /// [`transaction_timeout`]`(commit_interval)`. Retries while the transaction coordinator
+    /// is not ready; none when `stopping` says so.
     pub fn start(
         kafka: &KafkaSettings,
         id: &str,
+        commit_interval: Duration,
         stopping: &dyn Fn() -> bool,
     ) -> Result<Option<ThreadProducer>, String> {
         let producer: WorkerProducer = kafka
             .worker_client()
             .set("transactional.id", id)
             .set(PARTITIONER.0, PARTITIONER.1)
-            .set("transaction.timeout.ms", TRANSACTION_TIMEOUT.as_millis().to_string())
+            .set(
+                "transaction.timeout.ms",
+                transaction_timeout(commit_interval).as_millis().to_string(),
+            )
             .set("linger.ms", "5")
             .set("compression.type", "lz4")
             // Many tasks share it: the queue holds many tasks' worth (see the shared one).

@@ -48,6 +48,13 @@ impl Task {
         Ok(Prepared::Offsets(self.group.clone(), self.offsets()))
     }
 
+    /// How a task its thread ends (outside its own step) ended, reported as a step's end is
+    /// (log, metrics), and passed on for its slot.
+    pub fn report(&self, result: Result<TaskSummary, TaskError>) -> Result<TaskSummary, TaskError> {
+        super::report_end(&self.ctx.metrics, &self.labels, &result);
+        result
+    }
+
     /// Its records go in the transactions of `producer` (its stream thread's).
     pub fn join_transaction(&mut self, producer: Arc<super::ThreadProducer>) {
         self.output.attach(producer);

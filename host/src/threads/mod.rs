@@ -74,6 +74,7 @@ impl StreamThreads {
         let mut threads = Vec::with_capacity(count);
         let mut streams = Vec::new();
         let finishers = finishers::start(kafka)?;
+        let (ready, readiness) = mpsc::channel();
         for i in 0..count {
             let (tx, rx) = mpsc::channel();
             let load = Arc::new(AtomicUsize::new(0));
@@ -81,6 +82,7 @@ impl StreamThreads {
             let env = KafkaEnv::new(kafka)?;
             let load2 = load.clone();
             let finishers = finishers.clone();
+            let ready = ready.clone();
             let exactly_once = exactly_once
                 .as_ref()
                 .map(|(worker, fence, interval)| stream::ExactlyOnce {
@@ -92,9 +94,18 @@ impl StreamThreads {
             streams.push(
                 std::thread::Builder::new()
                     .name(format!("stream-{i}"))
-                    .spawn(move || StreamThread::new(consumer, env, load2, finishers, exactly_once).run(rx))?,
+                    .spawn(move || StreamThread::new(consumer, env, load2, finishers, exactly_once).run(rx, ready))?,
             );
             threads.push((tx, load));
+        }
+        // Under exactly-once, until every thread's producer has started (or given up, for its
+        // first task to try again): no task is placed here that would wait for one.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(70);
+        for _ in 0..count {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if readiness.recv_timeout(left).is_err() {
+                break;
+            }
         }
         let starters = Starters::start(kafka, threads.clone())?;
         Ok(StreamThreads {

@@ -218,7 +218,15 @@ impl StreamThread {
         }
     }
 
-    pub(super) fn run(mut self, commands: Receiver<Command>) {
+    /// Runs the thread until `commands` is dropped; `ready` hears once the thread can take
+    /// tasks.
+    pub(super) fn run(mut self, commands: Receiver<Command>, ready: std::sync::mpsc::Sender<()>) {
+        // Under exactly-once the thread's producer starts first: `InitProducerId` takes about
+        // half a second (librdkafka asks again 500 ms after a first try with no connection
+        // up), which a task arriving here would wait; the worker joins its group once its
+        // threads are ready.
+        self.tasks.start_producer();
+        let _ = ready.send(());
         loop {
             // New tasks; with none to run, wait for one.
             loop {

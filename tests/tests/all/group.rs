@@ -194,9 +194,14 @@ async fn a_transaction_proving_an_old_generation_or_a_removed_member_is_refused_
 
     let settings = sluice::kafka::KafkaSettings::new(kafka().bootstrap());
     let producer = std::sync::Arc::new(
-        ThreadProducer::start(&settings, &unique_name("sluice-worker-fence"), &|| false)
-            .map_err(anyhow::Error::msg)?
-            .expect("not asked to stop"),
+        ThreadProducer::start(
+            &settings,
+            &unique_name("sluice-worker-fence"),
+            Duration::from_millis(100),
+            &|| false,
+        )
+        .map_err(anyhow::Error::msg)?
+        .expect("not asked to stop"),
     );
     // A tracker per send, as a task gets new ones when its thread's transaction aborts (the
     // aborted records' deliveries fail into the old ones).

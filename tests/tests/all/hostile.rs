@@ -532,3 +532,161 @@ async fn a_guest_looping_on_every_record_leaves_its_stream_thread_to_the_others(
     assert!(worker.terminate(Duration::from_secs(30))?.success(), "{}", worker.log());
     Ok(())
 }
+
+/// Under exactly-once a stream thread commits all its tasks in one transaction, so a guest
+/// that fails with records in it takes the transaction down: the tasks sharing its thread
+/// go back to their last commit (in place: they do not start again or restore) and carry
+/// on. Here hostile guests fail beside a neighbour on one stream thread, each after emitting
+/// two records in the open transaction; the neighbour's read-committed output still holds
+/// every input record exactly once, the failed tasks' records never become visible, and
+/// each hostile task fails alone with its own fault.
+#[tokio::test(flavor = "multi_thread")]
+async fn under_exactly_once_a_failing_guest_takes_its_threads_transaction_down_and_the_neighbour_stays_exact(
+) -> anyhow::Result<()> {
+    let kafka = kafka();
+    let dir = TempDir::new("hostile-eos");
+    let (input, output) = (unique_name("eos-neighbour-in"), unique_name("eos-neighbour-out"));
+    kafka.create_topic(&input, 1).await?;
+    kafka.create_topic(&output, 1).await?;
+    let name = unique_name("eos-neighbour");
+    let neighbour = dir.write(
+        &format!("{name}.toml"),
+        &manifest(
+            &name,
+            &guest("uppercase"),
+            &[("input", &input)],
+            &[("output", &output)],
+            "",
+        ),
+    );
+    let mut args: Vec<String> = [
+        "--processing-guarantee",
+        "exactly-once",
+        "--threads",
+        "1",
+        "--state-dir",
+        dir.path().join("state").to_str().unwrap(),
+        "--topology",
+        neighbour.to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut hostile = Vec::new();
+    for (attack, kind) in [("stack", "trap"), ("bad-count", "bad_output"), ("state-fill", "quota")] {
+        let topology = unique_name(&format!("eos-hostile-{attack}"));
+        let (hin, hout) = (unique_name("eos-hostile-in"), unique_name("eos-hostile-out"));
+        kafka.create_topic(&hin, 1).await?;
+        kafka.create_topic(&hout, 1).await?;
+        let limits = if attack == "state-fill" { "state = \"2MiB\"" } else { "" };
+        let m = dir.write(
+            &format!("{topology}.toml"),
+            &manifest(
+                &topology,
+                &guest("hostile"),
+                &[("input", &hin)],
+                &[("output", &hout)],
+                limits,
+            ),
+        );
+        args.extend(["--topology".into(), m.to_str().unwrap().into()]);
+        hostile.push((topology, hin, hout, attack, kind));
+    }
+    let metrics = free_port();
+    args.extend(["--metrics".into(), format!("127.0.0.1:{metrics}")]);
+    let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut worker = WorkerProcess::start(kafka.bootstrap(), dir.path(), &arg_refs)?;
+
+    // The neighbour's input flows while the attacks come: 40 chunks of 500, 50 ms apart.
+    let total = 20_000usize;
+    let producing = {
+        let input = input.clone();
+        tokio::spawn(async move {
+            for chunk in 0..40 {
+                let records: Vec<(Vec<u8>, Vec<u8>)> = (chunk * 500..(chunk + 1) * 500)
+                    .map(|i| (format!("k{i}").into_bytes(), format!("record {i}").into_bytes()))
+                    .collect();
+                sluice_tests::kafka().produce(&input, &records).await?;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            anyhow::Ok(())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    for (_, hin, _, attack, _) in &hostile {
+        // Two ordinary records (emitted into the open transaction), then the attack.
+        kafka
+            .produce_to(hin, 0, &[("b", "before-1"), ("c", "before-2"), ("a", attack)])
+            .await?;
+    }
+    producing.await??;
+
+    let deadline = Instant::now() + Duration::from_secs(90);
+    for (topology, _, _, _, kind) in &hostile {
+        loop {
+            let errors = task_errors(metrics)?;
+            if errors.keys().any(|(t, k)| t == topology && k == kind) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{topology}: expected a {kind} fault, saw {errors:?}; log:\n{}",
+                worker.log()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    kafka
+        .wait_committed(
+            &format!("sluice-{name}"),
+            &input,
+            1,
+            total as i64,
+            Duration::from_secs(90),
+        )
+        .await?;
+    let log = worker.log();
+    let status = worker.terminate(Duration::from_secs(30))?;
+    assert_eq!(
+        status.code(),
+        Some(3),
+        "tasks failed, so the worker says so; log:\n{log}"
+    );
+
+    // The neighbour: every input record upper-cased exactly once, read committed.
+    let out = kafka.read_all(&output, Duration::from_secs(60))?;
+    let mut values: Vec<String> = out
+        .iter()
+        .map(|r| String::from_utf8(r.value.clone().unwrap_or_default()).unwrap())
+        .collect();
+    values.sort_unstable();
+    let mut expected: Vec<String> = (0..total).map(|i| format!("RECORD {i}")).collect();
+    expected.sort_unstable();
+    assert_eq!(
+        values.len(),
+        total,
+        "the neighbour's output holds each record exactly once"
+    );
+    assert_eq!(values, expected);
+    // The failed tasks' records were in aborted transactions: none is visible.
+    for (topology, _, hout, _, _) in &hostile {
+        let seen = kafka.read_all(hout, Duration::from_secs(30))?;
+        assert!(
+            seen.is_empty(),
+            "{topology}: {} record(s) of a failed task became visible",
+            seen.len()
+        );
+    }
+    // The transaction went down with the failing tasks, and the neighbour went back in
+    // place: it started once.
+    assert!(
+        log.contains("the stream thread's transaction aborted"),
+        "no transaction aborted; log:\n{log}"
+    );
+    let starts = log
+        .lines()
+        .filter(|l| l.contains("sluice::task::start: started") && l.contains(&format!("task={name}/0")))
+        .count();
+    assert_eq!(starts, 1, "the neighbour started again; log:\n{log}");
+    Ok(())
+}

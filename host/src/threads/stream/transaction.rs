@@ -58,9 +58,12 @@ impl Transaction {
             return Ok(p.clone());
         }
         let began = Instant::now();
-        let producer = ThreadProducer::start(&self.config.kafka, &self.config.transactional_id, &|| {
-            began.elapsed() > PRODUCER_START
-        })?
+        let producer = ThreadProducer::start(
+            &self.config.kafka,
+            &self.config.transactional_id,
+            self.config.commit_interval,
+            &|| began.elapsed() > PRODUCER_START,
+        )?
         .ok_or_else(|| {
             format!(
                 "the transactional producer {} did not start within {}s (is the transaction coordinator reachable?)",
@@ -85,6 +88,17 @@ struct Round {
 }
 
 impl ThreadTasks {
+    /// Under exactly-once, starts the thread's producer if it has none (a failure is logged:
+    /// the first task to arrive tries again).
+    pub(super) fn start_producer(&mut self) {
+        let Some(txn) = self.txn.as_mut() else { return };
+        if let Err(e) = txn.producer() {
+            tracing::warn!(
+                "starting the stream thread's transactional producer: {e}; the first task to come tries again"
+            );
+        }
+    }
+
     /// Under exactly-once, gives a task arriving on the thread the thread's producer. An
     /// error: the producer could not be started.
     pub(super) fn join_transaction(&mut self, task: &mut crate::task::Task) -> Result<(), String> {
@@ -106,7 +120,10 @@ impl ThreadTasks {
                 running.overflow.clear();
                 let _ = consumer.pause(&self.partitions_of(index));
             }
-            Err(e) => self.end(consumer, index, Some(Err(e))),
+            Err(e) => {
+                let end = running.task.report(Err(e));
+                self.end(consumer, index, Some(end));
+            }
         }
     }
 
@@ -122,7 +139,11 @@ impl ThreadTasks {
         let rollbacks = txn.rollbacks;
         let round = self.prepare_round();
         for (index, e) in round.failed {
-            self.end(consumer, index, Some(Err(e)));
+            let Some(running) = self.running[index].as_ref() else {
+                continue;
+            };
+            let end = running.task.report(Err(e));
+            self.end(consumer, index, Some(end));
         }
         let Some(txn) = self.txn.as_ref() else { return };
         if txn.rollbacks != rollbacks {
@@ -160,7 +181,8 @@ impl ThreadTasks {
                         continue;
                     };
                     if let Err(e) = running.task.transaction_committed(&mut self.env) {
-                        self.end(consumer, index, Some(Err(e)));
+                        let end = running.task.report(Err(e));
+                        self.end(consumer, index, Some(end));
                     }
                 }
                 self.finish_leaving(consumer, true);
@@ -206,7 +228,8 @@ impl ThreadTasks {
                 continue;
             };
             let summary = running.task.stopped(committed);
-            self.end(consumer, index, Some(Ok(summary)));
+            let end = running.task.report(Ok(summary));
+            self.end(consumer, index, Some(end));
         }
     }
 
@@ -235,7 +258,8 @@ impl ThreadTasks {
                 continue;
             };
             if let Err(e) = running.task.roll_back() {
-                self.end(consumer, index, Some(Err(e)));
+                let end = running.task.report(Err(e));
+                self.end(consumer, index, Some(end));
                 continue;
             }
             if let Err(e) = self.read_again(consumer, index) {
