@@ -41,7 +41,9 @@ fn config(bootstrap: &str) -> ClientConfig {
 
 /// What the worker restarted after the kill said of its restore.
 struct Restarted {
-    /// Changelog records replayed, and the seconds it took (from the worker's log).
+    /// The changelog offset the store was trusted up to (its marker), the records replayed
+    /// after it, and the seconds that took (from the worker's log).
+    from_offset: u64,
     restored: u64,
     restore_s: f64,
     /// From the restart to the task's "started" line.
@@ -56,8 +58,8 @@ pub async fn run(args: CrashArgs) -> anyhow::Result<()> {
     for guarantee in &args.guarantees {
         let r = one(&args, guarantee).await?;
         println!(
-            "  {guarantee:<14} restored {:>9} changelog records in {:.2} s; processing {:.2} s after the restart",
-            r.restored, r.restore_s, r.started_s
+            "  {guarantee:<14} store trusted up to changelog offset {}, restored {} records after it in {:.2} s; processing {:.2} s after the restart",
+            r.from_offset, r.restored, r.restore_s, r.started_s
         );
     }
     Ok(())
@@ -180,6 +182,7 @@ async fn one(args: &CrashArgs, guarantee: &str) -> anyhow::Result<Restarted> {
             let field =
                 |key: &str| -> Option<f64> { line?.split_whitespace().find_map(|w| w.strip_prefix(key))?.parse().ok() };
             break Ok(Restarted {
+                from_offset: field("from_offset=").unwrap_or(0.0) as u64,
                 restored: field("records=").unwrap_or(0.0) as u64,
                 restore_s: field("seconds=").unwrap_or(0.0),
                 started_s,

@@ -8,12 +8,13 @@
 //! what it has, punctuate, commit when due, honour stop requests). An idle task is a value
 //! in a list: no thread, no connection, no polling of its own.
 //!
-//! Starting a task — fencing the previous owner (exactly-once), restoring its state,
-//! instantiating the guest, looking up committed offsets — can take long, so it happens
-//! on the starter threads; a task reaches its stream thread ready to process, and a
-//! restore never holds up the tasks already running. A task asked to stop leaves its
-//! stream thread for a finisher thread (`finishers`), which makes its final commits. How a
-//! task ends is told to its [`TaskSlot`], which the worker waits on.
+//! Starting a task — looking up committed offsets (once stable), restoring its state,
+//! instantiating the guest — can take long, so it happens on the starter threads; a task
+//! reaches its stream thread ready to process, and a restore never holds up the tasks
+//! already running. A task asked to stop leaves its stream thread for a finisher thread
+//! (`finishers`), which makes its final commits; under exactly-once the stream thread
+//! commits all its tasks in one transaction (`stream::transaction`), a leaving one with
+//! them. How a task ends is told to its [`TaskSlot`], which the worker waits on.
 //!
 //! Standbys and learners replay changelogs on the state updater (`standbys`), with a
 //! consumer of its own, so restoring never blocks processing; global tables fill and tail on
