@@ -152,6 +152,9 @@ pub struct ThreadProducer {
     producer: WorkerProducer,
     id: String,
     in_transaction: AtomicBool,
+    /// It hit a fatal error (fenced, or its transaction timed out on the broker while the
+    /// worker was frozen): it can do nothing more, and its thread makes a new one.
+    broken: AtomicBool,
 }
 
 impl ThreadProducer {
@@ -206,6 +209,7 @@ impl ThreadProducer {
             producer,
             id: id.to_string(),
             in_transaction: AtomicBool::new(false),
+            broken: AtomicBool::new(false),
         }))
     }
 
@@ -218,11 +222,19 @@ impl ThreadProducer {
         self.in_transaction.load(Ordering::Acquire)
     }
 
+    /// Whether it can do nothing more (see `broken`).
+    pub fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::Acquire)
+    }
+
     fn begin(&self) -> Result<(), String> {
         if !self.in_transaction() {
-            self.producer
-                .begin_transaction()
-                .map_err(|e| format!("beginning a transaction: {e}"))?;
+            self.producer.begin_transaction().map_err(|e| {
+                if is_fatal(&e) {
+                    self.broken.store(true, Ordering::Release);
+                }
+                format!("beginning a transaction: {e}")
+            })?;
             self.in_transaction.store(true, Ordering::Release);
         }
         Ok(())
@@ -267,6 +279,7 @@ impl ThreadProducer {
             }
             Err(f) if f.fatal => {
                 self.in_transaction.store(false, Ordering::Release);
+                self.broken.store(true, Ordering::Release);
                 Err(TransactionError::Fenced(f.message))
             }
             Err(f) => {
@@ -282,6 +295,9 @@ impl ThreadProducer {
     pub fn abort(&self) {
         if self.in_transaction.swap(false, Ordering::AcqRel) {
             if let Err(e) = self.producer.abort_transaction(TRANSACTION_TIMEOUT) {
+                if is_fatal(&e) {
+                    self.broken.store(true, Ordering::Release);
+                }
                 tracing::debug!(transactional_id = %self.id, "aborting the transaction: {e}");
             }
         }

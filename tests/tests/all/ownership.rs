@@ -236,6 +236,99 @@ async fn a_frozen_worker_that_wakes_commits_nothing_and_loses_nothing_under_at_l
 async fn a_frozen_worker_that_wakes_is_fenced_and_counts_stay_exact_under_exactly_once() -> anyhow::Result<()> {
     let (wc, truth, rewinds) = freeze_one_of_two("exactly-once").await?;
     assert!(rewinds.is_empty(), "committed offsets moved backwards: {rewinds:?}");
+    assert_exactly_once(&wc, &truth).await
+}
+
+/// The one window no lease can cover: a worker frozen *inside* a commit, after its lease
+/// check, while its stream thread's transaction holds records of its tasks. It stays frozen
+/// past its session timeout (its tasks move to the other worker, which reads their offsets
+/// and state and goes on) but within the transaction timeout (its transaction is still open
+/// when it wakes), then wakes and commits, unaware. Only the fence stops it: the transaction
+/// proves a membership the group no longer has, the coordinator refuses it, and it aborts.
+/// Without the fence its records and offsets commit beside the new owner's, and the counts
+/// go wrong. (The worker is held in the window by a fault-injection file,
+/// `SLUICE_FAULT_STALL_COMMIT`, which makes one commit stall a second after its lease check.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_frozen_inside_its_commit_is_refused_by_the_group_and_counts_stay_exact() -> anyhow::Result<()> {
+    let wc = WordCount::new().await?;
+    let stall = wc.dir.path().join("stall-commit");
+    let start = |worker: &str, env: &[(String, String)]| {
+        let state = wc.state(worker);
+        let args = [
+            "--topology",
+            wc.manifest.to_str().unwrap(),
+            "--cluster",
+            &wc.cluster,
+            "--no-drain-on-stop",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--session-timeout",
+            "6s",
+            "--heartbeat-interval",
+            "500ms",
+            // Transactions stay open up to three commit intervals (15 s): longer than the
+            // freeze below.
+            "--commit-interval",
+            "5s",
+            "--processing-guarantee",
+            "exactly-once",
+        ];
+        WorkerProcess::start_with_env(kafka().bootstrap(), wc.dir.path(), &args, env)
+    };
+    let fault = [(
+        "SLUICE_FAULT_STALL_COMMIT".to_string(),
+        stall.to_str().unwrap().to_string(),
+    )];
+    let mut workers = vec![start("a", &fault)?, start("b", &[])?];
+    until_settled(&mut workers, 2).await?;
+
+    let total = 16_000;
+    let producing = {
+        let input = wc.input.clone();
+        tokio::spawn(async move {
+            let mut positions = Vec::new();
+            for chunk in 0..80 {
+                positions.extend(kafka().produce(&input, &lines(chunk * 200..(chunk + 1) * 200)).await?);
+                tokio::time::sleep(Duration::from_millis(150)).await;
+            }
+            anyhow::Ok(positions)
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Worker a stalls at its next commit with records in it; freeze it there.
+    std::fs::write(&stall, b"")?;
+    workers[0].wait_for_line(&["fault injection: stalling inside a commit"], Duration::from_secs(30))?;
+    workers[0].freeze()?;
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    workers[0].thaw()?;
+    let positions = producing.await??;
+    kafka()
+        .wait_committed(
+            &format!("sluice-{}", wc.name),
+            &wc.input,
+            PARTITIONS,
+            total as i64,
+            Duration::from_secs(120),
+        )
+        .await?;
+    let log_a = workers[0].log();
+    for w in &mut workers {
+        let status = w.terminate(Duration::from_secs(60))?;
+        assert!(status.success(), "a worker failed: {status}\n{}", w.log());
+    }
+    let truth = truth(&lines(0..total), &positions);
+    assert_exactly_once(&wc, &truth).await?;
+    // And the stall was where it should be: the woken worker's transaction aborted.
+    assert!(
+        log_a.contains("the stream thread's transaction aborted"),
+        "the frozen worker's transaction did not abort; its log:\n{log_a}"
+    );
+    Ok(())
+}
+
+/// Read committed, every (word, count) was emitted exactly once, and each partition's
+/// changelog holds the truth.
+async fn assert_exactly_once(wc: &WordCount, truth: &HashMap<i32, Counts>) -> anyhow::Result<()> {
     // Read-committed output: every (partition, word) emitted 1, 2, …, n exactly once.
     let output = kafka().read_all(&wc.output, Duration::from_secs(120))?;
     let mut emitted: HashMap<(i32, String), Vec<u64>> = HashMap::new();

@@ -54,7 +54,7 @@ impl Transaction {
 
     /// The producer, started now if there is none.
     fn producer(&mut self) -> Result<Arc<ThreadProducer>, String> {
-        if let Some(p) = &self.producer {
+        if let Some(p) = self.producer.as_ref().filter(|p| !p.is_broken()) {
             return Ok(p.clone());
         }
         let began = Instant::now();
@@ -168,6 +168,9 @@ impl ThreadTasks {
             return;
         }
         let offsets: Vec<(String, TopicPartitionList)> = round.offsets.into_iter().collect();
+        if producer.in_transaction() {
+            fault_stall();
+        }
         let began = Instant::now();
         match producer.commit(&offsets, fence.as_ref()) {
             Ok(()) => {
@@ -188,10 +191,7 @@ impl ThreadTasks {
                 self.finish_leaving(consumer, true);
             }
             Err(TransactionError::Fenced(detail)) => {
-                // The producer cannot go on: the tasks go back and get a new one.
-                if let Some(txn) = self.txn.as_mut() {
-                    txn.producer = None;
-                }
+                // The producer cannot go on (it is broken): the tasks go back and get a new one.
                 self.roll_back_all(consumer, &format!("the thread's producer cannot go on: {detail}"));
                 self.renew_producer(consumer);
             }
@@ -235,10 +235,16 @@ impl ThreadTasks {
 
     /// Aborts the open transaction (if any) and takes every task back to its last commit.
     pub(super) fn abort_transaction(&mut self, consumer: &StreamConsumer, why: &str) {
-        if let Some(producer) = self.txn.as_ref().and_then(|t| t.producer.clone()) {
+        let producer = self.txn.as_ref().and_then(|t| t.producer.clone());
+        if let Some(producer) = &producer {
             producer.abort();
         }
         self.roll_back_all(consumer, why);
+        if producer.is_some_and(|p| p.is_broken()) {
+            // Its transaction was timed out while the worker was frozen, or another took
+            // its id: the tasks that stay get a new one.
+            self.renew_producer(consumer);
+        }
     }
 
     /// The transaction aborted: tasks leaving end without committing; the others go back
@@ -308,6 +314,22 @@ impl ThreadTasks {
                     self.end(consumer, index, Some(end));
                 }
             }
+        }
+    }
+}
+
+/// A fault for tests: with `SLUICE_FAULT_STALL_COMMIT` naming a file, a stream thread that
+/// finds the file at a commit (its lease checked, records in its transaction, the membership
+/// it will prove read) removes it, says so in its log and stalls a second before it commits:
+/// the window no lease can cover, held open so that a test can freeze the worker in it
+/// (`ownership::a_worker_frozen_inside_its_commit_…`). Without the variable, nothing.
+fn fault_stall() {
+    static PATH: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    let path = PATH.get_or_init(|| std::env::var_os("SLUICE_FAULT_STALL_COMMIT").map(Into::into));
+    if let Some(path) = path {
+        if std::fs::remove_file(path).is_ok() {
+            tracing::warn!("fault injection: stalling inside a commit, after its lease check");
+            std::thread::sleep(Duration::from_secs(1));
         }
     }
 }
