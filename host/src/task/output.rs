@@ -213,10 +213,6 @@ impl ThreadProducer {
         }))
     }
 
-    pub fn id(&self) -> &str {
-        &self.id
-    }
-
     /// Whether a transaction is open (something was sent since the last commit or abort).
     pub fn in_transaction(&self) -> bool {
         self.in_transaction.load(Ordering::Acquire)

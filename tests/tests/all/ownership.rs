@@ -80,6 +80,18 @@ impl WordCount {
 
     /// A cluster member with a short session, so freezing it past the timeout is quick.
     fn member(&self, worker: &str, extra: &[&str]) -> anyhow::Result<WorkerProcess> {
+        self.member_with(worker, "200ms", extra, &[])
+    }
+
+    /// As [`member`](Self::member), committing every `commit_interval`, with environment
+    /// variables of its own.
+    fn member_with(
+        &self,
+        worker: &str,
+        commit_interval: &str,
+        extra: &[&str],
+        env: &[(String, String)],
+    ) -> anyhow::Result<WorkerProcess> {
         let state = self.state(worker);
         let mut args = vec![
             "--topology",
@@ -94,10 +106,10 @@ impl WordCount {
             "--heartbeat-interval",
             "500ms",
             "--commit-interval",
-            "200ms",
+            commit_interval,
         ];
         args.extend_from_slice(extra);
-        WorkerProcess::start(kafka().bootstrap(), self.dir.path(), &args)
+        WorkerProcess::start_with_env(kafka().bootstrap(), self.dir.path(), &args, env)
     }
 
     /// Rebuilds every task from its changelog alone, in a fresh state directory, and returns
@@ -252,34 +264,17 @@ async fn a_frozen_worker_that_wakes_is_fenced_and_counts_stay_exact_under_exactl
 async fn a_worker_frozen_inside_its_commit_is_refused_by_the_group_and_counts_stay_exact() -> anyhow::Result<()> {
     let wc = WordCount::new().await?;
     let stall = wc.dir.path().join("stall-commit");
-    let start = |worker: &str, env: &[(String, String)]| {
-        let state = wc.state(worker);
-        let args = [
-            "--topology",
-            wc.manifest.to_str().unwrap(),
-            "--cluster",
-            &wc.cluster,
-            "--no-drain-on-stop",
-            "--state-dir",
-            state.to_str().unwrap(),
-            "--session-timeout",
-            "6s",
-            "--heartbeat-interval",
-            "500ms",
-            // Transactions stay open up to three commit intervals (15 s): longer than the
-            // freeze below.
-            "--commit-interval",
-            "5s",
-            "--processing-guarantee",
-            "exactly-once",
-        ];
-        WorkerProcess::start_with_env(kafka().bootstrap(), wc.dir.path(), &args, env)
-    };
+    // Transactions stay open up to three commit intervals (15 s at 5 s): longer than the
+    // freeze below.
+    let eos = ["--processing-guarantee", "exactly-once"];
     let fault = [(
         "SLUICE_FAULT_STALL_COMMIT".to_string(),
         stall.to_str().unwrap().to_string(),
     )];
-    let mut workers = vec![start("a", &fault)?, start("b", &[])?];
+    let mut workers = vec![
+        wc.member_with("a", "5s", &eos, &fault)?,
+        wc.member_with("b", "5s", &eos, &[])?,
+    ];
     until_settled(&mut workers, 2).await?;
 
     let total = 16_000;
