@@ -11,3 +11,5 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$SLUICE_CACHE/target}"
 export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 mkdir -p "$CARGO_TARGET_DIR"
+# The Python toolchain (dev/setup-python): componentize-py and pytest, pinned, in a venv.
+export SLUICE_PYTHON_VENV="${SLUICE_PYTHON_VENV:-$SLUICE_CACHE/python/componentize-py-0.25.1}"

@@ -37,17 +37,30 @@ pub fn sluice_binary() -> PathBuf {
     bin
 }
 
-/// An example guest component built by `dev/build-guests`.
+/// An example guest component built by `dev/build-guests`: `NAME` for the Rust one in
+/// `guests/NAME`, `python/NAME` for the Python one in `guests/python/NAME`.
 pub fn guest(name: &str) -> PathBuf {
-    let path = target_dir()
-        .join("wasm32-wasip2/release")
-        .join(format!("{}.wasm", name.replace('-', "_")));
+    let path = match name.strip_prefix("python/") {
+        Some(python) => target_dir().join("python-guests").join(format!("{python}.wasm")),
+        None => target_dir()
+            .join("wasm32-wasip2/release")
+            .join(format!("{}.wasm", name.replace('-', "_"))),
+    };
     assert!(
         path.exists(),
         "{} is missing: run dev/build-guests (dev/test does)",
         path.display()
     );
     path
+}
+
+/// Arguments that point a worker at one compile cache shared by the whole test run, for
+/// topologies in Python: a Python component takes Cranelift 6-20 s to compile (CPython is in
+/// it), once per component and engine, not once per test worker. A worker without them
+/// compiles into its own state directory, as in production.
+pub fn shared_compile_cache() -> [String; 2] {
+    let dir = target_dir().join("test-compile-cache");
+    ["--compile-cache".to_string(), dir.display().to_string()]
 }
 
 /// A temporary directory removed on drop.

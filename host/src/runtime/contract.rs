@@ -122,6 +122,16 @@ mod tests {
             include_str!("../../../guest-sdk/wit/deps/topology-0.1.0/topology.wit"),
             "guest-sdk/wit/deps/topology-0.1.0/topology.wit differs from wit/'s: copy it over"
         );
+        assert_eq!(
+            include_str!("../../../wit/topology.wit"),
+            include_str!("../../../guest-sdk-python/sluice_guest/wit/topology.wit"),
+            "guest-sdk-python/sluice_guest/wit/topology.wit differs from wit/topology.wit: copy it over"
+        );
+        assert_eq!(
+            include_str!("../../../wit/deps/topology-0.1.0/topology.wit"),
+            include_str!("../../../guest-sdk-python/sluice_guest/wit/deps/topology-0.1.0/topology.wit"),
+            "guest-sdk-python/sluice_guest/wit/deps/topology-0.1.0/topology.wit differs from wit/'s: copy it over"
+        );
     }
 
     #[test]

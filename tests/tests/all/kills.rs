@@ -1,11 +1,13 @@
 //! Kill trials: a worker SIGKILLed at random moments of a word-count run while input flows,
-//! restarted each time. Under exactly-once every final count equals the truth (the
+//! restarted each time; the word count in Rust, and its twin in Python (the same store and
+//! output, so the same truth). Under exactly-once every final count equals the truth (the
 //! read-committed output and the stores); under at-least-once none is below it. CI runs a
 //! short trial; `SLUICE_KILLS=20 cargo test kill_trials` runs the long one.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
+use sluice_tests::worker::shared_compile_cache;
 use sluice_tests::{kafka, Scenario};
 
 const PARTITIONS: i32 = 4;
@@ -27,7 +29,7 @@ fn next(seed: &mut u64) -> u64 {
     *seed
 }
 
-async fn kill_trial(guarantee: &str) -> anyhow::Result<()> {
+async fn kill_trial(guarantee: &str, guest: &str) -> anyhow::Result<()> {
     let kills: usize = std::env::var("SLUICE_KILLS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -36,21 +38,26 @@ async fn kill_trial(guarantee: &str) -> anyhow::Result<()> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| std::process::id() as u64 * 2_654_435_761 + 1);
-    eprintln!("kill trial ({guarantee}): {kills} kills, seed {seed}");
-    let wc = Scenario::builder("wc", "word-count")
+    eprintln!("kill trial ({guest}, {guarantee}): {kills} kills, seed {seed}");
+    let wc = Scenario::builder("wc", guest)
         .source("lines", PARTITIONS)
         .sink("counts", PARTITIONS)
         .create()
         .await?;
+    let cache = shared_compile_cache();
     let start = || {
-        wc.worker(&[
+        let mut args = vec![
             "--processing-guarantee",
             guarantee,
             "--commit-interval",
             "100ms",
             "--batch-size",
             "100",
-        ])
+        ];
+        if guest.starts_with("python/") {
+            args.extend(cache.iter().map(String::as_str));
+        }
+        wc.worker(&args)
     };
     let chunks = 20 + kills * 8;
     let total = chunks * 250;
@@ -131,10 +138,20 @@ async fn kill_trial(guarantee: &str) -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kill_trials_under_exactly_once_end_with_every_count_exact() -> anyhow::Result<()> {
-    kill_trial("exactly-once").await
+    kill_trial("exactly-once", "word-count").await
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kill_trials_under_at_least_once_never_end_below_the_truth() -> anyhow::Result<()> {
-    kill_trial("at-least-once").await
+    kill_trial("at-least-once", "word-count").await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn python_kill_trials_under_exactly_once_end_with_every_count_exact() -> anyhow::Result<()> {
+    kill_trial("exactly-once", "python/word-count").await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn python_kill_trials_under_at_least_once_never_end_below_the_truth() -> anyhow::Result<()> {
+    kill_trial("at-least-once", "python/word-count").await
 }

@@ -21,6 +21,7 @@ mod learners;
 mod ownership;
 mod partitioning;
 mod policies;
+mod python;
 mod queries;
 mod registry;
 mod replays;

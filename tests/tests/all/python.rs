@@ -1,0 +1,227 @@
+//! Topologies written in Python (built by componentize-py from `guests/python/`), on real
+//! workers and a real broker: beside a Rust topology on one worker through SIGKILLs, under
+//! both guarantees; a Rust topology taking over the store a Python one wrote (the codecs
+//! write the same bytes); and the hostile cases that apply to Python, each contained.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use sluice_tests::worker::{guest, shared_compile_cache, TempDir, WorkerProcess};
+use sluice_tests::{free_port, kafka, unique_name, Scenario};
+
+use crate::cluster::until_settled;
+use crate::registry::{deploy, manifest, worker};
+
+const PARTITIONS: i32 = 4;
+
+fn lines(range: std::ops::Range<usize>) -> Vec<(Vec<u8>, Vec<u8>)> {
+    range
+        .map(|i| {
+            let words: Vec<String> = (0..3).map(|j| format!("w{}", (i * 7 + j * 13) % 40)).collect();
+            (format!("line-{i}").into_bytes(), words.join(" ").into_bytes())
+        })
+        .collect()
+}
+
+/// A Python uppercase and the Rust word count on one worker (one process, one thread pool,
+/// one pooling allocator), the worker killed twice while input flows. Under exactly-once
+/// the Python output holds each input once, upper-cased, and every count is exact; under
+/// at-least-once nothing is missing and no count is below the truth.
+async fn python_beside_rust_through_kills(guarantee: &str) -> anyhow::Result<()> {
+    let upper = Scenario::builder("pyup", "python/uppercase")
+        .source("input", PARTITIONS)
+        .sink("output", PARTITIONS)
+        .create()
+        .await?;
+    let wc = Scenario::builder("pywc", "word-count")
+        .source("lines", PARTITIONS)
+        .sink("counts", PARTITIONS)
+        .create()
+        .await?;
+    let state = upper.state();
+    let cache = shared_compile_cache();
+    let start = || {
+        let mut args = vec![
+            "--topology",
+            upper.manifest().to_str().unwrap(),
+            "--topology",
+            wc.manifest().to_str().unwrap(),
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--processing-guarantee",
+            guarantee,
+            "--commit-interval",
+            "100ms",
+            "--batch-size",
+            "100",
+        ];
+        args.extend(cache.iter().map(String::as_str));
+        WorkerProcess::start(kafka().bootstrap(), upper.dir().path(), &args)
+    };
+    let chunks = 16;
+    let per_chunk = 250;
+    let total = chunks * per_chunk;
+    let producing = {
+        let (a, b) = (upper.input().to_string(), wc.input().to_string());
+        tokio::spawn(async move {
+            let mut positions = Vec::new();
+            for chunk in 0..chunks {
+                let records = lines(chunk * per_chunk..(chunk + 1) * per_chunk);
+                kafka().produce(&a, &records).await?;
+                positions.extend(kafka().produce(&b, &records).await?);
+                tokio::time::sleep(Duration::from_millis(150)).await;
+            }
+            anyhow::Ok(positions)
+        })
+    };
+    let mut worker = start()?;
+    // The first start may compile the Python component (seconds): kill once it runs.
+    worker.wait_for_line(&[upper.name(), "started"], Duration::from_secs(180))?;
+    for wait in [700, 1300] {
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+        worker.kill()?;
+        worker = start()?;
+    }
+    let positions = producing.await??;
+    for s in [&upper, &wc] {
+        if let Err(e) = s.wait_committed(total, Duration::from_secs(180)).await {
+            panic!("{e:#}; the last worker's log:\n{}", worker.log());
+        }
+    }
+    assert!(worker.terminate(Duration::from_secs(60))?.success(), "{}", worker.log());
+
+    // The Python topology: every input upper-cased, with its key.
+    let mut expected: BTreeMap<(Vec<u8>, Vec<u8>), usize> = BTreeMap::new();
+    for (k, v) in lines(0..total) {
+        *expected.entry((k, v.to_ascii_uppercase())).or_default() += 1;
+    }
+    let mut got: BTreeMap<(Vec<u8>, Vec<u8>), usize> = BTreeMap::new();
+    for r in upper.read_all(Duration::from_secs(120))? {
+        *got.entry((r.key.unwrap_or_default(), r.value.unwrap_or_default()))
+            .or_default() += 1;
+    }
+    if guarantee == "exactly-once" {
+        assert_eq!(got.len(), expected.len(), "distinct outputs of the Python topology");
+        assert!(
+            got == expected,
+            "the Python topology's committed output is not each input exactly once"
+        );
+    } else {
+        for record in expected.keys() {
+            assert!(got.contains_key(record), "the Python topology lost {record:?}");
+        }
+        assert!(
+            got.keys().all(|k| expected.contains_key(k)),
+            "an output that is no input's"
+        );
+    }
+
+    // The Rust topology beside it: its counts.
+    let mut truth: BTreeMap<i32, BTreeMap<String, u64>> = BTreeMap::new();
+    for ((_, line), (p, _)) in lines(0..total).iter().zip(&positions) {
+        for w in std::str::from_utf8(line)?.split(' ') {
+            *truth.entry(*p).or_default().entry(w.to_string()).or_insert(0) += 1;
+        }
+    }
+    for (p, words) in &truth {
+        let counts = sluice_tests::worker::dump_counts(&state, wc.name(), *p, "counts")?;
+        for (word, n) in words {
+            let c = counts.get(word).copied().unwrap_or(0);
+            if guarantee == "exactly-once" {
+                assert_eq!(c, *n, "partition {p}, {word}");
+            } else {
+                assert!(c >= *n, "partition {p}, {word}: {c} < {n}");
+            }
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_python_topology_beside_a_rust_one_is_exact_through_kills_under_exactly_once() -> anyhow::Result<()> {
+    python_beside_rust_through_kills("exactly-once").await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_python_topology_beside_a_rust_one_loses_nothing_through_kills_under_at_least_once() -> anyhow::Result<()> {
+    python_beside_rust_through_kills("at-least-once").await
+}
+
+/// The word count deployed in Python, then upgraded to the Rust word count under the same
+/// name: the Rust one reads the counts the Python one wrote (UTF-8 words, 8-byte big-endian
+/// counts) and goes on from them, and the store holds the truth over both.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rust_topology_takes_over_the_store_a_python_one_wrote() -> anyhow::Result<()> {
+    let kafka = kafka();
+    let (input, output) = (unique_name("py2rust-in"), unique_name("py2rust-out"));
+    kafka.create_topic(&input, 2).await?;
+    kafka.create_topic(&output, 2).await?;
+    let dir = TempDir::new("py2rust");
+    let cluster = unique_name("c");
+    let port = free_port();
+    let cache = shared_compile_cache();
+    let cache: Vec<&str> = cache.iter().map(String::as_str).collect();
+    let mut workers = vec![worker(&dir, &cluster, 0, port, &cache)?];
+    workers[0].wait_for_line(&[" assignment "], Duration::from_secs(60))?;
+    let name = unique_name("wc");
+    let m = dir.write(
+        "wc.toml",
+        &manifest(&name, &[("lines", input.as_str())], &[("counts", output.as_str())], ""),
+    );
+    let (ok, _, err) = deploy(port, &guest("python/word-count"), &m)?;
+    assert!(ok, "deploying the Python word count: {err}");
+    until_settled(&mut workers, 2).await?;
+    // One key: every line in one partition, so one task holds the counts. Words with
+    // non-ASCII letters and digits, cased: both split and lower-case them alike.
+    let line = |i: usize| {
+        (
+            b"same".to_vec(),
+            format!("Äpfel apple{} {} Ωmega", i % 3, i % 2).into_bytes(),
+        )
+    };
+    kafka.produce(&input, &(0..100).map(line).collect::<Vec<_>>()).await?;
+    if let Err(e) = kafka
+        .wait_committed(&format!("sluice-{name}"), &input, 2, 100, Duration::from_secs(180))
+        .await
+    {
+        panic!("{e:#}; the worker's log:\n{}", workers[0].log());
+    }
+
+    let (ok, out, err) = deploy(port, &guest("word-count"), &m)?;
+    assert!(ok, "upgrading to the Rust word count: {err}");
+    assert!(out.contains("\"version\": 2"), "{out}");
+    workers[0].wait_for_line(&["deployed from the registry", "version=2"], Duration::from_secs(60))?;
+    until_settled(&mut workers, 2).await?;
+    kafka.produce(&input, &(100..200).map(line).collect::<Vec<_>>()).await?;
+    kafka
+        .wait_committed(&format!("sluice-{name}"), &input, 2, 200, Duration::from_secs(180))
+        .await?;
+    assert!(
+        workers[0].terminate(Duration::from_secs(60))?.success(),
+        "{}",
+        workers[0].log()
+    );
+
+    let mut truth: BTreeMap<String, u64> = BTreeMap::new();
+    for i in 0..200 {
+        for w in String::from_utf8(line(i).1)?.split(' ') {
+            *truth.entry(w.to_lowercase()).or_default() += 1;
+        }
+    }
+    // The highest count each version emitted: the Rust one's go on from the Python one's.
+    let mut highest: BTreeMap<String, u64> = BTreeMap::new();
+    for r in kafka.read_all(&output, Duration::from_secs(10))? {
+        let word = String::from_utf8(r.key.unwrap())?;
+        let count: u64 = String::from_utf8(r.value.unwrap())?.parse()?;
+        let h = highest.entry(word).or_default();
+        *h = (*h).max(count);
+    }
+    assert_eq!(highest, truth, "the counts over both versions");
+    let state = dir.path().join("state-0");
+    let mut stored = BTreeMap::new();
+    for p in 0..2 {
+        stored.extend(sluice_tests::worker::dump_counts(&state, &name, p, "counts")?);
+    }
+    assert_eq!(stored, truth, "the store after both versions");
+    Ok(())
+}
