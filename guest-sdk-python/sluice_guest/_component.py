@@ -69,7 +69,7 @@ def exports_for(topology):
                 ))
             except GuestFailure as f:
                 raise _err(f) from None
-            except Exception as e:  # noqa: BLE001
+            except BaseException as e:  # noqa: BLE001 — SystemExit too
                 raise Err(types1.GuestError(record_index=None, message=failure_message(e))) from None
 
         def process(self, batch):

@@ -363,7 +363,7 @@ class Task:
         try:
             self.processor = topology()
             self.processor.init(info)
-        except Exception as e:  # noqa: BLE001 — every failure is the task's error
+        except BaseException as e:  # noqa: BLE001 — every failure is the task's error
             raise GuestFailure(f"init: {failure_message(e)}") from None
 
     def _fail(self, message: str, index: Optional[int]):
@@ -382,7 +382,7 @@ class Task:
         source_headers = _source_headers
         try:
             processor.batch_started()
-        except Exception as e:  # noqa: BLE001
+        except BaseException as e:  # noqa: BLE001 — SystemExit too
             self._fail(failure_message(e), None)
         end = len(batch)
         index = -1
@@ -418,12 +418,12 @@ class Task:
             self._fail(str(WireError(pos, "a length within the batch")), None)
         except WireError as e:
             self._fail(str(e), None)
-        except Exception as e:  # noqa: BLE001
+        except BaseException as e:  # noqa: BLE001 — SystemExit too
             self._fail(ctx._violation or failure_message(e), index if index >= 0 else None)
         ctx._record = None
         try:
             processor.batch_done(ctx)
-        except Exception as e:  # noqa: BLE001
+        except BaseException as e:  # noqa: BLE001 — SystemExit too
             self._fail(ctx._violation or failure_message(e), None)
         if ctx._violation is not None:
             self._fail(ctx._violation, None)
@@ -435,7 +435,7 @@ class Task:
         ctx._timestamp = timestamp
         try:
             call()
-        except Exception as e:  # noqa: BLE001
+        except BaseException as e:  # noqa: BLE001 — SystemExit too
             self._fail(ctx._violation or failure_message(e), None)
         if ctx._violation is not None:
             self._fail(ctx._violation, None)

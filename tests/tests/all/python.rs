@@ -225,3 +225,142 @@ async fn a_rust_topology_takes_over_the_store_a_python_one_wrote() -> anyhow::Re
     assert_eq!(stored, truth, "the store after both versions");
     Ok(())
 }
+
+/// (record value, the fault kind it must end its task with).
+const PYTHON_ATTACKS: &[(&str, &str)] = &[
+    ("loop", "deadline"),
+    ("alloc", "error"),
+    ("hoard", "error"),
+    ("recursion", "error"),
+    ("deep-recursion", "memory"),
+    ("exit", "error"),
+    ("os-exit", "trap"),
+    ("bad-count", "bad_output"),
+    ("undeclared-sink", "undeclared"),
+    ("undeclared-store", "undeclared"),
+    ("state-bomb", "memory"),
+    ("init-raise", "error"),
+];
+
+/// `sluice_task_errors_total` by (topology, kind), from the metrics endpoint.
+fn task_errors(port: u16) -> anyhow::Result<BTreeMap<(String, String), u64>> {
+    let body = sluice_tests::http_get(port, "/metrics")?;
+    let mut out = BTreeMap::new();
+    for line in body.lines().filter(|l| l.starts_with("sluice_task_errors_total{")) {
+        let label = |name: &str| {
+            line.split(&format!("{name}=\""))
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .unwrap_or("")
+                .to_string()
+        };
+        out.insert((label("topology"), label("kind")), line.rsplit(' ').next().unwrap_or("0").parse()?);
+    }
+    Ok(out)
+}
+
+/// Every attack a Python topology can make, each a topology of its own on one worker beside
+/// a Python neighbour: each ends its own task with the fault it should (a Python exception
+/// is the topology's error, with its traceback), the neighbour processes everything, and the
+/// worker stays up until SIGTERM.
+#[tokio::test(flavor = "multi_thread")]
+async fn hostile_python_topologies_cost_only_themselves() -> anyhow::Result<()> {
+    let kafka = kafka();
+    let dir = TempDir::new("pyhostile");
+    let state = dir.path().join("state");
+    let cache = shared_compile_cache();
+    let mut args: Vec<String> = vec![
+        "--commit-interval".into(),
+        "100ms".into(),
+        "--host-memory-limit".into(),
+        "32MiB".into(),
+        "--state-dir".into(),
+        state.display().to_string(),
+    ];
+    args.extend(cache.iter().cloned());
+    let (nin, nout) = (unique_name("pyneighbour-in"), unique_name("pyneighbour-out"));
+    kafka.create_topic(&nin, 2).await?;
+    kafka.create_topic(&nout, 2).await?;
+    let neighbour = unique_name("pyneighbour");
+    let m = dir.write(
+        "neighbour.toml",
+        &sluice_tests::worker::manifest(
+            &neighbour,
+            &guest("python/uppercase"),
+            &[("input", &nin)],
+            &[("output", &nout)],
+            "",
+        ),
+    );
+    args.extend(["--topology".into(), m.display().to_string()]);
+    let mut attacks = Vec::new();
+    for (attack, kind) in PYTHON_ATTACKS {
+        let topology = unique_name(&format!("pyhostile-{attack}"));
+        let (hin, hout) = (unique_name("pyhostile-in"), unique_name("pyhostile-out"));
+        kafka.create_topic(&hin, 1).await?;
+        kafka.create_topic(&hout, 1).await?;
+        kafka
+            .produce_to(&hin, 0, &[("a", "before"), ("b", attack), ("c", "after")])
+            .await?;
+        let limits = if *attack == "loop" { "call-timeout = \"500ms\"" } else { "" };
+        let m = dir.write(
+            &format!("{topology}.toml"),
+            &sluice_tests::worker::manifest(
+                &topology,
+                &guest("python/hostile"),
+                &[("input", &hin)],
+                &[("output", &hout)],
+                limits,
+            ),
+        );
+        args.extend(["--topology".into(), m.display().to_string()]);
+        attacks.push((topology, *attack, *kind));
+    }
+    let metrics = free_port();
+    args.extend(["--metrics".into(), format!("127.0.0.1:{metrics}")]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut worker = WorkerProcess::start(kafka.bootstrap(), dir.path(), &refs)?;
+
+    let sent: Vec<(Vec<u8>, Vec<u8>)> = (0..5000)
+        .map(|i| (format!("k{i}").into_bytes(), format!("neighbour record {i}").into_bytes()))
+        .collect();
+    kafka.produce(&nin, &sent).await?;
+
+    // Every attack's task ends with a fault; then each must be the one expected.
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    let seen = loop {
+        let errors = task_errors(metrics).unwrap_or_default();
+        let seen: BTreeMap<&str, Vec<String>> = attacks
+            .iter()
+            .map(|(topology, attack, _)| {
+                let kinds = errors.keys().filter(|(t, _)| t == topology).map(|(_, k)| k.clone());
+                (*attack, kinds.collect())
+            })
+            .collect();
+        if seen.values().all(|kinds| !kinds.is_empty()) || std::time::Instant::now() > deadline {
+            break seen;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let expected: BTreeMap<&str, Vec<String>> =
+        attacks.iter().map(|(_, attack, kind)| (*attack, vec![kind.to_string()])).collect();
+    assert_eq!(seen, expected, "the fault each attack ended with; log:\n{}", worker.log());
+    if let Err(e) = kafka
+        .wait_committed(&format!("sluice-{neighbour}"), &nin, 2, sent.len() as i64, Duration::from_secs(120))
+        .await
+    {
+        panic!("{e:#}; log:\n{}", worker.log());
+    }
+    let out = kafka.read_all(&nout, Duration::from_secs(30))?;
+    assert_eq!(out.len(), sent.len(), "the neighbour's output");
+    let log = worker.log();
+    // A Python exception names itself and where it was raised.
+    assert!(
+        log.contains("RecursionError") && log.contains("hostile.py:") && log.contains("in _recurse"),
+        "the recursion's error should carry its Python traceback; log:\n{log}"
+    );
+    assert!(log.contains("ValueError: refusing to start"), "{log}");
+    let status = worker.terminate(Duration::from_secs(30))?;
+    assert_eq!(status.code(), Some(3), "tasks failed, so the worker says so; log:\n{log}");
+    Ok(())
+}
