@@ -165,6 +165,22 @@ fn claimed(buffer: &[u8], e: wire::WireError) -> String {
     }
 }
 
+/// The pooling allocator had no room for one more instance: what it holds in all (the
+/// worker's `--max-instances`), what each instance of this topology takes, and what to do.
+fn pool_full(topology: &LoadedTopology, detail: &str) -> String {
+    let n = topology.config.max_instances;
+    let f = topology.footprint;
+    format!(
+        "the worker's instance pool is full ({detail}): --max-instances {n} holds {} instances of this topology \
+         (each makes {} core instances, {} memories and {} tables) beside the worker's other tasks; raise \
+         --max-instances or spread the tasks over more workers",
+        f.capacity(n),
+        f.core_instances,
+        f.memories,
+        f.tables
+    )
+}
+
 impl TaskInstance {
     pub(super) fn new(
         topology: &LoadedTopology,
@@ -195,9 +211,13 @@ impl TaskInstance {
                         requested,
                     });
                 }
-                return Err(GuestFault::Instantiate {
-                    detail: format!("{e:#}"),
-                });
+                let detail = format!("{e:#}");
+                if detail.contains("concurrent limit") {
+                    return Err(GuestFault::Instantiate {
+                        detail: pool_full(topology, &detail),
+                    });
+                }
+                return Err(GuestFault::Instantiate { detail });
             }
         };
         Ok(TaskInstance {

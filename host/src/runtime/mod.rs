@@ -287,6 +287,11 @@ impl Runtime {
             engine: self.engine.clone(),
             config: self.config.clone(),
             from_cache,
+            footprint: Footprint {
+                core_instances: counted.core_instances,
+                memories: counted.memories,
+                tables: counted.tables,
+            },
         }
         .with_limits(limits)
         .map_err(|detail| LoadError::Limits {
@@ -445,10 +450,12 @@ fn engine_config(config: &RuntimeConfig, pooling: bool) -> Config {
         let mut pool = PoolingAllocationConfig::default();
         let n = config.max_instances;
         pool.total_component_instances(n);
-        // A Rust wasm32-wasip2 component is one core module plus a few small shims.
-        pool.total_core_instances(n.saturating_mul(8));
-        pool.total_memories(n.saturating_mul(2));
-        pool.total_tables(n.saturating_mul(4));
+        // Core instances are a count, not reserved memory: room for every task's component to
+        // make as many as one component may (a Rust topology makes 3, a Python one 14).
+        pool.total_core_instances(n.saturating_mul(host::MAX_CORE_INSTANCES as u32));
+        let (_, memories, tables) = pool_totals(n);
+        pool.total_memories(u32::try_from(memories).unwrap_or(u32::MAX));
+        pool.total_tables(u32::try_from(tables).unwrap_or(u32::MAX));
         pool.total_stacks(n);
         pool.max_memory_size(config.memory_limit);
         // What one component may hold at most (the store's limiter says the same, for
@@ -486,9 +493,43 @@ pub struct LoadedTopology {
     engine: Engine,
     config: RuntimeConfig,
     from_cache: bool,
+    /// What one instance takes of the pooling allocator, as counted before compiling.
+    footprint: Footprint,
+}
+
+/// What one instance of a component takes of the pooling allocator: its core instances,
+/// memories and tables (counted in the component, see [`scan`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Footprint {
+    pub core_instances: u64,
+    pub memories: u64,
+    pub tables: u64,
+}
+
+impl Footprint {
+    /// How many instances of this footprint a worker's pool of `max_instances` holds.
+    pub fn capacity(&self, max_instances: u32) -> u64 {
+        let n = u64::from(max_instances);
+        let (cores, memories, tables) = pool_totals(max_instances);
+        let fit = |total: u64, each: u64| total.checked_div(each).unwrap_or(u64::MAX);
+        n.min(fit(cores, self.core_instances))
+            .min(fit(memories, self.memories))
+            .min(fit(tables, self.tables))
+    }
+}
+
+/// The pool's core instances, memories and tables in all, for `max_instances` task instances.
+fn pool_totals(max_instances: u32) -> (u64, u64, u64) {
+    let n = u64::from(max_instances);
+    (n * host::MAX_CORE_INSTANCES as u64, n * 2, n * 4)
 }
 
 impl LoadedTopology {
+    /// What one of its instances takes of the pooling allocator.
+    pub fn footprint(&self) -> Footprint {
+        self.footprint
+    }
+
     /// Whether its compiled code came from the compile cache (not from Cranelift).
     pub fn from_cache(&self) -> bool {
         self.from_cache

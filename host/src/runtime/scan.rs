@@ -33,6 +33,13 @@ pub struct Counted {
     pub functions: u64,
     pub code_bytes: u64,
     pub modules: u64,
+    /// Core instances it creates (module instantiations, at every depth): what one of its
+    /// instances takes of the pooling allocator's core instances.
+    pub core_instances: u64,
+    /// Linear memories and tables its core modules define (imported ones are another
+    /// module's): what one instance takes of the pool's memories and tables.
+    pub memories: u64,
+    pub tables: u64,
     /// The names the outermost component exports.
     pub exports: Vec<String>,
 }
@@ -55,6 +62,15 @@ pub fn count(bytes: &[u8]) -> Result<Counted, String> {
                 counted.code_bytes += u64::from(size);
             }
             Payload::ComponentCanonicalSection(reader) => counted.functions += u64::from(reader.count()),
+            Payload::InstanceSection(reader) => {
+                for instance in reader {
+                    if let wasmparser::Instance::Instantiate { .. } = instance.map_err(|e| e.to_string())? {
+                        counted.core_instances += 1;
+                    }
+                }
+            }
+            Payload::MemorySection(reader) => counted.memories += u64::from(reader.count()),
+            Payload::TableSection(reader) => counted.tables += u64::from(reader.count()),
             Payload::ComponentExportSection(reader) if depth == 0 => {
                 for export in reader {
                     counted

@@ -254,7 +254,10 @@ fn task_errors(port: u16) -> anyhow::Result<BTreeMap<(String, String), u64>> {
                 .unwrap_or("")
                 .to_string()
         };
-        out.insert((label("topology"), label("kind")), line.rsplit(' ').next().unwrap_or("0").parse()?);
+        out.insert(
+            (label("topology"), label("kind")),
+            line.rsplit(' ').next().unwrap_or("0").parse()?,
+        );
     }
     Ok(out)
 }
@@ -302,7 +305,11 @@ async fn hostile_python_topologies_cost_only_themselves() -> anyhow::Result<()> 
         kafka
             .produce_to(&hin, 0, &[("a", "before"), ("b", attack), ("c", "after")])
             .await?;
-        let limits = if *attack == "loop" { "call-timeout = \"500ms\"" } else { "" };
+        let limits = if *attack == "loop" {
+            "call-timeout = \"500ms\""
+        } else {
+            ""
+        };
         let m = dir.write(
             &format!("{topology}.toml"),
             &sluice_tests::worker::manifest(
@@ -322,7 +329,12 @@ async fn hostile_python_topologies_cost_only_themselves() -> anyhow::Result<()> 
     let mut worker = WorkerProcess::start(kafka.bootstrap(), dir.path(), &refs)?;
 
     let sent: Vec<(Vec<u8>, Vec<u8>)> = (0..5000)
-        .map(|i| (format!("k{i}").into_bytes(), format!("neighbour record {i}").into_bytes()))
+        .map(|i| {
+            (
+                format!("k{i}").into_bytes(),
+                format!("neighbour record {i}").into_bytes(),
+            )
+        })
         .collect();
     kafka.produce(&nin, &sent).await?;
 
@@ -342,11 +354,24 @@ async fn hostile_python_topologies_cost_only_themselves() -> anyhow::Result<()> 
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    let expected: BTreeMap<&str, Vec<String>> =
-        attacks.iter().map(|(_, attack, kind)| (*attack, vec![kind.to_string()])).collect();
-    assert_eq!(seen, expected, "the fault each attack ended with; log:\n{}", worker.log());
+    let expected: BTreeMap<&str, Vec<String>> = attacks
+        .iter()
+        .map(|(_, attack, kind)| (*attack, vec![kind.to_string()]))
+        .collect();
+    assert_eq!(
+        seen,
+        expected,
+        "the fault each attack ended with; log:\n{}",
+        worker.log()
+    );
     if let Err(e) = kafka
-        .wait_committed(&format!("sluice-{neighbour}"), &nin, 2, sent.len() as i64, Duration::from_secs(120))
+        .wait_committed(
+            &format!("sluice-{neighbour}"),
+            &nin,
+            2,
+            sent.len() as i64,
+            Duration::from_secs(120),
+        )
         .await
     {
         panic!("{e:#}; log:\n{}", worker.log());
@@ -361,6 +386,10 @@ async fn hostile_python_topologies_cost_only_themselves() -> anyhow::Result<()> 
     );
     assert!(log.contains("ValueError: refusing to start"), "{log}");
     let status = worker.terminate(Duration::from_secs(30))?;
-    assert_eq!(status.code(), Some(3), "tasks failed, so the worker says so; log:\n{log}");
+    assert_eq!(
+        status.code(),
+        Some(3),
+        "tasks failed, so the worker says so; log:\n{log}"
+    );
     Ok(())
 }

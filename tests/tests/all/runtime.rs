@@ -472,3 +472,90 @@ fn compiled_components_are_kept_on_disk_and_a_damaged_one_is_compiled_again() {
     .unwrap();
     assert!(!uncached.load(&component).unwrap().from_cache());
 }
+
+/// A runtime for Python components: the worker's defaults (the pool of 1,000 instances
+/// included), compiled once per test run into the shared compile cache.
+fn python_runtime(max_instances: u32) -> Runtime {
+    let cache = sluice_tests::worker::target_dir().join("test-compile-cache");
+    Runtime::new(&RuntimeConfig {
+        max_instances,
+        compile_cache: Some(cache),
+        ..RuntimeConfig::default()
+    })
+    .expect("an engine")
+}
+
+#[test]
+fn a_python_topology_describes_itself_and_upper_cases_a_batch() {
+    let rt = python_runtime(16);
+    let topology = rt.load(guest("python/uppercase")).unwrap();
+    let d = topology.description();
+    assert_eq!(
+        (d.name.as_str(), d.sinks.as_slice()),
+        ("uppercase", &["output".to_string()][..])
+    );
+    let out = run(&topology, &["hello", "ça va", ""]).unwrap();
+    assert_eq!(
+        out,
+        vec![
+            ("output".into(), "k0".into(), "HELLO".into(), 1000),
+            ("output".into(), "k1".into(), "ÇA VA".into(), 1001),
+            ("output".into(), "k2".into(), "".into(), 1002),
+        ]
+    );
+}
+
+/// The worker's default pool holds 64 live instances of a Python topology (each makes a
+/// dozen core instances and memories, where a Rust one makes a few), and a pool that is
+/// full refuses the next instance with an error that says so.
+#[test]
+fn sixty_four_python_tasks_fit_the_default_pool_and_a_full_pool_says_so() {
+    let rt = python_runtime(RuntimeConfig::default().max_instances);
+    let topology = rt.load(guest("python/uppercase")).unwrap();
+    let mut live = Vec::new();
+    for i in 0..64 {
+        let mut instance = topology
+            .instantiate_in_memory(&format!("test/{i}"))
+            .unwrap_or_else(|e| panic!("instance {i} of 64: {e}"));
+        instance.init(&task(&topology)).unwrap();
+        let out = instance.process(&batch(&["x"])).unwrap();
+        assert_eq!(out.records(1).unwrap().len(), 1);
+        live.push(instance);
+    }
+    drop(live);
+
+    let small = python_runtime(4);
+    let topology = small.load(guest("python/uppercase")).unwrap();
+    let live: Vec<_> = (0..4)
+        .map(|i| topology.instantiate_in_memory(&format!("t/{i}")).unwrap())
+        .collect();
+    let err = topology
+        .instantiate_in_memory("t/4")
+        .err()
+        .expect("a fifth instance in a pool of four");
+    let text = err.to_string();
+    assert!(text.contains("cannot instantiate the topology"), "{text}");
+    assert!(
+        text.contains("--max-instances"),
+        "the error should name the limit: {text}"
+    );
+    drop(live);
+}
+
+/// `describe` has no error in the contract, so a Python exception there traps; the load is
+/// refused with the Python traceback, naming the file and line.
+#[test]
+fn a_python_describe_that_raises_is_refused_with_its_traceback() {
+    let rt = python_runtime(16);
+    let err = rt
+        .load(guest("python/describe-raise"))
+        .err()
+        .expect("a describe that raises");
+    let text = err.to_string();
+    assert!(text.contains("failed while describing itself"), "{text}");
+    assert!(text.contains("KeyError: 'no sink configured'"), "{text}");
+    assert!(
+        text.contains("describe_raise.py\", line 8, in _sinks"),
+        "the Python line: {text}"
+    );
+}
