@@ -1,6 +1,7 @@
 //! Command-line interface: argument parsing and dispatch to the subcommands.
 
 mod acls;
+mod build;
 pub mod config;
 mod kafka_args;
 mod kafka_tools;
@@ -47,9 +48,11 @@ pub enum Command {
     Query(topologies::QueryArgs),
     /// The tenants of a cluster; the hashed form of a token for the configuration file.
     Tenants(topologies::TenantsArgs),
-    /// Scaffold a topology project (a guest crate that builds a component) outside this
-    /// repository.
+    /// Scaffold a topology project (Rust, or Python with `--python`) that builds a component,
+    /// outside this repository.
     New(new::NewArgs),
+    /// Build a topology project (Python or Rust) into a component and print where it is.
+    Build(build::BuildArgs),
     /// Inspect a stopped worker's local state.
     State(state::StateArgs),
     /// The Kafka ACLs of a cluster's workers (`--worker`) or of one tenant (`--tenant NAME`),
@@ -97,6 +100,7 @@ pub async fn run(cli: Cli, layered: config::Layered) -> anyhow::Result<ExitCode>
         Command::Tenants(args) => topologies::tenants(args).await,
         Command::Query(args) => topologies::query(args).await,
         Command::New(args) => new::run(args),
+        Command::Build(args) => build::run(args),
         Command::Status(args) => status::run(args).await,
         Command::Acls(args) => acls::run(args).await,
         Command::Topics(args) => kafka_tools::topics(args).await,

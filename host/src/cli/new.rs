@@ -21,6 +21,10 @@ pub struct NewArgs {
     /// a counting store), with a unit test, instead of the Processor API.
     #[arg(long)]
     dsl: bool,
+    /// Write a Python project (`pyproject.toml`, the topology, its test, a manifest), built by
+    /// `sluice build` with componentize-py; `--sdk` is then the Python SDK's directory.
+    #[arg(long)]
+    python: bool,
 }
 
 /// Where this build's guest SDK is (next to the host in its repository).
@@ -44,6 +48,9 @@ pub fn run(args: NewArgs) -> anyhow::Result<ExitCode> {
     }
     if args.path.exists() && std::fs::read_dir(&args.path)?.next().is_some() {
         bail!("{} exists and is not empty", args.path.display());
+    }
+    if args.python {
+        return python(&args, &name);
     }
     let sdk = args.sdk.unwrap_or_else(built_in_sdk);
     let sdk = sdk
@@ -175,6 +182,140 @@ sluice query {name} seen SOME-KEY --admin HOST:PORT
     println!("  sluice deploy target/wasm32-wasip2/release/{artifact}.wasm --manifest {name}.toml --admin HOST:PORT");
     Ok(ExitCode::SUCCESS)
 }
+
+/// A Python project: the topology (the Processor API), its test under plain CPython, a
+/// manifest and a README; `sluice build` builds it.
+fn python(args: &NewArgs, name: &str) -> anyhow::Result<ExitCode> {
+    if args.dsl {
+        bail!(
+            "the stream DSL is not in the Python SDK yet: `sluice new --python` writes a topology with the \
+             Processor API (the Rust SDK has the DSL: `sluice new --dsl`)"
+        );
+    }
+    let sdk = args.sdk.clone().unwrap_or_else(super::build::built_in_python_sdk);
+    let sdk = sdk
+        .canonicalize()
+        .with_context(|| format!("the Python SDK is not at {} (pass --sdk DIR)", sdk.display()))?;
+    if !sdk.join("sluice_guest").join("__init__.py").exists() {
+        bail!(
+            "{} is not the Python SDK (no sluice_guest/); pass --sdk DIR",
+            sdk.display()
+        );
+    }
+    let module = name.replace('-', "_");
+    let sdk_text = sdk.display().to_string().replace('\\', "/");
+    let files: [(String, String); 6] = [
+        (
+            "pyproject.toml".into(),
+            format!(
+                r#"[project]
+name = "{name}"
+version = "0.1.0"
+requires-python = ">=3.11"
+
+[tool.sluice]
+# The topology `sluice build` makes a component of: module:attribute.
+topology = "{module}:Topology"
+# The Python SDK (sluice_guest) it is built and tested with.
+sdk = "{sdk_text}"
+"#
+            ),
+        ),
+        (format!("{module}.py"), PYTHON_TOPOLOGY.replace("NAME", name)),
+        (format!("test_{module}.py"), PYTHON_TEST.replace("MODULE", &module)),
+        (
+            "conftest.py".into(),
+            format!(
+                "# pytest finds the Python SDK here (what `sluice build` builds with, from pyproject.toml).\n\
+                 import sys\n\nsys.path.insert(0, {sdk_text:?})\n"
+            ),
+        ),
+        (
+            format!("{name}.toml"),
+            format!(
+                r#"# The topology's manifest: its name in the cluster and the topics it is bound to.
+name = "{name}"
+component = "build/{name}.wasm"
+
+[sources]
+input = "{name}-in"
+
+[sinks]
+output = "{name}-out"
+"#
+            ),
+        ),
+        (
+            "README.md".into(),
+            format!(
+                r#"# {name}
+
+A Sluice topology in Python. Test it under plain CPython, build it (a WebAssembly component,
+with componentize-py) and deploy it to a cluster:
+
+```sh
+python3 -m pytest                                             # its test, no broker
+sluice build                                                  # writes build/{name}.wasm
+sluice topics create --partitions 4 {name}-in {name}-out      # once
+sluice deploy build/{name}.wasm --manifest {name}.toml --admin HOST:PORT
+sluice query {name} seen SOME-KEY --admin HOST:PORT
+```
+
+`sluice build` needs componentize-py 0.25.1 (`pip install componentize-py==0.25.1`, or the
+Sluice repository's `dev/setup-python`). A component is about 19 MB (CPython is in it); a
+worker compiles it once and keeps the compiled code. Import modules at the top of a file,
+not inside functions: the component runs a snapshot of the interpreter taken at build time.
+"#
+            ),
+        ),
+    ];
+    for (file, text) in &files {
+        let path = args.path.join(file);
+        std::fs::create_dir_all(path.parent().expect("a file in the project"))?;
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    println!("created {} (topology {name}, Python); next:", args.path.display());
+    println!("  cd {} && python3 -m pytest && sluice build", args.path.display());
+    println!("  sluice deploy build/{name}.wasm --manifest {name}.toml --admin HOST:PORT");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The Python scaffold's topology.
+const PYTHON_TOPOLOGY: &str = r#""""A topology: upper-cases every value and counts the records of each key in a store."""
+
+from sluice_guest import Description, Processor, Store, Str, U64
+
+
+class Topology(Processor):
+    @classmethod
+    def describe(cls):
+        return Description("NAME").source("input").sink("output").store("seen")
+
+    def init(self, task):
+        # Records seen per key (kept in RocksDB on the workers, backed by a changelog).
+        self.seen = Store("seen", key=Str, value=U64)
+
+    def process(self, record, ctx):
+        text = record.value_as()  # fails the task if the value is not UTF-8
+        if record.key is not None:
+            key = record.key_as()
+            self.seen.put(key, self.seen.get(key, 0) + 1)
+        ctx.emit("output", record.key, text.upper())
+"#;
+
+/// The Python scaffold's test.
+const PYTHON_TEST: &str = r#"from sluice_guest import Str, U64
+from sluice_guest.testing import TestDriver
+
+from MODULE import Topology
+
+
+def test_upper_cases_and_counts_keys():
+    driver = TestDriver(Topology)
+    driver.pipe_batch("input", [("a", "hello", 1), ("a", "again", 2), (None, "no key", 3)])
+    assert driver.read("output") == [(b"a", b"HELLO", 1), (b"a", b"AGAIN", 2), (None, b"NO KEY", 3)]
+    assert driver.store("seen", Str, U64) == {"a": 2}
+"#;
 
 /// The Processor API scaffold.
 const PROCESSOR_LIB: &str = r#"//! A topology: upper-cases every value and counts the records of each key in a store.

@@ -393,3 +393,83 @@ async fn hostile_python_topologies_cost_only_themselves() -> anyhow::Result<()> 
     );
     Ok(())
 }
+
+/// A Python topology from nothing: `sluice new --python`, its own test under CPython, `sluice
+/// build`, then a worker runs it from its manifest.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_python_scaffold_tests_builds_and_runs() -> anyhow::Result<()> {
+    let kafka = kafka();
+    let dir = TempDir::new("pyscaffold");
+    let name = format!("py-{}", &unique_name("x")[2..10]);
+    let project = dir.path().join(&name);
+    let sluice = sluice_tests::worker::sluice_binary();
+    let run = |args: &[&str], cwd: &std::path::Path| -> anyhow::Result<(bool, String)> {
+        let out = std::process::Command::new(&sluice)
+            .args(args)
+            .current_dir(cwd)
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+        Ok((out.status.success(), text))
+    };
+    let (ok, out) = run(&["new", "--python", project.to_str().unwrap()], dir.path())?;
+    assert!(ok, "sluice new --python: {out}");
+    let python = std::env::var("SLUICE_PYTHON_VENV")
+        .map(|v| format!("{v}/bin/python"))
+        .unwrap_or_else(|_| "python3".into());
+    let test = std::process::Command::new(&python)
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+        .current_dir(&project)
+        .output()?;
+    assert!(
+        test.status.success(),
+        "the scaffold's own test: {}",
+        String::from_utf8_lossy(&test.stdout)
+    );
+    let (ok, out) = run(&["build"], &project)?;
+    assert!(ok, "sluice build: {out}");
+    assert!(
+        out.contains(&format!("build/{name}.wasm")),
+        "it says where it wrote: {out}"
+    );
+
+    for topic in ["in", "out"] {
+        kafka.create_topic(&format!("{name}-{topic}"), 2).await?;
+    }
+    let cache = shared_compile_cache();
+    let state = dir.path().join("state");
+    let manifest = project.join(format!("{name}.toml"));
+    let mut args = vec![
+        "--topology",
+        manifest.to_str().unwrap(),
+        "--state-dir",
+        state.to_str().unwrap(),
+    ];
+    args.extend(cache.iter().map(String::as_str));
+    let mut worker = WorkerProcess::start(kafka.bootstrap(), dir.path(), &args)?;
+    let sent: Vec<(Vec<u8>, Vec<u8>)> = (0..100)
+        .map(|i| (format!("k{}", i % 10).into_bytes(), format!("v{i}").into_bytes()))
+        .collect();
+    kafka.produce(&format!("{name}-in"), &sent).await?;
+    let got = kafka
+        .consume(&format!("{name}-out"), 100, Duration::from_secs(120))
+        .await;
+    let got = got.unwrap_or_else(|e| panic!("{e:#}; log:\n{}", worker.log()));
+    assert!(got.iter().all(|r| r.value.as_ref().unwrap().starts_with(b"V")));
+    kafka
+        .wait_committed(
+            &format!("sluice-{name}"),
+            &format!("{name}-in"),
+            2,
+            100,
+            Duration::from_secs(60),
+        )
+        .await?;
+    assert!(worker.terminate(Duration::from_secs(60))?.success(), "{}", worker.log());
+    // Its store counted 10 records of key k3 (keys spread over both partitions' tasks).
+    let mut seen = BTreeMap::new();
+    for p in 0..2 {
+        seen.extend(sluice_tests::worker::dump_counts(&state, &name, p, "seen")?);
+    }
+    assert_eq!(seen.get("k3"), Some(&10), "{seen:?}");
+    Ok(())
+}
