@@ -36,6 +36,10 @@ pub struct DensityArgs {
     /// The worker's processing guarantee: at-least-once or exactly-once.
     #[arg(long, default_value = "at-least-once")]
     processing_guarantee: String,
+    /// Then stop the worker (SIGTERM) and start it again on its state: how long until every
+    /// task runs again, and whether it compiled anything (it should find the compiled code).
+    #[arg(long)]
+    restart: bool,
 }
 
 fn config(bootstrap: &str) -> ClientConfig {
@@ -119,49 +123,59 @@ pub async fn run(args: DensityArgs) -> anyhow::Result<()> {
     }
     let tasks = args.topologies as u64 * args.partitions as u64;
     println!(
-        "density benchmark: {} topologies × {} partitions = {tasks} tasks of uppercase on one worker, Kafka at {}",
-        args.topologies, args.partitions, args.bootstrap
+        "density benchmark: {} topologies × {} partitions = {tasks} tasks of {} on one worker, Kafka at {}",
+        args.topologies,
+        args.partitions,
+        args.component.display(),
+        args.bootstrap
     );
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0")?;
         l.local_addr()?.port()
     };
-    let mut worker = Command::new(crate::sluice_binary()?);
-    worker.args(["worker", "--bootstrap", &args.bootstrap]);
-    for m in &manifests {
-        worker.arg("--topology").arg(m);
-    }
-    worker
-        .args(["--metrics", &format!("127.0.0.1:{port}")])
-        .arg("--state-dir")
-        .arg(dir.join("state"));
-    if let Some(threads) = args.threads {
-        worker.args(["--threads", &threads.to_string()]);
-    }
-    worker.args(["--processing-guarantee", &args.processing_guarantee]);
-    let log = std::fs::File::create(dir.join("worker.log"))?;
-    let mut child = worker
-        .env("SLUICE_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()?;
+    let spawn = |log_name: &str, log_filter: &str| -> anyhow::Result<std::process::Child> {
+        let mut worker = Command::new(crate::sluice_binary()?);
+        worker.args(["worker", "--bootstrap", &args.bootstrap]);
+        for m in &manifests {
+            worker.arg("--topology").arg(m);
+        }
+        worker
+            .args(["--metrics", &format!("127.0.0.1:{port}")])
+            .arg("--state-dir")
+            .arg(dir.join("state"));
+        if let Some(threads) = args.threads {
+            worker.args(["--threads", &threads.to_string()]);
+        }
+        worker.args(["--processing-guarantee", &args.processing_guarantee]);
+        let log = std::fs::File::create(dir.join(log_name))?;
+        Ok(worker
+            .env("SLUICE_LOG", log_filter)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()?)
+    };
+    // Until the metrics say every task runs.
+    let all_running = |child: &mut std::process::Child, started: Instant| -> anyhow::Result<()> {
+        loop {
+            let running = http_get(port, "/metrics")
+                .ok()
+                .and_then(|b| metric(&b, "sluice_tasks_running"));
+            if running == Some(tasks as f64) {
+                return Ok(());
+            }
+            if let Some(status) = child.try_wait()? {
+                bail!("the worker exited ({status}); see {}", dir.join("worker.log").display());
+            }
+            if started.elapsed() > Duration::from_secs(300) {
+                bail!("{running:?} of {tasks} tasks running after 300s");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let mut child = spawn("worker.log", "warn")?;
     let pid = child.id();
     let started = Instant::now();
-    loop {
-        let running = http_get(port, "/metrics")
-            .ok()
-            .and_then(|b| metric(&b, "sluice_tasks_running"));
-        if running == Some(tasks as f64) {
-            break;
-        }
-        if let Some(status) = child.try_wait()? {
-            bail!("the worker exited ({status}); see {}", dir.join("worker.log").display());
-        }
-        if started.elapsed() > Duration::from_secs(300) {
-            bail!("{running:?} of {tasks} tasks running after 300s");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    all_running(&mut child, started)?;
     let start_s = started.elapsed().as_secs_f64();
     let start_cpu = cpu_seconds(pid).context("cpu")?;
     std::thread::sleep(Duration::from_secs(3));
@@ -226,12 +240,37 @@ pub async fn run(args: DensityArgs) -> anyhow::Result<()> {
     );
     let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
     let status = child.wait()?;
-    let _ = std::fs::remove_dir_all(&dir);
     if got != tasks {
         bail!("only {got} of {tasks} records came through");
     }
     if !status.success() {
         bail!("the worker exited with {status}");
     }
+    if args.restart {
+        let mut child = spawn("restart.log", "warn,sluice::runtime=debug")?;
+        let started = Instant::now();
+        all_running(&mut child, started)?;
+        let restart_s = started.elapsed().as_secs_f64();
+        let cpu = cpu_seconds(child.id()).context("cpu")?;
+        let log = std::fs::read_to_string(dir.join("restart.log"))?;
+        let cached = log.matches("compiled code from the compile cache").count();
+        let compiled = log
+            .lines()
+            .filter(|l| l.contains(" compiled ") && l.contains("seconds="))
+            .count();
+        println!(
+            "  restart: all {tasks} tasks running again after {restart_s:.1} s ({cpu:.1} s of CPU); \
+             {cached} topologies' code from the compile cache, {compiled} compiled"
+        );
+        let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+        let status = child.wait()?;
+        if !status.success() {
+            bail!("the restarted worker exited with {status}");
+        }
+        if compiled > 0 {
+            bail!("the restarted worker compiled {compiled} components again");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

@@ -42,6 +42,10 @@ pub struct E2eArgs {
     /// Skip the exactly-once runs.
     #[arg(long)]
     no_exactly_once: bool,
+    /// The uppercase component built from Python (guests/python/uppercase): when given, it runs
+    /// too, under both guarantees, in the same rounds.
+    #[arg(long)]
+    python_component: Option<PathBuf>,
 }
 
 /// One run of one system.
@@ -121,6 +125,12 @@ pub async fn run(args: E2eArgs) -> anyhow::Result<()> {
     if args.kafka_streams_classpath.is_some() {
         systems.push("kafka streams");
     }
+    if args.python_component.is_some() {
+        systems.push("sluice python");
+        if !args.no_exactly_once {
+            systems.push("sluice python eos");
+        }
+    }
     if !args.no_exactly_once {
         systems.extend(["sluice eos", "sluice eos 1s"]);
         if args.kafka_streams_classpath.is_some() {
@@ -138,13 +148,17 @@ pub async fn run(args: E2eArgs) -> anyhow::Result<()> {
                 r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
             }
             let command = match system {
-                "sluice" | "sluice eos" | "sluice eos 1s" => {
+                "sluice" | "sluice eos" | "sluice eos 1s" | "sluice python" | "sluice python eos" => {
+                    let component = match system {
+                        "sluice python" | "sluice python eos" => args.python_component.as_ref().expect("given"),
+                        _ => &args.component,
+                    };
                     let manifest = dir.join(format!("{run}.toml"));
                     std::fs::write(
                         &manifest,
                         format!(
                             "name = \"bench-{run}\"\ncomponent = {:?}\n[sources]\ninput = {input:?}\n[sinks]\noutput = {output:?}\n",
-                            args.component.display().to_string()
+                            component.display().to_string()
                         ),
                     )?;
                     let mut worker = Command::new(crate::sluice_binary()?);
@@ -156,8 +170,12 @@ pub async fn run(args: E2eArgs) -> anyhow::Result<()> {
                         .args(["--batch-size", &args.batch.to_string()])
                         .args(&args.sluice_args)
                         .env("SLUICE_LOG", "warn");
-                    if system != "sluice" {
+                    if system.ends_with("eos") || system == "sluice eos 1s" {
                         worker.args(["--processing-guarantee", "exactly-once"]);
+                    }
+                    if system.starts_with("sluice python") {
+                        // One compile for every round (the first): what a restarted worker has.
+                        worker.arg("--compile-cache").arg(dir.join("compiled"));
                     }
                     if system == "sluice eos 1s" {
                         worker.args(["--commit-interval", "1s"]);
@@ -213,7 +231,7 @@ pub async fn run(args: E2eArgs) -> anyhow::Result<()> {
         args.records, args.partitions, args.rounds
     );
     println!(
-        "  {:<14} {:>14} {:>16} {:>14} {:>10}",
+        "  {:<18} {:>14} {:>16} {:>14} {:>10}",
         "system", "steady rec/s", "start-to-last/s", "CPU s per 1M", "peak RSS"
     );
     let mut medians = Vec::new();
@@ -223,7 +241,7 @@ pub async fn run(args: E2eArgs) -> anyhow::Result<()> {
         let total = median(runs.iter().map(|m| args.records as f64 / m.total_s).collect());
         let cpu = median(runs.iter().map(|m| m.cpu_s * 1e6 / args.records as f64).collect());
         let rss = median(runs.iter().map(|m| m.peak_rss as f64 / (1 << 20) as f64).collect());
-        println!("  {system:<14} {steady:>14.0} {total:>16.0} {cpu:>14.2} {rss:>8.0} MB");
+        println!("  {system:<18} {steady:>14.0} {total:>16.0} {cpu:>14.2} {rss:>8.0} MB");
         medians.push((system, steady, cpu, rss));
     }
     let ratio = |a: &str, b: &str| {
@@ -246,6 +264,10 @@ pub async fn run(args: E2eArgs) -> anyhow::Result<()> {
         ("sluice eos 1s", "sluice"),
         ("sluice eos", "kafka streams eos"),
         ("kafka streams eos", "kafka streams"),
+        ("sluice python", "sluice"),
+        ("sluice python", "kafka streams"),
+        ("sluice python eos", "sluice python"),
+        ("sluice python eos", "kafka streams eos"),
     ] {
         ratio(a, b);
     }

@@ -129,7 +129,9 @@ fn median(mut xs: Vec<f64>) -> f64 {
 
 fn guest(component: PathBuf, records: usize, size: usize, batch: usize, runs: usize) -> anyhow::Result<()> {
     let runtime = Runtime::new(&RuntimeConfig::default())?;
+    let loading = Instant::now();
     let topology = runtime.load(&component)?;
+    let load_s = loading.elapsed().as_secs_f64();
     let sinks = topology.description().sinks.clone();
     let input = batches(records, size, batch);
     let task = TaskInfo {
@@ -220,6 +222,20 @@ fn guest(component: PathBuf, records: usize, size: usize, batch: usize, runs: us
     let us = |d: Duration| d.as_secs_f64() * 1e6 / n as f64;
     let instantiate_us = us(create + init);
 
+    // What a live task costs in memory: 64 instances alive at once, each having processed a
+    // batch (the worker's resident memory grows by this per task).
+    let live_n = 64;
+    let before = rss_bytes();
+    let mut live = Vec::new();
+    for _ in 0..live_n {
+        let mut i = topology.instantiate_in_memory("bench/0")?;
+        i.init(&task)?;
+        i.process(&input[0])?;
+        live.push(i);
+    }
+    let per_live = (rss_bytes().saturating_sub(before)) as f64 / live_n as f64;
+    drop(live);
+
     let wasm_s = median(wasm);
     let native_s = median(native);
     let per = |s: f64| s * 1e9 / records as f64;
@@ -246,7 +262,23 @@ fn guest(component: PathBuf, records: usize, size: usize, batch: usize, runs: us
         us(create),
         us(init)
     );
+    println!(
+        "  live instance:  {:>7.2} MiB resident each ({live_n} alive at once, each after one batch)",
+        per_live / (1 << 20) as f64
+    );
+    println!(
+        "  compile + load: {load_s:>7.2} s ({} bytes of component, compiled here by Cranelift)",
+        std::fs::metadata(&component)?.len()
+    );
     Ok(())
+}
+
+/// This process's resident memory, from /proc.
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4096)
 }
 
 /// Pass-through in Wasm against pass-through in native code: what crossing costs.

@@ -8,6 +8,8 @@ component runs a snapshot of the interpreter taken when it was built, with no fi
 
 from __future__ import annotations
 
+import gc
+
 from componentize_py_types import Err
 from wit_world import exports
 from wit_world.imports import sluice_topology_types_0_1_0 as types1
@@ -94,4 +96,12 @@ def exports_for(topology):
         def describe_operators(self):
             return [(name, list(lines)) for name, lines in topology.operators()]
 
+    # Every object alive now (the interpreter, the standard library, the topology's modules)
+    # is in the component's memory image, which every task's instance shares copy-on-write.
+    # The garbage collector writes to each object it looks at, so a full collection would
+    # make a private copy of every page of the image it visits. Frozen, the collector leaves
+    # them alone. (Reference counts still write to the objects a call touches: a live task
+    # holds a few MiB of private pages all the same; see docs/python.md.)
+    gc.collect()
+    gc.freeze()
     return Processor, Introspection

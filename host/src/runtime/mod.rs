@@ -341,6 +341,7 @@ impl Runtime {
             .as_deref()
             .map(|dir| cache::Cache::new(dir, &self.engine));
         if let Some(found) = cache.as_ref().and_then(|c| c.get(bytes)) {
+            tracing::debug!(component = %path, "compiled code from the compile cache");
             return Ok((found, true));
         }
         let started = std::time::Instant::now();
