@@ -57,6 +57,8 @@ pub struct Metrics {
     pub guest_calls: Family<TaskLabels, Counter>,
     pub guest_call_seconds: Family<TaskLabels, Counter<f64>>,
     pub task_errors: Family<ErrorLabels, Counter>,
+    /// Batches whose guest call faulted, by kind, whether the task went on or not.
+    pub guest_faults: Family<ErrorLabels, Counter>,
     pub records_rejected: Family<RejectLabels, Counter>,
     pub task_failed: Family<TaskLabels, Gauge>,
     /// Times a task processed past an empty source partition it had waited for in vain.
@@ -89,6 +91,7 @@ impl Metrics {
         let guest_calls = Family::<TaskLabels, Counter>::default();
         let guest_call_seconds = Family::<TaskLabels, Counter<f64>>::default();
         let task_errors = Family::<ErrorLabels, Counter>::default();
+        let guest_faults = Family::<ErrorLabels, Counter>::default();
         let records_rejected = Family::<RejectLabels, Counter>::default();
         let task_failed = Family::<TaskLabels, Gauge>::default();
         let enforced_processing = Family::<TaskLabels, Counter>::default();
@@ -114,6 +117,12 @@ impl Metrics {
             "task_errors",
             "Task failures by kind (trap, deadline, memory, error, produce, …)",
             task_errors.clone(),
+        );
+        registry.register(
+            "guest_faults",
+            "Batches whose guest call faulted (trap, deadline, memory, error, …), whether the task went \
+             on (the batch processed again in parts, a record skipped) or failed",
+            guest_faults.clone(),
         );
         registry.register(
             "records_rejected",
@@ -170,6 +179,7 @@ impl Metrics {
             guest_calls,
             guest_call_seconds,
             task_errors,
+            guest_faults,
             records_rejected,
             task_failed,
             enforced_processing,

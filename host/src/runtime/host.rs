@@ -166,6 +166,13 @@ pub const MAX_MEMORIES: usize = 4;
 /// Tables of one task's component.
 pub const MAX_TABLES: usize = 32;
 
+impl TaskData {
+    /// Bytes of linear memory of all the instance's memories together.
+    pub fn memory_total(&self) -> usize {
+        self.memory_total
+    }
+}
+
 impl ResourceLimiter for TaskData {
     fn memory_growing(&mut self, current: usize, desired: usize, maximum: Option<usize>) -> wasmtime::Result<bool> {
         // Called for each memory's creation (from 0) and each growth: the instance's memories

@@ -381,6 +381,11 @@ impl TaskInstance {
         }
     }
 
+    /// Bytes of linear memory the instance holds now, all its memories together.
+    pub fn memory_used(&self) -> usize {
+        self.store.data().memory_total()
+    }
+
     /// Whether a previous call faulted (the instance must not be used again).
     pub fn is_faulted(&self) -> bool {
         self.faulted

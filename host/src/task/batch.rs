@@ -14,6 +14,10 @@ use super::partition_group::{Lag, PartitionGroup};
 use super::{now_ms, KafkaEnv, Task, TaskError};
 use crate::runtime::{CallOutput, GuestFault, TaskInstance};
 
+/// Batches within which an instance that reaches three quarters of its memory limit is
+/// taken to use that memory for real, not to leak it (see `Task::recycle_if_grown`).
+const QUICK_GROWTH: u32 = 16;
+
 impl Task {
     /// Adds a record of source `source` (numbered within the task's stage, as
     /// [`Task::sources`] lists them) to the batch (check [`is_full`](Self::is_full) first).
@@ -161,6 +165,7 @@ impl Task {
                 Ok(()) => {
                     self.done(0..self.batch.len());
                     self.unflushed = self.holds_back;
+                    self.recycle_if_grown()?;
                     return self.processed();
                 }
                 Err(TaskError::Guest { fault, .. }) => fault,
@@ -168,6 +173,14 @@ impl Task {
             },
             Err(fault) => fault,
         };
+        self.counters
+            .faults
+            .get_or_create(&crate::metrics::ErrorLabels {
+                topology: self.counters.topology.clone(),
+                task: self.id.clone(),
+                kind: fault.kind().into(),
+            })
+            .inc();
         if matches!(fault, GuestFault::Deadline { .. }) {
             // Each further try may run into the deadline again: rather than halving the
             // batch at once (up to 2n - 1 calls at the deadline, holding the stream thread
@@ -303,6 +316,38 @@ impl Task {
         Ok(self.fresh_instance().err())
     }
 
+    /// Between batches, while the guest holds nothing back, replaces an instance whose memory
+    /// grew past three quarters of its limit over many batches with a fresh one over the
+    /// same stores. A guest whose memory only grows would otherwise fail its task at the
+    /// limit: componentize-py 0.25.1 leaks the whole buffer each call of a Python topology
+    /// returns (132 bytes per 100-byte record emitted), so a Python uppercase task failed at
+    /// its 64 MiB limit within 600,000 records. The contract allows it at any batch boundary: state lives in the
+    /// stores, and a guest keeps nothing else that the host must keep (the Rust SDK's
+    /// `batch_started` and `batch_done` say so). An instance that gets there within
+    /// [`QUICK_GROWTH`] batches of its start uses its memory for real: its task keeps it.
+    fn recycle_if_grown(&mut self) -> Result<(), TaskError> {
+        self.instance_batches = self.instance_batches.saturating_add(1);
+        if self.unflushed || self.keeps_instance {
+            return Ok(());
+        }
+        let limit = self.ctx.topology.loaded.limits().memory_limit;
+        let used = self.instance.memory_used();
+        if used <= limit / 4 * 3 {
+            return Ok(());
+        }
+        if self.instance_batches < QUICK_GROWTH {
+            tracing::debug!(task = %self.id, used, limit, batches = self.instance_batches, "the guest uses three quarters of its memory limit: it keeps its instance");
+            self.keeps_instance = true;
+            return Ok(());
+        }
+        tracing::debug!(task = %self.id, used, limit, batches = self.instance_batches, "replacing a guest instance whose memory grew past three quarters of its limit");
+        self.fresh_instance().map_err(|fault| TaskError::Guest {
+            task: self.id.clone(),
+            at: "a fresh instance (the one before grew past three quarters of its memory limit)".into(),
+            fault,
+        })
+    }
+
     /// Replaces the guest instance with a fresh one (instantiated and initialised) over the
     /// same stores.
     pub(super) fn fresh_instance(&mut self) -> Result<(), GuestFault> {
@@ -314,6 +359,7 @@ impl Task {
                 .instantiate(&self.id, topology.loaded.description().sinks.clone(), stores)?;
         instance.init(&self.info)?;
         self.instance = instance;
+        self.instance_batches = 0;
         Ok(())
     }
 

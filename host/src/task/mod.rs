@@ -280,6 +280,11 @@ pub struct Task {
     /// SDK's stream DSL (it describes its operators), whose aggregations have record caches.
     /// Other guests are punctuated on time only, and a fault costs them nothing more.
     holds_back: bool,
+    /// Batches its current guest instance has processed (see `batch::recycle_if_grown`).
+    instance_batches: u32,
+    /// Its instances reached three quarters of their memory limit in a few batches: they
+    /// use their memory for real, and are not replaced for it.
+    keeps_instance: bool,
     summary: TaskSummary,
     counters: Counters,
     /// Thread time its batches and punctuations have held (see [`Task::thread_time`]).
@@ -295,6 +300,12 @@ struct Counters {
     records_out: prometheus_client::metrics::counter::Counter,
     calls: prometheus_client::metrics::counter::Counter,
     call_seconds: prometheus_client::metrics::counter::Counter<f64>,
+    /// `sluice_guest_faults_total` of this task, by fault kind.
+    faults: prometheus_client::metrics::family::Family<
+        crate::metrics::ErrorLabels,
+        prometheus_client::metrics::counter::Counter,
+    >,
+    topology: String,
 }
 
 impl Task {

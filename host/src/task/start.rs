@@ -190,6 +190,8 @@ impl Task {
             records_out: ctx.metrics.records_out.get_or_create(&labels).clone(),
             calls: ctx.metrics.guest_calls.get_or_create(&labels).clone(),
             call_seconds: ctx.metrics.guest_call_seconds.get_or_create(&labels).clone(),
+            faults: ctx.metrics.guest_faults.clone(),
+            topology: labels.topology.clone(),
         };
         tracing::debug!(
             target: "handover", task = %id, open_ms = (opened_at - offsets_at).as_millis() as u64,
@@ -240,6 +242,8 @@ impl Task {
             last_punctuate: Instant::now(),
             last_punctuate_stream: i64::MIN,
             unflushed: false,
+            instance_batches: 0,
+            keeps_instance: false,
             cache_lost: false,
             flush_each_batch,
             holds_back,

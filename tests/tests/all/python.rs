@@ -473,3 +473,50 @@ async fn a_python_scaffold_tests_builds_and_runs() -> anyhow::Result<()> {
     assert_eq!(seen.get("k3"), Some(&10), "{seen:?}");
     Ok(())
 }
+
+/// componentize-py 0.25.1 leaks the buffer each call of a Python topology returns: a Python
+/// uppercase instance on 100-byte records reaches its 64 MiB memory limit within 830 batches
+/// of 500. The host replaces an instance whose memory grew past three quarters of its limit,
+/// between batches, over the same stores: 700,000 records go through one task without a
+/// single fault.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_python_task_outlives_what_its_runtime_leaks() -> anyhow::Result<()> {
+    const RECORDS: usize = 700_000;
+    let upper = Scenario::builder("pyleak", "python/uppercase")
+        .source("input", 1)
+        .sink("output", 1)
+        .create()
+        .await?;
+    let value = "a".repeat(100);
+    let records: Vec<(Vec<u8>, Vec<u8>)> = (0..RECORDS)
+        .map(|i| (format!("{i:08}").into_bytes(), value.clone().into_bytes()))
+        .collect();
+    upper.produce(&records).await?;
+    let cache = shared_compile_cache();
+    let metrics = free_port();
+    let admin = format!("127.0.0.1:{metrics}");
+    let mut args = vec!["--batch-size", "500", "--metrics", &admin];
+    args.extend(cache.iter().map(String::as_str));
+    let mut worker = upper.worker(&args)?;
+    if let Err(e) = upper.wait_committed(RECORDS, Duration::from_secs(300)).await {
+        panic!("{e:#}; log:\n{}", worker.log());
+    }
+    let body = sluice_tests::http_get(metrics, "/metrics")?;
+    let faults: Vec<&str> = body
+        .lines()
+        .filter(|l| l.starts_with("sluice_guest_faults_total{"))
+        .collect();
+    assert!(faults.is_empty(), "guest faults: {faults:?}; log:\n{}", worker.log());
+    let status = worker.terminate(Duration::from_secs(60))?;
+    assert!(
+        status.success(),
+        "the task failed (exit {status}); log:\n{}",
+        worker.log()
+    );
+    let out = upper.read_all(Duration::from_secs(60))?;
+    assert_eq!(out.len(), RECORDS, "outputs");
+    assert!(out
+        .iter()
+        .all(|r| r.value.as_deref() == Some(value.to_uppercase().as_bytes())));
+    Ok(())
+}
