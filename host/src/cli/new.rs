@@ -183,15 +183,9 @@ sluice query {name} seen SOME-KEY --admin HOST:PORT
     Ok(ExitCode::SUCCESS)
 }
 
-/// A Python project: the topology (the Processor API), its test under plain CPython, a
-/// manifest and a README; `sluice build` builds it.
+/// A Python project: the topology (the Processor API, or with `--dsl` the stream DSL), its
+/// test under plain CPython, a manifest and a README; `sluice build` builds it.
 fn python(args: &NewArgs, name: &str) -> anyhow::Result<ExitCode> {
-    if args.dsl {
-        bail!(
-            "the stream DSL is not in the Python SDK yet: `sluice new --python` writes a topology with the \
-             Processor API (the Rust SDK has the DSL: `sluice new --dsl`)"
-        );
-    }
     let sdk = args.sdk.clone().unwrap_or_else(super::build::built_in_python_sdk);
     let sdk = sdk
         .canonicalize()
@@ -204,6 +198,28 @@ fn python(args: &NewArgs, name: &str) -> anyhow::Result<ExitCode> {
     }
     let module = name.replace('-', "_");
     let sdk_text = sdk.display().to_string().replace('\\', "/");
+    let attribute = if args.dsl { "word_count" } else { "Topology" };
+    let (source, sink) = if args.dsl {
+        ("lines", "totals")
+    } else {
+        ("input", "output")
+    };
+    let (source_topic, sink_topic) = if args.dsl {
+        (format!("{name}-lines"), format!("{name}-totals"))
+    } else {
+        (format!("{name}-in"), format!("{name}-out"))
+    };
+    let (topology, test) = if args.dsl {
+        (PYTHON_DSL_TOPOLOGY, PYTHON_DSL_TEST)
+    } else {
+        (PYTHON_TOPOLOGY, PYTHON_TEST)
+    };
+    let what = if args.dsl {
+        "written with the stream DSL: a word count"
+    } else {
+        "with the Processor API: it upper-cases values and counts keys"
+    };
+    let query = if args.dsl { "counts SOME-WORD" } else { "seen SOME-KEY" };
     let files: [(String, String); 6] = [
         (
             "pyproject.toml".into(),
@@ -215,14 +231,14 @@ requires-python = ">=3.11"
 
 [tool.sluice]
 # The topology `sluice build` makes a component of: module:attribute.
-topology = "{module}:Topology"
+topology = "{module}:{attribute}"
 # The Python SDK (sluice_guest) it is built and tested with.
 sdk = "{sdk_text}"
 "#
             ),
         ),
-        (format!("{module}.py"), PYTHON_TOPOLOGY.replace("NAME", name)),
-        (format!("test_{module}.py"), PYTHON_TEST.replace("MODULE", &module)),
+        (format!("{module}.py"), topology.replace("NAME", name)),
+        (format!("test_{module}.py"), test.replace("MODULE", &module)),
         (
             "conftest.py".into(),
             format!(
@@ -238,10 +254,10 @@ name = "{name}"
 component = "build/{name}.wasm"
 
 [sources]
-input = "{name}-in"
+{source} = "{source_topic}"
 
 [sinks]
-output = "{name}-out"
+{sink} = "{sink_topic}"
 "#
             ),
         ),
@@ -250,15 +266,16 @@ output = "{name}-out"
             format!(
                 r#"# {name}
 
-A Sluice topology in Python. Test it under plain CPython, build it (a WebAssembly component,
-with componentize-py) and deploy it to a cluster:
+A Sluice topology in Python, {what}. Test it under plain CPython, build it (a WebAssembly
+component, with componentize-py) and deploy it to a cluster:
 
 ```sh
 python3 -m pytest                                             # its test, no broker
 sluice build                                                  # writes build/{name}.wasm
-sluice topics create --partitions 4 {name}-in {name}-out      # once
+sluice topics create --partitions 4 {source_topic} {sink_topic}      # once
 sluice deploy build/{name}.wasm --manifest {name}.toml --admin HOST:PORT
-sluice query {name} seen SOME-KEY --admin HOST:PORT
+sluice topologies describe {name} --admin HOST:PORT           # its sub-topologies and operators
+sluice query {name} {query} --admin HOST:PORT
 ```
 
 `sluice build` needs componentize-py 0.25.1 (`pip install componentize-py==0.25.1`, or the
@@ -348,6 +365,43 @@ impl Processor for Topology {
 }
 
 export!(Topology);
+"#;
+
+/// The Python DSL scaffold: a word count in two stages.
+const PYTHON_DSL_TOPOLOGY: &str = r#""""A topology written with the stream DSL: a word count. Lines are split into words, each
+word goes (through a repartition topic the host creates) to the task that counts it, and
+every new count goes to `totals`. `sluice topologies describe NAME` shows the two
+sub-topologies this compiles to, and their operators."""
+
+from sluice_guest import Str
+from sluice_guest.dsl import Unit, topology
+
+
+@topology("NAME")
+def word_count(b):
+    (b.stream("lines", key=Unit, value=Str)  # keys ignored, values UTF-8 text
+      .flat_map_values(lambda line: line.lower().split())
+      .group_by(lambda _, word: word, key=Str)  # a new key: repartitioned through "words"
+      .named("words")
+      .count("counts")  # the store "counts": word -> count (U64), queryable
+      .to_stream()
+      .to("totals"))
+"#;
+
+/// The Python DSL scaffold's test.
+const PYTHON_DSL_TEST: &str = r#"from sluice_guest import Str, U64
+from sluice_guest.dsl.testing import TestDriver
+
+from MODULE import word_count
+
+
+def test_counts_every_word():
+    driver = TestDriver(word_count)
+    driver.pipe("lines", None, "the cat and the hat", 1_000)
+    assert driver.store("counts", Str, U64)["the"] == 2
+    totals = driver.read("totals", Str, U64)
+    assert len(totals) == 5, "one update per word"
+    assert totals[-2] == ("the", 2, 1_000)
 "#;
 
 /// The DSL scaffold: a word count in two stages, and its unit test.

@@ -27,6 +27,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use sluice_tests::worker::shared_compile_cache;
 use sluice_tests::{kafka, repo_root, unique_name, Received};
 
 use crate::dsl_examples::{base_ms, produce, Example, Out};
@@ -206,6 +207,8 @@ impl Clock {
 /// One topology's input: `(role, partitions, records)` per source, and its sink roles.
 struct Case {
     topology: &'static str,
+    /// Sluice runs the Python twin (`guests/python/<topology>`) instead of the Rust guest.
+    python: bool,
     sources: Vec<(&'static str, i32, Vec<Out>)>,
     /// Sources Kafka Streams reads as a global table (no group offsets to wait for).
     globals: Vec<&'static str>,
@@ -240,6 +243,7 @@ fn word_count(rng: &mut Rng) -> Case {
         .collect();
     Case {
         topology: "dsl-word-count",
+        python: false,
         sources: vec![("lines", 4, lines)],
         globals: vec![],
         sinks: vec!["totals"],
@@ -267,6 +271,7 @@ fn page_views(rng: &mut Rng) -> Case {
         .collect();
     Case {
         topology: "dsl-page-views",
+        python: false,
         sources: vec![("views", 4, views)],
         globals: vec![],
         sinks: vec!["per_minute", "per_5_minutes"],
@@ -309,6 +314,7 @@ fn sessions(rng: &mut Rng) -> Case {
         .collect();
     Case {
         topology: "dsl-sessions",
+        python: false,
         sources: vec![("clicks", 4, clicks)],
         globals: vec![],
         sinks: vec!["sessions"],
@@ -349,6 +355,7 @@ fn orders_payments(rng: &mut Rng) -> Case {
     payments.sort_by_key(|p| p.ts);
     Case {
         topology: "dsl-orders-payments",
+        python: false,
         sources: vec![("orders", 4, orders), ("payments", 4, payments)],
         globals: vec![],
         sinks: vec!["paid"],
@@ -400,6 +407,7 @@ fn enrich_orders(rng: &mut Rng) -> Case {
     }
     Case {
         topology: "dsl-enrich-orders",
+        python: false,
         sources: vec![
             ("orders", 4, orders),
             ("customers", 4, customers),
@@ -443,6 +451,7 @@ fn revenue(rng: &mut Rng) -> Case {
     }
     Case {
         topology: "dsl-revenue",
+        python: false,
         sources: vec![("orders", 4, orders), ("statuses", 4, statuses)],
         globals: vec![],
         sinks: vec!["revenue"],
@@ -466,6 +475,7 @@ fn windowed_count(rng: &mut Rng) -> Case {
         .collect();
     Case {
         topology: "dsl-windowed-count",
+        python: false,
         sources: vec![("events", 4, events)],
         globals: vec![],
         sinks: vec!["counts"],
@@ -533,6 +543,7 @@ fn activity(rng: &mut Rng) -> Case {
     }
     Case {
         topology: "dsl-activity",
+        python: false,
         sources: vec![
             ("clicks", 4, clicks),
             ("purchases", 4, purchases),
@@ -566,8 +577,12 @@ fn activity(rng: &mut Rng) -> Case {
 
 /// Runs `case` on Sluice and on Kafka Streams under `guarantee`; the differences found, one
 /// line each (none: they agree).
-async fn differences(case: Case, guarantee: &'static str, seed: u64) -> anyhow::Result<Vec<String>> {
-    let name = case.topology.trim_start_matches("dsl-");
+async fn differences(case: Case, guarantee: &'static str, seed: u64, fault: Fault) -> anyhow::Result<Vec<String>> {
+    let name = match case.python {
+        true => format!("py{}", case.topology.trim_start_matches("dsl-")),
+        false => case.topology.trim_start_matches("dsl-").to_string(),
+    };
+    let name = name.as_str();
     let t = |what: &str| unique_name(&format!("diff-{name}-{what}"));
     let mut sources = Vec::new();
     for (role, partitions, records) in &case.sources {
@@ -588,9 +603,19 @@ async fn differences(case: Case, guarantee: &'static str, seed: u64) -> anyhow::
     let mut their_roles = source_roles.clone();
     their_roles.extend(sinks.iter().map(|(r, _, k)| (*r, k.as_str())));
 
-    let mut ex = Example::new(&format!("diff{name}"), case.topology, &source_roles, &our_sinks).under(guarantee);
+    let mut ex = if case.python {
+        // Python components compile once per test run, into a cache the workers share.
+        let cache: Vec<&'static str> = shared_compile_cache()
+            .into_iter()
+            .map(|s| &*Box::leak(s.into_boxed_str()))
+            .collect();
+        let component = format!("python/{}", case.topology);
+        Example::new(&format!("diff{name}"), &component, &source_roles, &our_sinks).with_args(&cache)
+    } else {
+        Example::new(&format!("diff{name}"), case.topology, &source_roles, &our_sinks)
+    }
+    .under(guarantee);
     ex.start_worker()?;
-    let fault = Fault::from_env();
     if fault == Fault::Kill {
         ex.start_worker()?;
     }
@@ -966,7 +991,7 @@ async fn agree(make: fn(&mut Rng) -> Case, seed: u64, guarantee: &'static str) -
     let mut found = Vec::new();
     for seed in seeds(seed) {
         for g in guarantees(guarantee) {
-            found.extend(differences(make(&mut Rng(seed)), g, seed).await?);
+            found.extend(differences(make(&mut Rng(seed)), g, seed, Fault::from_env()).await?);
         }
     }
     assert!(
@@ -1015,4 +1040,45 @@ async fn windows_emitted_on_update_agree_with_kafka_streams() -> anyhow::Result<
 #[tokio::test(flavor = "multi_thread")]
 async fn sliding_session_and_hopping_windows_stream_and_table_joins_agree_with_kafka_streams() -> anyhow::Result<()> {
     agree(activity, 8, "exactly-once").await
+}
+
+// --- Python twins ----------------------------------------------------------------------------
+
+/// The Python twin of a case (`guests/python/<topology>`, written with the Python DSL) against
+/// Kafka Streams, through a SIGKILL of one of Sluice's two workers midway, under `guarantee`.
+async fn python_agrees_through_a_kill(
+    make: fn(&mut Rng) -> Case,
+    seed: u64,
+    guarantee: &'static str,
+) -> anyhow::Result<()> {
+    let mut case = make(&mut Rng(seed));
+    case.python = true;
+    let found = differences(case, guarantee, seed, Fault::Kill).await?;
+    assert!(
+        found.is_empty(),
+        "Sluice (the Python twin) and Kafka Streams differ:\n{}",
+        found.join("\n")
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_python_dsl_word_count_agrees_with_kafka_streams_through_a_kill_at_least_once() -> anyhow::Result<()> {
+    python_agrees_through_a_kill(word_count, 11, "at-least-once").await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_python_dsl_word_count_agrees_with_kafka_streams_through_a_kill_exactly_once() -> anyhow::Result<()> {
+    python_agrees_through_a_kill(word_count, 12, "exactly-once").await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn python_windows_emitted_final_agree_with_kafka_streams_through_a_kill_exactly_once() -> anyhow::Result<()> {
+    python_agrees_through_a_kill(page_views, 13, "exactly-once").await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn python_stream_table_and_global_joins_agree_with_kafka_streams_through_a_kill_at_least_once(
+) -> anyhow::Result<()> {
+    python_agrees_through_a_kill(enrich_orders, 14, "at-least-once").await
 }

@@ -474,6 +474,85 @@ async fn a_python_scaffold_tests_builds_and_runs() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `sluice new --python --dsl`: a word count written with the Python DSL, whose own test
+/// passes, which `sluice build` builds, and which counts words on a worker (two
+/// sub-topologies, through the repartition topic the host creates).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_python_dsl_scaffold_tests_builds_and_counts_words() -> anyhow::Result<()> {
+    let kafka = kafka();
+    let dir = TempDir::new("pydslscaffold");
+    let name = format!("pyd-{}", &unique_name("x")[2..10]);
+    let project = dir.path().join(&name);
+    let sluice = sluice_tests::worker::sluice_binary();
+    let run = |args: &[&str], cwd: &std::path::Path| -> anyhow::Result<(bool, String)> {
+        let out = std::process::Command::new(&sluice)
+            .args(args)
+            .current_dir(cwd)
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+        Ok((out.status.success(), text))
+    };
+    let (ok, out) = run(&["new", "--python", "--dsl", project.to_str().unwrap()], dir.path())?;
+    assert!(ok, "sluice new --python --dsl: {out}");
+    let python = std::env::var("SLUICE_PYTHON_VENV")
+        .map(|v| format!("{v}/bin/python"))
+        .unwrap_or_else(|_| "python3".into());
+    let test = std::process::Command::new(&python)
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+        .current_dir(&project)
+        .output()?;
+    assert!(
+        test.status.success(),
+        "the scaffold's own test: {}",
+        String::from_utf8_lossy(&test.stdout)
+    );
+    let (ok, out) = run(&["build"], &project)?;
+    assert!(ok && out.contains(&format!("build/{name}.wasm")), "sluice build: {out}");
+
+    kafka.create_topic(&format!("{name}-lines"), 2).await?;
+    kafka.create_topic(&format!("{name}-totals"), 1).await?;
+    let cache = shared_compile_cache();
+    let state = dir.path().join("state");
+    let manifest = project.join(format!("{name}.toml"));
+    let mut args = vec![
+        "--topology",
+        manifest.to_str().unwrap(),
+        "--state-dir",
+        state.to_str().unwrap(),
+    ];
+    args.extend(cache.iter().map(String::as_str));
+    let mut worker = WorkerProcess::start(kafka.bootstrap(), dir.path(), &args)?;
+    let lines: Vec<(Vec<u8>, Vec<u8>)> = (0..40)
+        .map(|i| {
+            (
+                format!("l{i}").into_bytes(),
+                format!("The cat w{} the", i % 4).into_bytes(),
+            )
+        })
+        .collect();
+    kafka.produce(&format!("{name}-lines"), &lines).await?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let mut last: BTreeMap<String, u64> = BTreeMap::new();
+    while std::time::Instant::now() < deadline {
+        for r in kafka.read_all(&format!("{name}-totals"), Duration::from_secs(10))? {
+            let word = String::from_utf8_lossy(r.key.as_deref().unwrap_or_default()).to_string();
+            let n = u64::from_be_bytes(r.value.as_deref().unwrap_or_default().try_into().unwrap_or_default());
+            last.insert(word, n);
+        }
+        if last.get("the") == Some(&80) && last.get("w3") == Some(&10) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(worker.terminate(Duration::from_secs(60))?.success(), "{}", worker.log());
+    let want: BTreeMap<String, u64> = [("the", 80), ("cat", 40), ("w0", 10), ("w1", 10), ("w2", 10), ("w3", 10)]
+        .into_iter()
+        .map(|(w, n)| (w.to_string(), n))
+        .collect();
+    assert_eq!(last, want, "the last count of each word; log:\n{}", worker.log());
+    Ok(())
+}
+
 /// componentize-py 0.25.1 leaks the buffer each call of a Python topology returns: a Python
 /// uppercase instance on 100-byte records reaches its 64 MiB memory limit within 830 batches
 /// of 500. The host replaces an instance whose memory grew past three quarters of its limit,

@@ -505,6 +505,21 @@ fn a_python_topology_describes_itself_and_upper_cases_a_batch() {
     );
 }
 
+/// The Python DSL examples, as components, describe themselves to the host exactly as their
+/// Rust twins do: the same sources, sinks, stores, repartition topics, sub-topologies and
+/// global stores, and the same operator lines (the host sees nothing of the language).
+#[test]
+fn python_dsl_components_describe_themselves_as_their_rust_twins() {
+    let rt = python_runtime(16);
+    for name in ["dsl-word-count", "dsl-page-views", "dsl-enrich-orders"] {
+        let python = rt.load(guest(&format!("python/{name}"))).unwrap();
+        let rust = rt.load(guest(name)).unwrap();
+        assert_eq!(python.description(), rust.description(), "{name}");
+        assert!(!rust.operators().is_empty(), "{name}: no operator lines");
+        assert_eq!(python.operators(), rust.operators(), "{name}");
+    }
+}
+
 /// The worker's default pool holds 64 live instances of a Python topology (each makes a
 /// dozen core instances and memories, where a Rust one makes a few), and a pool that is
 /// full refuses the next instance with an error that says so.

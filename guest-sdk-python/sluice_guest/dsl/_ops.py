@@ -1,0 +1,1058 @@
+"""The operators: streams, tables, groupings, time windows, joins, the record cache and the
+stored layouts (a port of the Rust SDK's ``dsl``, operator for operator: the same node names,
+repartition topics, stores and stored bytes, so that a Python topology compiles to the same
+sub-topologies as its Rust twin and either can read the other's stores)."""
+
+from __future__ import annotations
+
+import datetime
+from collections import OrderedDict
+from typing import Callable, List, NamedTuple, Optional
+
+from .._core import Error
+from ..codec import Bytes, Codec, CodecError, U64
+from ..codec import ordered as _ordered
+from ._graph import Graph, Node, Punctuator, check_store_like, decode, encode, q
+
+__all__ = [
+    "StreamsBuilder", "KStream", "KTable", "GlobalKTable", "KGroupedStream", "TimeWindows", "WindowedBy",
+    "Windowed", "WindowedCodec", "Change", "Unit",
+]
+
+
+# --- Codecs the DSL adds ----------------------------------------------------------------------
+
+class _Unit(Codec):
+    """A key (or value) nobody reads: anything reads as None, None writes a null (Rust's ``()``)."""
+
+    name = "Unit"
+
+    def encode(self, value):
+        return None
+
+    def decode(self, data):
+        return None
+
+
+Unit = _Unit()
+
+
+class Windowed(NamedTuple):
+    """The key of a windowed aggregation: the record key and the window ``[start, end)`` in
+    milliseconds."""
+
+    key: object
+    start: int
+    end: int
+
+
+class WindowedCodec(Codec):
+    """A windowed key as the Rust SDK writes it: the key's bytes, then start and end, each 8
+    bytes big-endian."""
+
+    def __init__(self, inner: Codec):
+        self.inner = inner
+        self.name = f"Windowed({inner!r})"
+
+    def encode(self, value) -> bytes:
+        key = b"" if value.key is None else (self.inner.encode(value.key) or b"")
+        return key + _I64.pack(value.start) + _I64.pack(value.end)
+
+    def decode(self, data):
+        if len(data) < 16:
+            raise CodecError("windowed key", f"needs at least 16 bytes (start and end), got {len(data)}")
+        key = bytes(data[:-16])
+        start, end = _I64.unpack(data[-16:-8])[0], _I64.unpack(data[-8:])[0]
+        return Windowed(self.inner.decode(key), start, end)
+
+
+import struct as _struct  # noqa: E402
+
+_I64 = _struct.Struct(">q")
+
+
+class Change(NamedTuple):
+    """What a table forwards: a key's new value and the one it replaces (None: absent)."""
+
+    new: object
+    old: object
+
+
+# --- Values kept with a timestamp (the Rust SDK's ``stamp.rs``) -------------------------------
+
+TAG = bytes([0xF5, 0xC1]) + b"SlTs" + bytes([0x00, 0x01])
+UNKNOWN = -(1 << 63)
+I64_MAX = (1 << 63) - 1
+
+
+def stamp(value: bytes, ts: int) -> bytes:
+    return value + _I64.pack(ts) + TAG
+
+
+def unstamp(stored: bytes):
+    """A stored value's codec bytes and its time (UNKNOWN for a value stored without one)."""
+    if len(stored) >= 16 and stored[-8:] == TAG:
+        return stored[:-16], _I64.unpack(stored[-16:-8])[0]
+    return stored, UNKNOWN
+
+
+def _ms(d) -> int:
+    if isinstance(d, datetime.timedelta):
+        return d // datetime.timedelta(milliseconds=1)
+    if isinstance(d, bool) or not isinstance(d, int):
+        raise TypeError(f"a duration is milliseconds (int) or a datetime.timedelta, not {type(d).__name__}")
+    return d
+
+
+def _clamp(x: int) -> int:
+    return max(UNKNOWN, min(I64_MAX, x))
+
+
+def _ordered_i64(x: int) -> bytes:
+    out = bytearray()
+    _ordered.I64.encode_into(_clamp(x), out)
+    return bytes(out)
+
+
+# --- Running operators ---------------------------------------------------------------------------
+
+class _Down:
+    """An operator's children."""
+
+    __slots__ = ("children",)
+
+    def __init__(self, children):
+        self.children = [c.process for c in children]
+
+    def forward(self, key, value, ts, cx):
+        for child in self.children:
+            child(key, value, ts, cx)
+
+
+class _FnNode:
+    __slots__ = ("process",)
+
+    def __init__(self, process):
+        self.process = process
+
+
+def _decode_stored(operator, what, store, codec, data):
+    try:
+        return codec.decode(data)
+    except CodecError as e:
+        raise Error(f"operator {operator}: decoding the {what} in store {q(store.name)}: {e}") from None
+
+
+class RecordCache:
+    """An aggregation's record cache (the Rust SDK's ``cache.rs``): a key's updates between two
+    flushes go downstream once, from its value at the last flush to its value now."""
+
+    OVERHEAD = 64
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.entries: "OrderedDict[bytes, list]" = OrderedDict()  # raw key -> [key, old, new, ts, size, seq]
+        self.bytes = 0
+        self.seq = 0
+        self.undo = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_bytes > 0
+
+    def _remember(self, raw):
+        if raw not in self.undo:
+            was = self.entries.get(raw)
+            self.undo[raw] = None if was is None else list(was)
+
+    def _pop(self, raw):
+        entry = self.entries.pop(raw, None)
+        if entry is not None:
+            self.bytes -= entry[4]
+        return entry
+
+    def put(self, raw, key, old, new, ts, size) -> list:
+        self._remember(raw)
+        was = self._pop(raw)
+        first_old = old if was is None else was[1]
+        self.seq += 1
+        entry = [key, first_old, new, ts, size + len(raw) + self.OVERHEAD, self.seq]
+        self.entries[raw] = entry
+        self.bytes += entry[4]
+        out = []
+        while self.bytes > self.max_bytes and self.entries:
+            oldest = next(iter(self.entries))
+            self._remember(oldest)
+            _emit(self._pop(oldest), out)
+        return out
+
+    def flush(self) -> list:
+        out = []
+        for raw in list(self.entries):
+            self._remember(raw)
+            _emit(self._pop(raw), out)
+        return out
+
+    def call_started(self):
+        if not self.undo:
+            return
+        undo, self.undo = self.undo, {}
+        for raw, was in undo.items():
+            self._pop(raw)
+            if was is not None:
+                self.entries[raw] = was
+                self.bytes += was[4]
+        self.entries = OrderedDict(sorted(self.entries.items(), key=lambda kv: kv[1][5]))
+
+    def call_done(self):
+        self.undo.clear()
+
+
+def _emit(entry, out):
+    key, old, new, ts = entry[0], entry[1], entry[2], entry[3]
+    if old is None and new is None:
+        return
+    out.append((key, Change(new, old), ts))
+
+
+def _forward_all(down, out, cx) -> bool:
+    for key, change, ts in out:
+        down.forward(key, change, ts, cx)
+    return bool(out)
+
+
+class StreamTime:
+    """An operator's stream time, saved in its store under the empty key."""
+
+    __slots__ = ("now", "saved")
+
+    def __init__(self, operator, store):
+        raw = store.get(b"")
+        if raw is None:
+            self.now = UNKNOWN
+        elif len(raw) != 8:
+            raise Error(f"operator {operator}: the stream time in store {q(store.name)} is {len(raw)} bytes, not 8")
+        else:
+            self.now = _I64.unpack(raw)[0]
+        self.saved = self.now
+
+    def save(self, store):
+        if self.now != self.saved:
+            store.put(b"", _I64.pack(self.now))
+            self.saved = self.now
+
+
+# --- The builder -----------------------------------------------------------------------------
+
+class StreamsBuilder:
+    """Builds a topology: a topology function gets one and makes streams and tables from its
+    sources (Kafka Streams' ``StreamsBuilder``)."""
+
+    def __init__(self):
+        self._graph = Graph()
+
+    def cache_max_bytes(self, n: int) -> "StreamsBuilder":
+        """Bytes of each aggregation's record cache (0: every update goes on at once)."""
+        self._graph.cache_max_bytes = int(n)
+        return self
+
+    def stream(self, source: str, *, key: Codec = Bytes, value: Codec = Bytes) -> "KStream":
+        """The records of the source ``source`` (a logical name the manifest binds to a topic),
+        keys and values read with the codecs given (``Unit`` for a key nobody reads)."""
+        g = self._graph
+        name = g.next_name("source")
+        node = Node(name, [], _stream_source(name, source, key, value), is_source=True)
+        node.source = source
+        return KStream(g, g.add(node), False, key, value)
+
+    def table(self, source: str, store: Optional[str] = None, *, key: Codec = Bytes,
+              value: Codec = Bytes) -> "KTable":
+        """A table of ``source``: the latest value per key, a record without a value deleting its
+        key, kept in the store ``store`` (its joins read it; interactive queries can)."""
+        g = self._graph
+        name = g.next_name("table")
+        store = store or name
+
+        def build(cx, children):
+            down = _Down(children)
+            kv = cx.store(store)
+            label = name
+
+            class _Source:
+                @staticmethod
+                def process_raw(k, v, ts, cx):
+                    k = decode(label, "key", key, k)
+                    if k is None:
+                        return
+                    new = decode(label, "value", value, v)
+                    _upsert(label, kv, key, value, k, new, ts, down, cx)
+
+            return _Source
+
+        node = Node(name, [], build, is_source=True)
+        node.source = source
+        node.stores.append(store)
+        return KTable(g, g.add(node), _store_getter(store, key, value), [store], key, value)
+
+    def global_table(self, topic: str, store: Optional[str] = None, *, key: Codec = Bytes,
+                     value: Codec = Bytes) -> "GlobalKTable":
+        """Every partition of ``topic``, kept by the host in the store ``store`` and read by every
+        task; join a stream with it with ``join_global``."""
+        g = self._graph
+        store = store or f"global_{len(g.global_stores)}"
+        if any(t == topic for _, t in g.global_stores):
+            g.error(f"the topic {q(topic)} fills two global tables: read it once")
+        g.global_stores.append((store, topic))
+        return GlobalKTable(store, key, value)
+
+
+def _stream_source(name, source, kc, vc):
+    label = f"{name} (source {q(source)})"
+
+    def build(cx, children):
+        forward = _Down(children).forward
+
+        class _Source:
+            @staticmethod
+            def process_raw(k, v, ts, cx):
+                if k is not None:
+                    try:
+                        k = kc.decode(k)
+                    except CodecError as e:
+                        raise Error(f"operator {label}: decoding the key: {e}") from None
+                if v is not None:
+                    try:
+                        v = vc.decode(v)
+                    except CodecError as e:
+                        raise Error(f"operator {label}: decoding the value: {e}") from None
+                forward(k, v, ts, cx)
+
+        return _Source
+
+    return build
+
+
+def _upsert(name, store, kc, vc, key, new, ts, down, cx):
+    raw = encode(name, "key", kc, key)
+    if raw is None:
+        return
+    stored = store.get(raw)
+    old = None if stored is None else _decode_stored(name, "value", store, vc, unstamp(stored)[0])
+    if old is None and new is None:
+        return
+    data = encode(name, "value", vc, new)
+    if data is not None:
+        store.put(raw, stamp(data, ts))
+    else:
+        store.delete(raw)
+    down.forward(key, Change(new, old), ts, cx)
+
+
+def _add_sink(g: Graph, parent: int, kind: str, sink: str, internal: bool, kc, vc) -> int:
+    name = g.next_name(kind)
+
+    def build(cx, children):
+        def process(key, value, ts, cx):
+            if internal and key is None:
+                return
+            cx.out.emit(sink, encode(name, "key", kc, key), encode(name, "value", vc, value), ts)
+        return _FnNode(process)
+
+    node = Node(name, [parent], build)
+    node.sink = sink
+    node.internal_io = internal
+    return g.add(node)
+
+
+def _add_internal_topic(g: Graph, topic: str, partitions):
+    e = check_store_like("repartition topic name", topic)
+    if e:
+        g.error(e)
+    if any(t == topic for t, _ in g.internal_topics):
+        g.error(f"two repartitions are named {q(topic)}: name the groupings or stores differently")
+    g.internal_topics.append((topic, partitions))
+
+
+def _repartition(stream: "KStream", topic: str, partitions) -> "KStream":
+    g = stream._g
+    _add_internal_topic(g, topic, partitions)
+    _add_sink(g, stream._node, "repartition", topic, True, stream.key_codec, stream.value_codec)
+    name = g.next_name("repartition_source")
+    node = Node(name, [], _stream_source(name, topic, stream.key_codec, stream.value_codec), is_source=True)
+    node.source = topic
+    node.internal_io = True
+    return KStream(g, g.add(node), False, stream.key_codec, stream.value_codec)
+
+
+def _join_input(stream: "KStream", topic: str) -> "KStream":
+    if not stream._key_changed:
+        return stream
+    made = stream._g.join_repartitions.get(stream._node)
+    if made is not None:
+        return KStream(stream._g, made, False, stream.key_codec, stream.value_codec)
+    made = _repartition(stream, topic, None)
+    stream._g.join_repartitions[stream._node] = made._node
+    return made
+
+
+def _add_fn(g: Graph, parents: List[int], kind: str, make: Callable) -> int:
+    """An operator whose ``make(forward)`` gives its ``process(key, value, ts, cx)``."""
+    name = g.next_name(kind)
+    return g.add(Node(name, parents, lambda cx, children: _FnNode(make(_Down(children).forward))))
+
+
+_DROP = object()
+
+
+# --- Streams ---------------------------------------------------------------------------------
+
+class KStream:
+    """A stream of records (Kafka Streams' ``KStream``). A stream may feed several operators;
+    each gets every record. ``key_codec`` and ``value_codec`` write its keys and values to
+    sinks, repartition topics and stores: an operator that changes their type takes
+    ``key=`` / ``value=`` (by default they stay as they were)."""
+
+    def __init__(self, g: Graph, node: int, key_changed: bool, key_codec: Codec, value_codec: Codec):
+        self._g = g
+        self._node = node
+        self._key_changed = key_changed
+        self.key_codec = key_codec
+        self.value_codec = value_codec
+
+    def _then(self, kind, key_changed, make, key=None, value=None) -> "KStream":
+        node = _add_fn(self._g, [self._node], kind, make)
+        return KStream(self._g, node, key_changed, key or self.key_codec, value or self.value_codec)
+
+    def map(self, f, *, key: Codec = None, value: Codec = None) -> "KStream":
+        """Each record becomes the ``(key, value)`` that ``f(key, value)`` returns (the key may
+        change: a stateful operator below repartitions)."""
+        def make(forward):
+            def process(k, v, ts, cx):
+                k2, v2 = f(k, v)
+                forward(k2, v2, ts, cx)
+            return process
+        return self._then("map", True, make, key, value)
+
+    def map_values(self, f, *, value: Codec = None) -> "KStream":
+        """Each record's value becomes ``f(value)``; the key stays."""
+        def make(forward):
+            return lambda k, v, ts, cx: forward(k, f(v), ts, cx)
+        return self._then("map_values", self._key_changed, make, None, value)
+
+    def map_values_with_key(self, f, *, value: Codec = None) -> "KStream":
+        """Each record's value becomes ``f(key, value)``."""
+        def make(forward):
+            return lambda k, v, ts, cx: forward(k, f(k, v), ts, cx)
+        return self._then("map_values", self._key_changed, make, None, value)
+
+    def flat_map(self, f, *, key: Codec = None, value: Codec = None) -> "KStream":
+        """Each record becomes the ``(key, value)`` pairs ``f(key, value)`` yields."""
+        def make(forward):
+            def process(k, v, ts, cx):
+                for k2, v2 in f(k, v):
+                    forward(k2, v2, ts, cx)
+            return process
+        return self._then("flat_map", True, make, key, value)
+
+    def flat_map_values(self, f, *, value: Codec = None) -> "KStream":
+        """Each record becomes one record per value ``f(value)`` yields, with its key."""
+        def make(forward):
+            def process(k, v, ts, cx):
+                for v2 in f(v):
+                    forward(k, v2, ts, cx)
+            return process
+        return self._then("flat_map_values", self._key_changed, make, None, value)
+
+    def filter(self, f) -> "KStream":
+        """The records for which ``f(key, value)`` is true."""
+        def make(forward):
+            def process(k, v, ts, cx):
+                if f(k, v):
+                    forward(k, v, ts, cx)
+            return process
+        return self._then("filter", self._key_changed, make)
+
+    def filter_not(self, f) -> "KStream":
+        """The records for which ``f(key, value)`` is false."""
+        def make(forward):
+            def process(k, v, ts, cx):
+                if not f(k, v):
+                    forward(k, v, ts, cx)
+            return process
+        return self._then("filter_not", self._key_changed, make)
+
+    def select_key(self, f, *, key: Codec = None) -> "KStream":
+        """Each record gets the key ``f(key, value)``."""
+        def make(forward):
+            return lambda k, v, ts, cx: forward(f(k, v), v, ts, cx)
+        return self._then("select_key", True, make, key, None)
+
+    def peek(self, f) -> "KStream":
+        """Calls ``f(key, value)`` on each record and passes it on."""
+        def make(forward):
+            def process(k, v, ts, cx):
+                f(k, v)
+                forward(k, v, ts, cx)
+            return process
+        return self._then("peek", self._key_changed, make)
+
+    def merge(self, other: "KStream") -> "KStream":
+        """The records of this stream and of ``other``, as they come (one sub-topology: their
+        sources must be co-partitioned)."""
+        node = _add_fn(self._g, [self._node, other._node], "merge", lambda forward: forward)
+        return KStream(self._g, node, self._key_changed or other._key_changed, self.key_codec, self.value_codec)
+
+    def split(self) -> "Split":
+        """Branches: each record goes to the first branch whose predicate it meets."""
+        return Split(self)
+
+    def to(self, sink: str) -> None:
+        """Writes every record to the sink ``sink``."""
+        _add_sink(self._g, self._node, "sink", sink, False, self.key_codec, self.value_codec)
+
+    def to_table(self, store: Optional[str] = None) -> "KTable":
+        """The latest value per key, kept in ``store``; after a key change the stream is
+        repartitioned first (through ``<store>``)."""
+        g = self._g
+        store = store or g.next_name("to_table")
+        source = _repartition(self, store, None) if self._key_changed else self
+        name = g.next_name("to_table")
+        kc, vc = self.key_codec, self.value_codec
+
+        def build(cx, children):
+            down = _Down(children)
+            kv = cx.store(store)
+
+            def process(k, v, ts, cx):
+                if k is None:
+                    return
+                _upsert(name, kv, kc, vc, k, v, ts, down, cx)
+            return _FnNode(process)
+
+        node = Node(name, [source._node], build)
+        node.stores.append(store)
+        return KTable(g, g.add(node), _store_getter(store, kc, vc), [store], kc, vc)
+
+    def group_by_key(self) -> "KGroupedStream":
+        """Groups the records by their key (repartitioned first after a key change)."""
+        return KGroupedStream(self, self._key_changed)
+
+    def group_by(self, f, *, key: Codec = None) -> "KGroupedStream":
+        """Groups the records by the key ``f(key, value)`` (always repartitioned)."""
+        def make(forward):
+            return lambda k, v, ts, cx: forward(f(k, v), v, ts, cx)
+        return KGroupedStream(self._then("group_by", True, make, key, None), True)
+
+    # Joins with tables.
+
+    def join(self, table: "KTable", joiner, *, value: Codec = None) -> "KStream":
+        """Each record joined with the table's value for its key, ``joiner(value, table_value)``;
+        records whose key the table does not have are dropped."""
+        return self._join_table(table, "join", lambda v, t: _DROP if t is None else joiner(v, t), value)
+
+    def left_join(self, table: "KTable", joiner, *, value: Codec = None) -> "KStream":
+        """Each record joined with the table's value for its key, None when it has none."""
+        return self._join_table(table, "left_join", joiner, value)
+
+    def _join_table(self, table, kind, joiner, value):
+        g = self._g
+        base = g.next_name(kind)
+        source = _join_input(self, f"{base}_left")
+        name = g.next_name(kind)
+        getter = table._getter
+
+        def build(cx, children):
+            lookup = getter(cx)
+            forward = _Down(children).forward
+
+            def process(k, v, ts, cx):
+                if k is None:
+                    return
+                found = lookup(k)
+                out = joiner(v, None if found is None else found[0])
+                if out is not _DROP:
+                    forward(k, out, ts, cx)
+            return _FnNode(process)
+
+        node = Node(name, [source._node], build)
+        node.reads = list(table._stores)
+        return KStream(g, g.add(node), False, self.key_codec, value or self.value_codec)
+
+    def join_global(self, table: "GlobalKTable", key, joiner, *, value: Codec = None) -> "KStream":
+        """Each record joined with the global table's value for ``key(key, value)``,
+        ``joiner(value, table_value)``; records it finds nothing for are dropped."""
+        return self._join_global(table, "join_global", key,
+                                 lambda v, t: _DROP if t is None else joiner(v, t), value)
+
+    def left_join_global(self, table: "GlobalKTable", key, joiner, *, value: Codec = None) -> "KStream":
+        """As ``join_global``, with None when the global table has nothing."""
+        return self._join_global(table, "left_join_global", key, joiner, value)
+
+    def _join_global(self, table, kind, key_fn, joiner, value):
+        g = self._g
+        name = g.next_name(kind)
+        store_name, gk, gv = table.store, table.key_codec, table.value_codec
+
+        def build(cx, children):
+            store = cx.store(store_name)
+            forward = _Down(children).forward
+
+            def process(k, v, ts, cx):
+                raw = encode(name, "global table key", gk, key_fn(k, v))
+                if raw is None:
+                    return
+                found = store.get(raw)
+                if found is not None:
+                    found = _decode_stored(name, "global table's value", store, gv, found)
+                out = joiner(v, found)
+                if out is not _DROP:
+                    forward(k, out, ts, cx)
+            return _FnNode(process)
+
+        node = Node(name, [self._node], build)
+        node.reads = [store_name]
+        return KStream(g, g.add(node), self._key_changed, self.key_codec, value or self.value_codec)
+
+
+class Split:
+    """The branches of ``KStream.split``, made one predicate at a time."""
+
+    def __init__(self, stream: KStream):
+        self._stream = stream
+        self._predicates = []
+
+    def branch(self, predicate) -> "Split":
+        """A branch of the records that meet ``predicate(key, value)`` (and no earlier one's)."""
+        self._predicates.append(predicate)
+        return self
+
+    def default_branch(self) -> List[KStream]:
+        """The branches, in order, and last the records no branch took."""
+        return self._finish(True)
+
+    def no_default_branch(self) -> List[KStream]:
+        return self._finish(False)
+
+    def _finish(self, default):
+        s, predicates = self._stream, list(self._predicates)
+        g = s._g
+        branches = len(predicates) + (1 if default else 0)
+        name = g.next_name("split")
+
+        def build(cx, children):
+            if len(children) != branches:
+                raise Error(f"internal error: split {name} has {len(children)} branches built, not {branches}")
+            downs = [c.process for c in children]
+
+            def process(k, v, ts, cx):
+                for i, p in enumerate(predicates):
+                    if p(k, v):
+                        downs[i](k, v, ts, cx)
+                        return
+                if default:
+                    downs[-1](k, v, ts, cx)
+            return _FnNode(process)
+
+        split = g.add(Node(name, [s._node], build))
+        return [KStream(g, _add_fn(g, [split], "branch", lambda forward: forward), s._key_changed,
+                        s.key_codec, s.value_codec) for _ in range(branches)]
+
+
+# --- Tables ----------------------------------------------------------------------------------
+
+def _store_getter(store_name, kc, vc):
+    def factory(cx):
+        store = cx.store(store_name)
+        operator = f"lookup in store {q(store_name)}"
+
+        def get(key):
+            raw = encode(operator, "key", kc, key)
+            if raw is None:
+                return None
+            found = store.get(raw)
+            if found is None:
+                return None
+            data, ts = unstamp(found)
+            return decode(operator, "value", vc, data), ts
+        return get
+    return factory
+
+
+class KTable:
+    """The latest value per key (Kafka Streams' ``KTable``): its operators pass on changes
+    (``Change(new, old)``), and it can be read by key."""
+
+    def __init__(self, g: Graph, node: int, getter, stores: List[str], key_codec: Codec, value_codec: Codec):
+        self._g = g
+        self._node = node
+        self._getter = getter
+        self._stores = stores
+        self.key_codec = key_codec
+        self.value_codec = value_codec
+
+    def _then(self, kind, getter, make, value=None) -> "KTable":
+        node = _add_fn(self._g, [self._node], kind, make)
+        return KTable(self._g, node, getter, list(self._stores), self.key_codec, value or self.value_codec)
+
+    def filter(self, f) -> "KTable":
+        """The entries for which ``f(key, value)`` is true (one that stops meeting it is deleted)."""
+        return self._filter("filter", f, True)
+
+    def filter_not(self, f) -> "KTable":
+        return self._filter("filter_not", f, False)
+
+    def _filter(self, kind, f, keep):
+        parent = self._getter
+
+        def getter(cx):
+            get = parent(cx)
+
+            def filtered(key):
+                found = get(key)
+                return found if found is not None and bool(f(key, found[0])) == keep else None
+            return filtered
+
+        def make(forward):
+            def process(k, change, ts, cx):
+                new = change.new if change.new is not None and bool(f(k, change.new)) == keep else None
+                old = change.old if change.old is not None and bool(f(k, change.old)) == keep else None
+                if new is None and old is None:
+                    return
+                forward(k, Change(new, old), ts, cx)
+            return process
+        return self._then(kind, getter, make)
+
+    def map_values(self, f, *, value: Codec = None) -> "KTable":
+        """Each value becomes ``f(value)``."""
+        parent = self._getter
+
+        def getter(cx):
+            get = parent(cx)
+
+            def mapped(key):
+                found = get(key)
+                return None if found is None else (f(found[0]), found[1])
+            return mapped
+
+        def make(forward):
+            def process(k, change, ts, cx):
+                forward(k, Change(None if change.new is None else f(change.new),
+                                  None if change.old is None else f(change.old)), ts, cx)
+            return process
+        return self._then("map_values", getter, make, value)
+
+    def to_stream(self) -> KStream:
+        """The table's updates as a stream: each new value, None where a key was deleted."""
+        node = _add_fn(self._g, [self._node], "to_stream",
+                       lambda forward: lambda k, change, ts, cx: forward(k, change.new, ts, cx))
+        return KStream(self._g, node, False, self.key_codec, self.value_codec)
+
+
+class GlobalKTable:
+    """A global table: the whole topic in every task, read by ``join_global``."""
+
+    def __init__(self, store: str, key_codec: Codec, value_codec: Codec):
+        self.store = store
+        self.key_codec = key_codec
+        self.value_codec = value_codec
+
+
+# --- Grouped streams and aggregations ------------------------------------------------------------
+
+class KGroupedStream:
+    """A stream grouped by key, ready for an aggregation (Kafka Streams' ``KGroupedStream``)."""
+
+    def __init__(self, stream: KStream, repartition: bool):
+        self._stream = stream
+        self._repartition = repartition
+        self._name: Optional[str] = None
+        self._partitions: Optional[int] = None
+        self._made = [None]  # the repartitioned stream, shared by every aggregation of this grouping
+
+    def named(self, name: str) -> "KGroupedStream":
+        """Names the repartition topic, if one is needed (``<topology>-<name>-repartition``)."""
+        self._name = name
+        return self
+
+    def partitions(self, n: int) -> "KGroupedStream":
+        """The partition count of the repartition topic, if one is needed."""
+        self._partitions = int(n)
+        return self
+
+    def _input(self, store: str) -> KStream:
+        if not self._repartition:
+            return self._stream
+        if self._made[0] is None:
+            self._made[0] = _repartition(self._stream, self._name or store, self._partitions)
+        return self._made[0]
+
+    def count(self, store: Optional[str] = None) -> KTable:
+        """The number of records per key, kept in ``store`` (key → ``U64``)."""
+        return self._aggregate("count", store, lambda k, v, n: (n or 0) + 1, U64)
+
+    def reduce(self, reducer, store: Optional[str] = None) -> KTable:
+        """Each key's values combined by ``reducer(aggregate, value)`` (the first as it is)."""
+        return self._aggregate("reduce", store, lambda k, v, agg: v if agg is None else reducer(agg, v),
+                               self._stream.value_codec)
+
+    def aggregate(self, initializer, aggregator, store: Optional[str] = None, *, value: Codec) -> KTable:
+        """Each key's values folded by ``aggregator(key, value, aggregate)`` from
+        ``initializer()``, the aggregate written with the codec ``value``."""
+        def step(k, v, agg):
+            return aggregator(k, v, initializer() if agg is None else agg)
+        return self._aggregate("aggregate", store, step, value)
+
+    def _aggregate(self, kind, store, step, vc) -> KTable:
+        g = self._stream._g
+        store = store or g.next_name(kind)
+        source = self._input(store)
+        name = g.next_name(kind)
+        kc = source.key_codec
+
+        def build(cx, children):
+            node = _StreamAggregate(name, cx.store(store), step, kc, vc, _Down(children), cx.cache_max_bytes)
+            if cx.cache_max_bytes > 0:
+                cx.punctuate(node)
+            return node
+
+        node = Node(name, [source._node], build)
+        node.stores.append(store)
+        return KTable(g, g.add(node), _store_getter(store, kc, vc), [store], kc, vc)
+
+    def windowed_by(self, windows: "TimeWindows") -> "WindowedBy":
+        """Windows the groups by ``TimeWindows`` (tumbling or hopping)."""
+        if not isinstance(windows, TimeWindows):
+            raise Error(f"windowed_by takes TimeWindows; {type(windows).__name__} is not in the Python SDK yet "
+                        f"(session and sliding windows are Rust-only for now)")
+        return WindowedBy(self, windows)
+
+
+def _read_aggregate(name, store, vc, raw):
+    stored = store.get(raw)
+    if stored is None:
+        return None, None
+    data, ts = unstamp(stored)
+    return _decode_stored(name, "aggregate", store, vc, data), ts
+
+
+def _write_aggregate(name, store, vc, raw, agg, ts) -> int:
+    data = encode(name, "aggregate", vc, agg)
+    if data is None:
+        store.delete(raw)
+        return 0
+    data = stamp(data, ts)
+    store.put(raw, data)
+    return len(data)
+
+
+class _StreamAggregate(Punctuator):
+    def __init__(self, name, store, step, kc, vc, down, cache_bytes):
+        self.name = name
+        self.store = store
+        self.step = step
+        self.kc = kc
+        self.vc = vc
+        self.down = down
+        self.cache = RecordCache(cache_bytes)
+
+    def process(self, key, value, ts, cx):
+        raw = encode(self.name, "key", self.kc, key)
+        if raw is None:
+            return  # null keys are dropped, as Kafka Streams does
+        old, old_ts = _read_aggregate(self.name, self.store, self.vc, raw)
+        if old_ts is not None and old_ts > ts:
+            ts = old_ts
+        new = self.step(key, value, old)
+        size = _write_aggregate(self.name, self.store, self.vc, raw, new, ts)
+        if self.cache.max_bytes > 0:
+            _forward_all(self.down, self.cache.put(raw, key, old, new, ts, len(raw) + size), cx)
+            return
+        self.down.forward(key, Change(new, old), ts, cx)
+
+    def call_started(self):
+        self.cache.call_started()
+
+    def call_done(self):
+        self.cache.call_done()
+
+    def flush(self, cx):
+        return _forward_all(self.down, self.cache.flush(), cx)
+
+
+# --- Time windows ------------------------------------------------------------------------------
+
+class TimeWindows:
+    """Fixed-size windows, tumbling (back to back) or hopping (one every ``advance``),
+    starting at multiples of ``advance`` from the epoch. Times are milliseconds or
+    ``datetime.timedelta``."""
+
+    def __init__(self, size, advance, grace=0):
+        self.size = _ms(size)
+        self.advance = _ms(advance)
+        self.grace_ms = _ms(grace)
+
+    @classmethod
+    def tumbling(cls, size) -> "TimeWindows":
+        """Windows of ``size``, back to back, with no grace period."""
+        return cls(size, size)
+
+    @classmethod
+    def hopping(cls, size, advance) -> "TimeWindows":
+        """Windows of ``size``, a new one every ``advance`` (at most ``size``)."""
+        return cls(size, advance)
+
+    def grace(self, grace) -> "TimeWindows":
+        """How long after its end a window still takes late records."""
+        return TimeWindows(self.size, self.advance, grace)
+
+    def check(self) -> Optional[str]:
+        if self.size <= 0:
+            return f"time windows of {self.size} ms: the size must be positive"
+        if self.advance <= 0 or self.advance > self.size:
+            return (f"time windows of {self.size} ms advancing by {self.advance} ms: the advance must be "
+                    f"positive and at most the size")
+        return None
+
+    def starts(self, ts: int) -> range:
+        """The starts of the windows that cover ``ts`` (none for a negative time)."""
+        first = max(ts - self.size + self.advance, 0) // self.advance * self.advance
+        last = ts if ts >= 0 else -1
+        return range(first, last + 1, self.advance)
+
+
+class WindowedBy:
+    """A grouped stream with windows, ready for an aggregation."""
+
+    def __init__(self, grouped: KGroupedStream, windows: TimeWindows):
+        self._grouped = grouped
+        self._windows = windows
+        self._final = False
+
+    def emit_final(self) -> "WindowedBy":
+        """Sends each window's result once, when it closes, instead of at every update."""
+        self._final = True
+        return self
+
+    def count(self, store: Optional[str] = None) -> KTable:
+        """The number of records per key and window (``U64``)."""
+        return self._aggregate("count", store, lambda k, v, n: (n or 0) + 1, U64)
+
+    def reduce(self, reducer, store: Optional[str] = None) -> KTable:
+        return self._aggregate("reduce", store, lambda k, v, agg: v if agg is None else reducer(agg, v),
+                               self._grouped._stream.value_codec)
+
+    def aggregate(self, initializer, aggregator, store: Optional[str] = None, *, value: Codec) -> KTable:
+        def step(k, v, agg):
+            return aggregator(k, v, initializer() if agg is None else agg)
+        return self._aggregate("aggregate", store, step, value)
+
+    def _aggregate(self, kind, store, step, vc) -> KTable:
+        grouped = self._grouped
+        g = grouped._stream._g
+        problem = self._windows.check()
+        if problem:
+            g.error(problem)
+        windows, final = self._windows, self._final
+        store = store or g.next_name(kind)
+        source = grouped._input(store)
+        name = g.next_name(kind)
+        kc = source.key_codec
+
+        def build(cx, children):
+            node = _TimeWindowAggregate(name, cx.store(store), windows, final, step, kc, vc, _Down(children),
+                                        0 if final else cx.cache_max_bytes)
+            cx.punctuate(node)
+            return node
+
+        node = Node(name, [source._node], build)
+        node.stores.append(store)
+
+        def no_getter(cx):
+            raise Error(f"the windowed table of {name} cannot be looked up by key (join its stream instead)")
+        return KTable(g, g.add(node), no_getter, [store], WindowedCodec(kc), vc)
+
+
+class _TimeWindowAggregate(Punctuator):
+    def __init__(self, name, store, windows, final, step, kc, vc, down, cache_bytes):
+        self.name = name
+        self.store = store
+        self.windows = windows
+        self.final = final
+        self.step = step
+        self.kc = kc
+        self.vc = vc
+        self.down = down
+        self.cache = RecordCache(cache_bytes)
+        self.time = StreamTime(name, store)
+        self.closed_below = UNKNOWN
+
+    def process(self, key, value, ts, cx):
+        if ts < 0:
+            return  # Kafka has no negative timestamps; Kafka Streams drops them too
+        raw = encode(self.name, "key", self.kc, key)
+        if raw is None:
+            return
+        time = self.time
+        if ts > time.now:
+            time.now = ts
+        size = self.windows.size
+        close = time.now - self.windows.grace_ms
+        for start in self.windows.starts(ts):
+            if start + size <= close:
+                continue
+            wkey = _ordered_i64(start) + raw
+            old, old_ts = _read_aggregate(self.name, self.store, self.vc, wkey)
+            at = ts if old_ts is None or old_ts < ts else old_ts
+            new = self.step(key, value, old)
+            stored = _write_aggregate(self.name, self.store, self.vc, wkey, new, at)
+            if not self.final:
+                windowed = Windowed(key, start, start + size)
+                if self.cache.max_bytes > 0:
+                    _forward_all(self.down, self.cache.put(wkey, windowed, old, new, at, len(wkey) + stored), cx)
+                    continue
+                self.down.forward(windowed, Change(new, old), at, cx)
+
+    def batch_started(self):
+        self.time = StreamTime(self.name, self.store)
+
+    def batch_done(self):
+        self.time.save(self.store)
+
+    def call_started(self):
+        self.cache.call_started()
+
+    def call_done(self):
+        self.cache.call_done()
+
+    def flush(self, cx):
+        return _forward_all(self.down, self.cache.flush(), cx)
+
+    def punctuate(self, _time, cx):
+        now = self.time.now
+        if now == UNKNOWN:
+            return
+        bound = _clamp(now - self.windows.grace_ms - self.windows.size + 1)
+        if bound == self.closed_below:
+            self.time.save(self.store)
+            return
+        self.closed_below = bound
+        lower, upper = _ordered_i64(UNKNOWN), _ordered_i64(bound)
+        if self.final:
+            size = self.windows.size
+            for raw, stored in list(self.store.range(lower, upper)):
+                try:
+                    start, pos = _ordered.I64.decode_from(raw, 0)
+                except CodecError as e:
+                    raise Error(f"operator {self.name}: a window key in its store: {e}") from None
+                key = decode(self.name, "key in its store", self.kc, bytes(raw[pos:]))
+                data, ts = unstamp(stored)
+                value = decode(self.name, "aggregate in its store", self.vc, data)
+                end = start + size
+                if ts == UNKNOWN:
+                    ts = end - 1
+                self.down.forward(Windowed(key, start, end), Change(value, None), ts, cx)
+        self.store.delete_range(lower, upper)
+        self.time.save(self.store)
+
+    def close(self, cx):
+        self.time.save(self.store)

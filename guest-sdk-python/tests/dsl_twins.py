@@ -1,0 +1,133 @@
+"""The Python twins of the topologies in ``guest-sdk/tests/python_dsl.rs``, and their runner:
+``python dsl_twins.py CASE.json`` runs a case's steps through the Python DSL's test driver and
+writes what the Rust test compares (description, operator lines, outputs per sink, stores).
+
+The first three twins are the examples in ``guests/python/``, imported as they ship."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import timedelta
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+for example in ("dsl-word-count", "dsl-page-views", "dsl-enrich-orders"):
+    sys.path.insert(0, os.path.join(ROOT, "guests", "python", example))
+
+from sluice_guest import I64, Str, U64  # noqa: E402
+from sluice_guest.dsl import TimeWindows, topology  # noqa: E402
+from sluice_guest.dsl._graph import Topology  # noqa: E402
+from sluice_guest.dsl.testing import TestDriver  # noqa: E402
+
+from dsl_enrich_orders import enrich_orders  # noqa: E402
+from dsl_page_views import page_views  # noqa: E402
+from dsl_word_count import word_count  # noqa: E402
+
+
+@topology("mixed")
+def mixed(b):
+    b.cache_max_bytes(300)
+    events = b.stream("events", key=Str, value=Str)
+    names = b.table("names", "names", key=Str, value=Str)
+    parts = (events.split()
+             .branch(lambda _, v: v.startswith("a"))
+             .branch(lambda _, v: len(v) > 3)
+             .default_branch())
+    parts[0].map_values(str.upper).peek(lambda k, v: None).to("upper")
+    (parts[1].merge(parts[2])
+        .select_key(lambda _, v: v[:1])
+        .group_by_key()
+        .reduce(lambda a, b: f"{a}+{b}", "joined")
+        .to_stream()
+        .to("reduced"))
+    events.map(lambda k, v: (v, k)).to_table("latest").to_stream().to("latest_out")
+    lengths = names.filter(lambda _, v: len(v) % 2 == 0).map_values(len, value=U64)
+    (events.filter_not(lambda k, _: k.endswith("4"))
+        .select_key(lambda _, v: f"k{len(v) % 5}")
+        .left_join(lengths, lambda v, n: f"{v}:{-1 if n is None else n}")
+        .to("with_length"))
+    (events.flat_map(lambda k, v: [(c, k) for c in v])
+        .group_by_key()
+        .count("letters")
+        .to_stream()
+        .to("letter_counts"))
+
+
+@topology("windowed")
+def windowed(b):
+    b.cache_max_bytes(230)
+    events = b.stream("events", key=Str, value=Str)
+    names = b.table("names", "names", key=Str, value=Str)
+    (events.group_by_key()
+        .windowed_by(TimeWindows.hopping(timedelta(seconds=10), timedelta(seconds=5)).grace(timedelta(seconds=2)))
+        .aggregate(lambda: 0, lambda _, v, a: a + len(v), "lens", value=I64)
+        .to_stream()
+        .map(lambda w, n: (f"{w.key}@{w.start}-{w.end}", -1 if n is None else n), key=Str, value=I64)
+        .to("lens"))
+    (events.group_by(lambda _, v: v[:2])
+        .named("by_prefix")
+        .windowed_by(TimeWindows.tumbling(7_000))
+        .reduce(lambda a, b: b if b > a else a, "largest")
+        .to_stream()
+        .map(lambda w, v: (w.key, v or ""), key=Str, value=Str)
+        .to("largest"))
+    (events.flat_map_values(list)
+        .group_by_key()
+        .windowed_by(TimeWindows.hopping(10_000, 5_000))
+        .count("char_windows")
+        .to_stream()
+        .map(lambda w, n: (f"{w.key}@{w.start}", n or 0), key=Str, value=U64)
+        .to("chars_out"))
+    events.join(names, lambda v, n: f"{v} by {n}").to("joined")
+
+
+TWINS = {
+    "dsl-word-count": word_count,
+    "dsl-page-views": page_views,
+    "dsl-enrich-orders": enrich_orders,
+    "mixed": mixed,
+    "windowed": windowed,
+}
+
+
+def hx(b):
+    return None if b is None else bytes(b).hex()
+
+
+def main(path):
+    with open(path) as f:
+        case = json.load(f)
+    twin = TWINS[case["twin"]]
+    compiled = Topology.build(twin.topology_name, twin.topology_function)
+    driver = TestDriver(twin)
+    for step in case["steps"]:
+        if "pipe" in step:
+            source, key, value, ts = step["pipe"]
+            driver.pipe(source, None if key is None else bytes.fromhex(key),
+                        None if value is None else bytes.fromhex(value), ts)
+        else:
+            driver.punctuate()
+    outputs = {sink: [[hx(o.key), hx(o.value), o.timestamp] for o in driver.outputs if o.sink == sink]
+               for sink in case["sinks"]}
+    stores = {}
+    for name in driver.description.stores:
+        store = driver.stores.get(name)
+        stores[name] = [] if store is None else [[k.hex(), store.values[k].hex()] for k in store.keys]
+    d = driver.description
+    print(json.dumps({
+        "description": {
+            "name": d.name, "sources": d.sources, "sinks": d.sinks, "stores": d.stores,
+            "internal_topics": [[n, p] for n, p in d.internal_topics],
+            "subtopologies": [[s.name, s.sources, s.sinks, s.stores] for s in d.subtopologies],
+            "global_stores": [[n, t] for n, t in d.global_stores],
+        },
+        "operators": [[name, lines] for name, lines in compiled.operators()],
+        "outputs": outputs,
+        "stores": stores,
+    }))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
