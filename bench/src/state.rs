@@ -51,6 +51,12 @@ pub struct WordCountArgs {
     /// (flatMap, groupByKey: a repartition topic of the input's partition count, count).
     #[arg(long)]
     dsl_component: Option<PathBuf>,
+    /// The same word count written with the Python SDK's DSL
+    /// (`$CARGO_TARGET_DIR/python-guests/dsl-word-count.wasm`): when given, it runs beside
+    /// the Rust DSL one and Kafka Streams'. It is compiled once before the first round, into
+    /// the compile cache its workers read (what a restarted worker has).
+    #[arg(long)]
+    python_dsl_component: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -235,12 +241,18 @@ pub async fn word_count(args: WordCountArgs) -> anyhow::Result<()> {
         counted,
         args.rounds,
         &systems,
-        ("sluice", "kafka streams"),
+        &[("sluice", "kafka streams")],
     )?;
     // The DSL word count (a repartition topic of the input's partition count) and Kafka
     // Streams' groupByKey, which does the same.
-    if let Some(dsl) = &args.dsl_component {
-        let mut systems = vec![Contender::sluice("sluice dsl", dsl, ("lines", "totals"), 4)];
+    if args.dsl_component.is_some() || args.python_dsl_component.is_some() {
+        let mut systems = Vec::new();
+        if let Some(dsl) = &args.dsl_component {
+            systems.push(Contender::sluice("sluice dsl", dsl, ("lines", "totals"), 4));
+        }
+        if let Some(python) = &args.python_dsl_component {
+            systems.push(Contender::sluice("sluice py dsl", python, ("lines", "totals"), 4));
+        }
         if let Some(cp) = streams {
             systems.push(Contender::streams("streams dsl", cp, "WordTotals", &["0"], 4));
         }
@@ -251,7 +263,11 @@ pub async fn word_count(args: WordCountArgs) -> anyhow::Result<()> {
             counted,
             args.rounds,
             &systems,
-            ("sluice dsl", "streams dsl"),
+            &[
+                ("sluice dsl", "streams dsl"),
+                ("sluice py dsl", "streams dsl"),
+                ("sluice py dsl", "sluice dsl"),
+            ],
         )?;
     }
     Ok(())
@@ -302,7 +318,7 @@ pub async fn windowed_count(args: WindowedCountArgs) -> anyhow::Result<()> {
         counted,
         args.rounds,
         &systems,
-        ("sluice dsl", "streams dsl"),
+        &[("sluice dsl", "streams dsl")],
     )
 }
 
@@ -360,7 +376,8 @@ impl Contender {
 /// Runs each system `rounds` times, alternating, over the same `input` (`partitions`, its
 /// source) until its group has committed all of its `records` (and all of its repartition
 /// topic), and prints each run's rate of `items` (`unit`: words, events), CPU per item and
-/// peak RSS, the medians, and the ratios of `ours` to `peer`.
+/// peak RSS, the medians, and the ratio of each pair `(ours, peer)` that ran. Sluice's
+/// workers share a compile cache, filled before the first round.
 fn compare(
     bootstrap: &str,
     input: &str,
@@ -368,11 +385,31 @@ fn compare(
     (records, items, unit): (usize, usize, &str),
     rounds: usize,
     systems: &[Contender],
-    (ours, peer): (&str, &str),
+    pairs: &[(&str, &str)],
 ) -> anyhow::Result<()> {
     let id = uuid::Uuid::new_v4().simple().to_string();
     let dir = std::env::temp_dir().join(format!("sluice-bench-cmp-{id}"));
     std::fs::create_dir_all(&dir)?;
+    let compiled = dir.join("compiled");
+    for system in systems {
+        if let ContenderKind::Sluice(component) = &system.kind {
+            let runtime = sluice::runtime::Runtime::new(&sluice::runtime::RuntimeConfig {
+                compile_cache: Some(compiled.clone()),
+                ..sluice::runtime::RuntimeConfig::default()
+            })?;
+            let started = Instant::now();
+            let loaded = runtime
+                .load(component)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", component.display()))?;
+            println!(
+                "  {:<14} compiled in {:.1} s{} ({:.1} MB component)",
+                system.name,
+                started.elapsed().as_secs_f64(),
+                if loaded.from_cache() { " (from the cache)" } else { "" },
+                std::fs::metadata(component)?.len() as f64 / 1e6
+            );
+        }
+    }
     let runtime = tokio::runtime::Handle::current();
     let mut results: Vec<(&str, f64, u64, f64)> = Vec::new();
     for round in 0..rounds.max(1) {
@@ -400,6 +437,8 @@ fn compare(
                         .arg(&manifest)
                         .arg("--state-dir")
                         .arg(dir.join(format!("state-{run}")))
+                        .arg("--compile-cache")
+                        .arg(&compiled)
                         .env("SLUICE_LOG", "warn");
                     (format!("sluice-{name}"), format!("{name}-words-repartition"), worker)
                 }
@@ -456,14 +495,16 @@ fn compare(
         );
         medians.insert(system.name, (rate, cpu, rss));
     }
-    if let (Some(a), Some(b)) = (medians.get(ours), medians.get(peer)) {
-        println!(
-            "  {ours} / {peer}: {:.2}x the {unit}/s, {:.2}x the CPU per {}, {:.2}x the peak RSS",
-            a.0 / b.0,
-            a.1 / b.1,
-            unit.trim_end_matches('s'),
-            a.2 / b.2
-        );
+    for (ours, peer) in pairs {
+        if let (Some(a), Some(b)) = (medians.get(ours), medians.get(peer)) {
+            println!(
+                "  {ours} / {peer}: {:.2}x the {unit}/s, {:.2}x the CPU per {}, {:.2}x the peak RSS",
+                a.0 / b.0,
+                a.1 / b.1,
+                unit.trim_end_matches('s'),
+                a.2 / b.2
+            );
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())

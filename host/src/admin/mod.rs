@@ -29,6 +29,7 @@ mod queries;
 mod server;
 mod tenants;
 mod topologies;
+pub mod uploads;
 mod views;
 
 use std::collections::HashMap;
@@ -124,6 +125,8 @@ pub struct AdminState {
     /// Uploads read and checked at once on this worker, of all callers: each holds up to a
     /// component's size in memory and compiles it.
     pub uploading: Arc<tokio::sync::Semaphore>,
+    /// Uploads checked in the background, and how they ended.
+    pub uploads: uploads::Uploads,
 }
 
 /// Uploads this worker reads and checks at once.
@@ -156,6 +159,7 @@ impl AdminState {
             deploys: Default::default(),
             turns: Default::default(),
             uploading: Arc::new(tokio::sync::Semaphore::new(CONCURRENT_UPLOADS)),
+            uploads: Default::default(),
         }))
     }
 
@@ -302,6 +306,8 @@ fn router(state: Arc<AdminState>, g: &Arc<auth::Gate>) -> axum::Router {
             "/v1/topologies/{name}",
             guarded(g, Callers, get(topologies::describe).delete(topologies::delete)),
         )
+        .route("/v1/uploads", guarded(g, Callers, get(uploads::list)))
+        .route("/v1/uploads/{id}", guarded(g, Callers, get(uploads::get)))
         .route(
             "/v1/tenants",
             guarded(g, Callers, get(tenants::list).post(tenants::create)),
@@ -380,6 +386,8 @@ mod tests {
             "/v1/topologies:",
             "/v1/topologies/{name}:",
             "/v1/topologies/{name}/stores/{store}:",
+            "/v1/uploads:",
+            "/v1/uploads/{id}:",
             "/v1/tenants:",
             "/status:",
             "/metrics:",

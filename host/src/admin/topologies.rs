@@ -322,10 +322,13 @@ fn too_large(size: Option<usize>, limit: usize) -> ApiError {
     )
 }
 
-/// `POST /v1/topologies?reprocess_from=…`: where the deployed version starts reading.
+/// `POST /v1/topologies?reprocess_from=…&background=true`: where the deployed version
+/// starts reading, and whether to answer before the check (see [`super::uploads`]).
 #[derive(Debug, Default, serde::Deserialize)]
 pub struct UploadParams {
     reprocess_from: Option<String>,
+    #[serde(default)]
+    background: bool,
 }
 
 pub(super) async fn upload(
@@ -343,8 +346,8 @@ pub(super) async fn upload(
     // One upload of a caller at a time through this worker (its quota is checked against
     // what the one before stored), and a few of all callers: taken before the body is read,
     // so uploads that wait hold a connection, not a component.
-    let _turn = state.turn(&who).await?;
-    let _slot = state.upload_slot().await?;
+    let turn = state.turn(&who).await?;
+    let slot = state.upload_slot().await?;
     let Upload {
         manifest: (manifest_file, text),
         component: (component_file, component),
@@ -363,6 +366,40 @@ pub(super) async fn upload(
     }
     // Counted before compiling: what the limit protects is the work of checking uploads.
     state.deploy_allowed(&who)?;
+    if params.background {
+        // Answered now; the check and the write go on, holding the caller's turn and the
+        // upload slot until they end.
+        let job = state.uploads.start(&name, who.name(), component.len());
+        let (st, id) = (state.clone(), job.id.clone());
+        tokio::spawn(async move {
+            let result = check_and_store(&st, &who, manifest, component, text, &snapshot, reprocess_from).await;
+            match &result {
+                Ok((_, entry)) => tracing::info!(topology = %entry.name, upload = %id, "background upload done"),
+                Err(e) => tracing::info!(upload = %id, "background upload failed: {}", e.message),
+            }
+            st.uploads.finish(&id, result);
+            drop((turn, slot));
+        });
+        return Ok((StatusCode::ACCEPTED, Json(job)).into_response());
+    }
+    let (status, entry) = check_and_store(&state, &who, manifest, component, text, &snapshot, reprocess_from).await?;
+    drop((turn, slot));
+    Ok((status, Json(entry)).into_response())
+}
+
+/// Checks an upload as its worker would (compiling, describing, binding, topics), then
+/// writes it to the registry: `201` and the new entry, or `200` and the entry there when
+/// the same component and manifest are deployed.
+async fn check_and_store(
+    state: &Arc<AdminState>,
+    who: &Caller,
+    manifest: Manifest,
+    component: bytes::Bytes,
+    text: String,
+    snapshot: &registry::Snapshot,
+    reprocess_from: Option<crate::manifest::StartFrom>,
+) -> Result<(StatusCode, Entry), ApiError> {
+    let name = manifest.name.clone();
     // Everything a worker checks before running it, on a blocking thread: compiling and
     // describing run guest code (under the sandbox's limits).
     let st = state.clone();
@@ -372,8 +409,8 @@ pub(super) async fn upload(
     let ((description, stages, operators), component) = checked?;
     let partitions: u32 = stages.iter().map(|s| s.partitions as u32).sum();
     let subtopologies = subtopology_entries(&stages, &description, &operators);
-    if let Caller::Tenant(tenant) = &who {
-        within_max_tasks(tenant, &snapshot, &name, partitions)?;
+    if let Caller::Tenant(tenant) = who {
+        within_max_tasks(tenant, snapshot, &name, partitions)?;
     }
     let digest = registry::digest(&component);
     let previous = snapshot.entries.get(&name).map(|(e, _)| e.clone());
@@ -381,7 +418,7 @@ pub(super) async fn upload(
         .as_ref()
         .filter(|p| p.digest == digest && p.manifest == text && reprocess_from.is_none())
     {
-        return Ok((StatusCode::OK, Json(p.clone())).into_response());
+        return Ok((StatusCode::OK, p.clone()));
     }
     let (version, offsets_epoch, reprocess_from) = next_version(previous.as_ref(), reprocess_from);
     let now_ms = std::time::SystemTime::now()
@@ -409,7 +446,7 @@ pub(super) async fn upload(
             Vec::new()
         },
         tenant: who.name().to_string(),
-        caps: match &who {
+        caps: match who {
             Caller::Tenant(tenant) => tenant.caps,
             Caller::Admin | Caller::Worker => Default::default(),
         },
@@ -418,9 +455,9 @@ pub(super) async fn upload(
     };
     let present = snapshot.entries.values().any(|(e, _)| e.digest == digest);
     let e = entry.clone();
-    store(&state, move |w| w.put(&e, &component, present)).await?;
+    store(state, move |w| w.put(&e, &component, present)).await?;
     tracing::info!(topology = %name, version = entry.version, digest = %entry.digest, "uploaded to the registry");
-    Ok((StatusCode::CREATED, Json(entry)).into_response())
+    Ok((StatusCode::CREATED, entry))
 }
 
 /// Whether `who` may upload a topology of this name: inside its namespace, not a worker's

@@ -53,9 +53,12 @@ fn filter_status(mut status: WorkerStatus, visible: impl Fn(&str) -> bool) -> Wo
         rebalance_seconds_total: _,
         tasks,
         handovers,
+        compiles,
     } = &mut status;
     tasks.retain(|t| visible(topology_of(&t.task)));
     handovers.retain(|h| visible(topology_of(&h.task)));
+    // A compile of no known topology (a component loaded by path) shows to no tenant.
+    compiles.retain(|c| visible(&c.topology));
     status
 }
 

@@ -60,6 +60,16 @@ struct Status {
     problems: Vec<String>,
     /// The last handovers each reachable worker saw, newest first.
     handovers: Vec<Handover>,
+    /// Components compiling on each reachable worker (uploads checked, topologies
+    /// starting), then its compiles of the last ten minutes.
+    compiles: Vec<Compile>,
+}
+
+#[derive(Debug, Serialize)]
+struct Compile {
+    worker: String,
+    #[serde(flatten)]
+    compile: sluice::runtime::progress::CompileStatus,
 }
 
 #[derive(Debug, Serialize)]
@@ -224,6 +234,7 @@ async fn gather(
         tasks: vec![],
         problems: vec![],
         handovers: vec![],
+        compiles: vec![],
     };
     let mut metas = BTreeMap::new();
     let decoded = decode_members(&info.members);
@@ -253,6 +264,12 @@ async fn gather(
         match &live {
             Some(live) => status.tasks.extend(live_tasks(&owner, live)),
             None => status.tasks.extend(last_join_tasks(&owner, &meta, &assignment, ends)),
+        }
+        for c in live.iter().flat_map(|l| &l.compiles) {
+            status.compiles.push(Compile {
+                worker: owner.clone(),
+                compile: c.clone(),
+            });
         }
         for h in live.iter().flat_map(|l| &l.handovers) {
             status.handovers.push(Handover {
@@ -513,6 +530,16 @@ fn print_text(s: &Status) {
             );
         }
     }
+    if !s.compiles.is_empty() {
+        println!();
+        println!(
+            "{:<32} {:<50} {:>9} {:<10} {:>8}  PROGRESS",
+            "COMPILE", "WORKER", "MB", "STATE", "TIME"
+        );
+        for c in &s.compiles {
+            println!("{}", compile_line(c));
+        }
+    }
     let failed: Vec<&Task> = s.tasks.iter().filter(|t| t.error.is_some()).collect();
     if !failed.is_empty() {
         println!();
@@ -530,9 +557,70 @@ fn print_text(s: &Status) {
     }
 }
 
+/// One compile as `sluice status` shows it: under way with its estimated progress, or done
+/// (how long ago, or why it failed).
+fn compile_line(c: &Compile) -> String {
+    let m = &c.compile;
+    let what = if m.topology.is_empty() {
+        &m.component
+    } else {
+        &m.topology
+    };
+    let progress = match (m.state.as_str(), m.progress, m.expected_seconds) {
+        ("compiling", Some(p), Some(e)) => format!("about {:.0}% of about {e:.0}s", p * 100.0),
+        ("compiling", _, _) => "no estimate yet (this worker's first compile)".to_string(),
+        (_, _, _) => {
+            let ago = m.ago_seconds.map_or(String::new(), |a| format!("{a:.0}s ago"));
+            match &m.error {
+                Some(e) => format!("{ago}: {e}"),
+                None => ago,
+            }
+        }
+    };
+    format!(
+        "{:<32} {:<50} {:>9.1} {:<10} {:>8}  {progress}",
+        what,
+        c.worker,
+        m.bytes as f64 / 1e6,
+        m.state,
+        format!("{:.1}s", m.seconds)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_compile_under_way_shows_its_estimate_and_a_failed_one_why() {
+        let compile = |state: &str, progress: Option<f64>, error: Option<&str>| Compile {
+            worker: "w-1".into(),
+            compile: sluice::runtime::progress::CompileStatus {
+                topology: "py-wc".into(),
+                component: "py.wasm".into(),
+                bytes: 19_400_000,
+                state: state.into(),
+                seconds: 3.25,
+                expected_seconds: progress.map(|_| 6.1),
+                progress,
+                ago_seconds: (state != "compiling").then_some(12.0),
+                error: error.map(str::to_string),
+            },
+        };
+        let line = compile_line(&compile("compiling", Some(0.53), None));
+        assert!(line.starts_with("py-wc ") && line.contains("19.4 compiling"), "{line}");
+        assert!(
+            line.ends_with("3.2s  about 53% of about 6s") || line.ends_with("3.3s  about 53% of about 6s"),
+            "{line}"
+        );
+        let line = compile_line(&compile("compiling", None, None));
+        assert!(
+            line.ends_with("no estimate yet (this worker's first compile)"),
+            "{line}"
+        );
+        let line = compile_line(&compile("failed", None, Some("Cranelift ran out of memory")));
+        assert!(line.ends_with("12s ago: Cranelift ran out of memory"), "{line}");
+    }
 
     fn ends() -> BTreeMap<(String, i32), i64> {
         BTreeMap::from([

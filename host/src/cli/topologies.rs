@@ -128,12 +128,14 @@ pub async fn deploy(args: DeployArgs) -> anyhow::Result<ExitCode> {
     body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
     let size = component.len();
     let progress = progress_bar(body.len() as u64, &args.admin);
+    // Checked in the background: the answer comes once the upload is read, and the job is
+    // followed (its compile's progress shown) until it ends.
     let path = match &args.reprocess_from {
         Some(from) => {
             let from: sluice::manifest::StartFrom = from.parse().map_err(|e: String| anyhow::anyhow!(e))?;
-            format!("/v1/topologies?reprocess_from={from}")
+            format!("/v1/topologies?background=true&reprocess_from={from}")
         }
-        None => "/v1/topologies".to_string(),
+        None => "/v1/topologies?background=true".to_string(),
     };
     let (status, answer) = http::Request::new(hyper::Method::POST, &args.admin.admin, &path)
         .bearer(args.admin.token.as_deref())
@@ -148,13 +150,17 @@ pub async fn deploy(args: DeployArgs) -> anyhow::Result<ExitCode> {
     if let Some(bar) = progress {
         bar.finish_and_clear();
     }
-    let json: Value = parse(&answer)?;
+    let mut json: Value = parse(&answer)?;
     if !status.is_success() {
         anyhow::bail!(
             "{} refused the upload ({status}): {}",
             args.admin.admin,
             error_text(&json)
         );
+    }
+    let mut status = status;
+    if status == hyper::StatusCode::ACCEPTED {
+        (status, json) = follow_upload(&args.admin, &json).await?;
     }
     match args.admin.output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&json)?),
@@ -174,6 +180,77 @@ pub async fn deploy(args: DeployArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Follows a background upload's job until it ends: the status and entry the upload would
+/// have answered, or its error. On a terminal, a spinner shows the compile's progress (from
+/// the worker's `GET /status`).
+async fn follow_upload(admin: &AdminArgs, job: &Value) -> anyhow::Result<(hyper::StatusCode, Value)> {
+    use std::io::IsTerminal;
+    let id = job["id"]
+        .as_str()
+        .context("the upload's answer has no job id")?
+        .to_string();
+    let topology = job["topology"].as_str().unwrap_or("?").to_string();
+    let spinner = (!matches!(admin.output, Output::Json) && std::io::stderr().is_terminal()).then(|| {
+        let s = indicatif::ProgressBar::new_spinner();
+        s.enable_steady_tick(Duration::from_millis(120));
+        s
+    });
+    let started = std::time::Instant::now();
+    let job = loop {
+        let job = call(admin, hyper::Method::GET, &format!("/v1/uploads/{id}")).await?;
+        if job["state"].as_str() != Some("checking") {
+            break job;
+        }
+        if let Some(s) = &spinner {
+            let compiling = call(admin, hyper::Method::GET, "/status").await.ok().and_then(|st| {
+                st["compiles"]
+                    .as_array()?
+                    .iter()
+                    .find(|c| {
+                        c["topology"].as_str() == Some(topology.as_str()) && c["state"].as_str() == Some("compiling")
+                    })
+                    .cloned()
+            });
+            s.set_message(match compiling {
+                Some(c) => match c["progress"].as_f64() {
+                    Some(p) => format!(
+                        "{topology}: compiling, about {:.0}% ({:.1} s of about {:.0} s)",
+                        p * 100.0,
+                        c["seconds"].as_f64().unwrap_or(0.0),
+                        c["expected_seconds"].as_f64().unwrap_or(0.0)
+                    ),
+                    None => format!("{topology}: compiling ({:.1} s)", c["seconds"].as_f64().unwrap_or(0.0)),
+                },
+                None => format!("{topology}: checking ({:.1} s)", started.elapsed().as_secs_f64()),
+            });
+        }
+        if started.elapsed() > TIMEOUT {
+            anyhow::bail!(
+                "the upload of {topology} was still being checked after {}s (job {id} on {})",
+                TIMEOUT.as_secs(),
+                admin.admin
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    if let Some(s) = spinner {
+        s.finish_and_clear();
+    }
+    match job["state"].as_str() {
+        Some("stored") => Ok((hyper::StatusCode::CREATED, job["entry"].clone())),
+        Some("unchanged") => Ok((hyper::StatusCode::OK, job["entry"].clone())),
+        _ => {
+            // As the upload would have answered it.
+            let e = &job["error"];
+            let status = e["status"]
+                .as_u64()
+                .and_then(|s| hyper::StatusCode::from_u16(s as u16).ok())
+                .map_or_else(|| e["status"].to_string(), |s| s.to_string());
+            anyhow::bail!("{} refused the upload ({status}): {}", admin.admin, error_text(e))
+        }
+    }
 }
 
 /// A progress bar for an upload on a terminal (none otherwise, or for JSON output).

@@ -23,6 +23,7 @@ mod description;
 mod fault;
 mod host;
 mod instance;
+pub mod progress;
 pub mod scan;
 mod state_host;
 
@@ -159,6 +160,8 @@ pub struct Runtime {
     config: RuntimeConfig,
     pooling: bool,
     ticker_stop: Arc<AtomicBool>,
+    /// Compiles under way and the last ones done (`GET /status`).
+    compiles: progress::Compiles,
 }
 
 impl Runtime {
@@ -201,7 +204,13 @@ impl Runtime {
             config: config.clone(),
             pooling,
             ticker_stop,
+            compiles: progress::Compiles::default(),
         })
+    }
+
+    /// Compiles under way on this runtime, then the last ones done (see [`progress`]).
+    pub fn compiles(&self) -> Vec<progress::CompileStatus> {
+        self.compiles.status()
     }
 
     /// Whether instances come from the pooling allocator.
@@ -237,6 +246,18 @@ impl Runtime {
         bytes: &[u8],
         limits: &crate::manifest::Limits,
     ) -> Result<LoadedTopology, LoadError> {
+        self.load_topology("", name, bytes, limits)
+    }
+
+    /// As [`Runtime::load_bytes_under`], for the topology `topology`: a compile it needs shows
+    /// under that name in [`Runtime::compiles`].
+    pub fn load_topology(
+        &self,
+        topology: &str,
+        name: &str,
+        bytes: &[u8],
+        limits: &crate::manifest::Limits,
+    ) -> Result<LoadedTopology, LoadError> {
         let path = name.to_string();
         if !is_component(bytes) {
             let detail = if bytes.starts_with(b"\0asm") {
@@ -263,7 +284,7 @@ impl Runtime {
         if !counted.exports.iter().any(|e| is_processor(e)) {
             return Err(not_a_topology(&path, &counted.exports));
         }
-        let (component, from_cache) = self.compile(&path, bytes)?;
+        let (component, from_cache) = self.compile(topology, &path, bytes)?;
         let version = check_world(&self.engine, &component, &path)?;
         let pre = self
             .linker
@@ -334,7 +355,7 @@ impl Runtime {
 
     /// The component compiled: from the compile cache when it holds this component for this
     /// engine, else by Cranelift (and then kept in the cache). True: it came from the cache.
-    fn compile(&self, path: &str, bytes: &[u8]) -> Result<(Component, bool), LoadError> {
+    fn compile(&self, topology: &str, path: &str, bytes: &[u8]) -> Result<(Component, bool), LoadError> {
         let cache = self
             .config
             .compile_cache
@@ -345,6 +366,22 @@ impl Runtime {
             return Ok((found, true));
         }
         let started = std::time::Instant::now();
+        let compiling = self.compiles.start(topology, path, bytes.len());
+        let compiled = self.compile_now(path, bytes);
+        match &compiled {
+            Ok(_) => compiling.done(),
+            Err(e) => compiling.failed(e.to_string()),
+        }
+        let component = compiled?;
+        tracing::debug!(component = %path, seconds = started.elapsed().as_secs_f64(), "compiled");
+        if let Some(cache) = &cache {
+            cache.put(bytes, &component);
+        }
+        Ok((component, false))
+    }
+
+    /// Cranelift's compile of `bytes`, in a child process when the config says so.
+    fn compile_now(&self, path: &str, bytes: &[u8]) -> Result<Component, LoadError> {
         let component = match &self.config.compile_in_child {
             Some(child) => {
                 let serialized = child.compile(bytes).map_err(|e| match e {
@@ -362,11 +399,7 @@ impl Runtime {
             }
             None => Component::new(&self.engine, bytes).map_err(|e| compile_error(path, format!("{e:#}")))?,
         };
-        tracing::debug!(component = %path, seconds = started.elapsed().as_secs_f64(), "compiled");
-        if let Some(cache) = &cache {
-            cache.put(bytes, &component);
-        }
-        Ok((component, false))
+        Ok(component)
     }
 }
 

@@ -421,6 +421,8 @@ impl Board {
                     ..h.clone()
                 })
                 .collect(),
+            // The runtime's, added by `WorkerHandle::status`.
+            compiles: Vec::new(),
         }
     }
 }

@@ -86,7 +86,7 @@ fn load_manifest(runtime: &Runtime, manifest: Manifest) -> anyhow::Result<Loaded
         source,
     })?;
     let loaded = runtime
-        .load_bytes_under(&shown, &bytes, &manifest.limits)
+        .load_topology(&manifest.name, &shown, &bytes, &manifest.limits)
         .map_err(|e| match e {
             LoadError::Limits { detail, .. } => anyhow::anyhow!("manifest {}: {detail}", manifest.path),
             other => other.into(),

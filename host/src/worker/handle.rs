@@ -68,7 +68,9 @@ impl DeployCheck {
 impl WorkerHandle {
     /// The worker's live status (`GET /status`).
     pub fn status(&self) -> WorkerStatus {
-        self.board.snapshot()
+        let mut status = self.board.snapshot();
+        status.compiles = self.runtime.compiles();
+        status
     }
 
     /// Whether the worker holds an assignment (`GET /readyz`).
@@ -142,7 +144,12 @@ impl WorkerHandle {
         // Compiled, and described, under the manifest's limits (a tenant's caps included).
         let loaded = self
             .runtime
-            .load_bytes_under(&manifest.component.display().to_string(), component, &manifest.limits)
+            .load_topology(
+                &manifest.name,
+                &manifest.component.display().to_string(),
+                component,
+                &manifest.limits,
+            )
             .map_err(|e| match e {
                 LoadError::Limits { detail, .. } => DeployCheckError::Limits(detail),
                 other => DeployCheckError::Load(other),

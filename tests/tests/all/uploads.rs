@@ -194,3 +194,134 @@ async fn a_tenants_largest_uploads_sent_at_once_cost_a_bounded_amount_of_memory(
     );
     Ok(())
 }
+
+/// An upload checked in the background (`?background=true`, what `sluice deploy` sends):
+/// the answer comes before the compile (a Python component: seconds of Cranelift), the
+/// worker's `/status` shows the compile under way with its topology, and the job ends
+/// stored, with the registry entry; a bad component's job ends failed with the error the
+/// upload would have answered.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upload_compiles_in_the_background_with_its_progress_in_status() -> anyhow::Result<()> {
+    let u = Uploads::start("background", "", &[]).await?;
+    let ns = u.ns.clone();
+    let post = |name: &str, component: &[u8]| -> anyhow::Result<(u16, serde_json::Value)> {
+        let manifest = format!("name = \"{ns}{name}\"\n[sources]\ninput = \"{ns}in\"\n[sinks]\noutput = \"{ns}out\"\n");
+        let (content_type, body) = upload_body(&manifest, component);
+        let (code, answer) = http(
+            u.port,
+            "POST",
+            "/v1/topologies?background=true",
+            &[("content-type", &content_type), ("authorization", "Bearer alpha-token")],
+            &body,
+        )?;
+        Ok((
+            code,
+            serde_json::from_str(&answer).unwrap_or(serde_json::Value::String(answer)),
+        ))
+    };
+    let get = |path: &str, token: &str| -> anyhow::Result<serde_json::Value> {
+        let (code, answer) = http(
+            u.port,
+            "GET",
+            path,
+            &[("authorization", &format!("Bearer {token}"))],
+            b"",
+        )?;
+        anyhow::ensure!(code == 200, "GET {path}: {code} {answer}");
+        Ok(serde_json::from_str(&answer)?)
+    };
+    // Compiled by this worker (no shared compile cache): a real compile.
+    let component = std::fs::read(guest("python/uppercase"))?;
+    let started = std::time::Instant::now();
+    let (code, job) = post("py", &component)?;
+    let answered = started.elapsed();
+    assert_eq!(code, 202, "{job}");
+    assert_eq!(job["state"], "checking", "{job}");
+    let id = job["id"].as_str().expect("a job id").to_string();
+    let topology = format!("{ns}py");
+    let mut seen_compiling = None;
+    let done = loop {
+        let status = get("/status", "root-token")?;
+        if let Some(c) = status["compiles"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["topology"] == topology.as_str() && c["state"] == "compiling")
+        {
+            seen_compiling.get_or_insert(c.clone());
+        }
+        let job = get(&format!("/v1/uploads/{id}"), "alpha-token")?;
+        if job["state"] != "checking" {
+            break job;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(180),
+            "still checking: {job}\n{}",
+            u.worker.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let took = started.elapsed();
+    assert_eq!(done["state"], "stored", "{done}\n{}", u.worker.log());
+    assert_eq!(
+        (done["entry"]["name"].as_str(), done["entry"]["version"].as_u64()),
+        (Some(topology.as_str()), Some(1))
+    );
+    let compiling = seen_compiling.unwrap_or_else(|| panic!("/status never showed the compile of {topology}"));
+    assert_eq!(compiling["bytes"].as_u64(), Some(component.len() as u64), "{compiling}");
+    assert!(
+        answered < took / 2,
+        "the upload was answered after {answered:?}, its check ended after {took:?}: not in the background"
+    );
+    let status = get("/status", "root-token")?;
+    let compiled = status["compiles"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["topology"] == topology.as_str())
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(compiled["state"], "compiled", "{status}");
+    // The tenant sees its own job in the list.
+    let jobs = get("/v1/uploads", "alpha-token")?;
+    assert!(
+        jobs.as_array()
+            .is_some_and(|j| j.iter().any(|j| j["id"] == id.as_str())),
+        "{jobs}"
+    );
+
+    // Not a component: the job fails as the upload would have (400 not-a-component).
+    let (code, job) = post("junk", b"this is not wasm")?;
+    assert_eq!(code, 202, "{job}");
+    let id = job["id"].as_str().expect("a job id").to_string();
+    let failed = loop {
+        let job = get(&format!("/v1/uploads/{id}"), "alpha-token")?;
+        if job["state"] != "checking" {
+            break job;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(failed["state"], "failed", "{failed}");
+    assert_eq!(
+        (failed["error"]["status"].as_u64(), failed["error"]["error"].as_str()),
+        (Some(400), Some("not-a-component")),
+        "{failed}"
+    );
+    assert!(
+        failed["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("magic"),
+        "{failed}"
+    );
+    // An unknown job is not found.
+    let (code, _) = http(
+        u.port,
+        "GET",
+        "/v1/uploads/nope",
+        &[("authorization", "Bearer alpha-token")],
+        b"",
+    )?;
+    assert_eq!(code, 404);
+    Ok(())
+}

@@ -84,6 +84,10 @@ pub struct WorkerStatus {
     /// The last handovers of tasks to and from this worker, newest first.
     #[serde(default)]
     pub handovers: Vec<HandoverStatus>,
+    /// Components compiling here (an upload checked, a topology starting), then the last
+    /// compiles done.
+    #[serde(default)]
+    pub compiles: Vec<crate::runtime::progress::CompileStatus>,
 }
 
 /// One task's move, as the worker it left or the worker it came to saw it. Phases a side
