@@ -17,7 +17,7 @@ for example in ("dsl-word-count", "dsl-page-views", "dsl-enrich-orders"):
     sys.path.insert(0, os.path.join(ROOT, "guests", "python", example))
 
 from sluice_guest import I64, Str, U64  # noqa: E402
-from sluice_guest.dsl import TimeWindows, topology  # noqa: E402
+from sluice_guest.dsl import SessionWindows, TimeWindows, topology  # noqa: E402
 from sluice_guest.dsl._graph import Topology  # noqa: E402
 from sluice_guest.dsl.testing import TestDriver  # noqa: E402
 
@@ -83,12 +83,49 @@ def windowed(b):
     events.join(names, lambda v, n: f"{v} by {n}").to("joined")
 
 
+@topology("tables")
+def tables(b):
+    def or_dash(v):
+        return "-" if v is None else v
+    orders = b.table("accounts", "accounts", key=Str, value=Str)
+    statuses = b.table("statuses", "statuses", key=Str, value=Str)
+    joined = orders.join(statuses, lambda o, s: f"{o}/{s}")
+    joined.to_stream().to("joined")
+    orders.left_join(statuses, lambda o, s: f"{o}/{or_dash(s)}").to_stream().to("left")
+    orders.outer_join(statuses, lambda o, s: f"{or_dash(o)}/{or_dash(s)}").to_stream().to("outer")
+    by_first = joined.group_by(lambda _, v: (v[:1], v))
+    by_first.count("per_letter").to_stream().to("letter_counts")
+    (by_first.reduce(lambda a, b: f"{a}+{b}", lambda a, b: a.replace(f"+{b}", "", 1), "reduced")
+        .to_stream().to("reduced"))
+    (statuses.group_by(lambda _, s: (s, len(s)), value=I64)
+        .aggregate(lambda: 0, lambda _, v, a: a + v, lambda _, v, a: a - v, "status_totals", value=I64)
+        .to_stream().to("totals_out"))
+
+
+@topology("sessions")
+def sessions(b):
+    clicks = b.stream("clicks", key=Str, value=Str).group_by_key()
+    (clicks.windowed_by(SessionWindows.with_inactivity_gap(5_000).grace(3_000))
+        .emit_final()
+        .count("final_sessions")
+        .to_stream()
+        .map(lambda w, n: (w.key, f"{w.start} {w.end} {n or 0}"), key=Str, value=Str)
+        .to("final"))
+    (clicks.windowed_by(SessionWindows.with_inactivity_gap(4_000))
+        .aggregate(str, lambda _, v, a: a + v, lambda _, a, b: f"{a}|{b}", "joined_sessions", value=Str)
+        .to_stream()
+        .map(lambda w, v: (f"{w.key}@{w.start}-{w.end}", v), key=Str, value=Str)
+        .to("updates"))
+
+
 TWINS = {
     "dsl-word-count": word_count,
     "dsl-page-views": page_views,
     "dsl-enrich-orders": enrich_orders,
     "mixed": mixed,
     "windowed": windowed,
+    "tables": tables,
+    "sessions": sessions,
 }
 
 

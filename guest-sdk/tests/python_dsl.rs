@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use sluice_guest::dsl::testing::TestDriver;
-use sluice_guest::dsl::{StreamsBuilder, TimeWindows, Topology, Windowed};
+use sluice_guest::dsl::{SessionWindows, StreamsBuilder, TimeWindows, Topology, Windowed};
 use sluice_guest::Description;
 
 fn word_count(b: &mut StreamsBuilder) {
@@ -143,6 +143,66 @@ fn windowed(b: &mut StreamsBuilder) {
     events.join(&names, |v, n| format!("{v} by {n}")).to("joined");
 }
 
+/// Tables: table-table joins (inner, left, outer), and tables grouped by a new key with
+/// count, reduce and aggregate (adders and subtractors), their changes through repartition
+/// topics.
+fn tables(b: &mut StreamsBuilder) {
+    fn or_dash(v: Option<&String>) -> &str {
+        v.map_or("-", String::as_str)
+    }
+    let orders = b.table::<String, String>("accounts", "accounts");
+    let statuses = b.table::<String, String>("statuses", "statuses");
+    let joined = orders.join(&statuses, |o, s| format!("{o}/{s}"));
+    joined.to_stream().to("joined");
+    orders
+        .left_join(&statuses, |o, s| format!("{o}/{}", or_dash(s)))
+        .to_stream()
+        .to("left");
+    orders
+        .outer_join(&statuses, |o, s| format!("{}/{}", or_dash(o), or_dash(s)))
+        .to_stream()
+        .to("outer");
+    let by_first = joined.group_by(|_, v| (v.chars().take(1).collect::<String>(), v.clone()));
+    by_first.count("per_letter").to_stream().to("letter_counts");
+    by_first
+        .reduce(
+            |a, b| format!("{a}+{b}"),
+            |a, b| a.replacen(&format!("+{b}"), "", 1),
+            "reduced",
+        )
+        .to_stream()
+        .to("reduced");
+    statuses
+        .group_by(|_, s| (s.clone(), s.len() as i64))
+        .aggregate(|| 0i64, |_, v, a| a + v, |_, v, a| a - v, "status_totals")
+        .to_stream()
+        .to("totals_out");
+}
+
+/// Session windows: emitted when closed (counted), and at every update (aggregated, with a
+/// merger for the sessions a record bridges, and a deletion of each session merged away).
+fn sessions(b: &mut StreamsBuilder) {
+    let clicks = b.stream::<String, String>("clicks").group_by_key();
+    clicks
+        .windowed_by(SessionWindows::with_inactivity_gap(Duration::from_secs(5)).grace(Duration::from_secs(3)))
+        .emit_final()
+        .count("final_sessions")
+        .to_stream()
+        .map(|w, n| (w.key, format!("{} {} {}", w.start, w.end, n.unwrap_or(0))))
+        .to("final");
+    clicks
+        .windowed_by(SessionWindows::with_inactivity_gap(Duration::from_secs(4)))
+        .aggregate(
+            String::new,
+            |_, v, a| format!("{a}{v}"),
+            |_, a, b| format!("{a}|{b}"),
+            "joined_sessions",
+        )
+        .to_stream()
+        .map(|w, v| (format!("{}@{}-{}", w.key, w.start, w.end), v))
+        .to("updates");
+}
+
 /// The twins: each topology's name and function (its sources and sinks are read from its
 /// description, so that none goes unfed or unread).
 type TopologyFn = fn(&mut StreamsBuilder);
@@ -153,6 +213,8 @@ const TWINS: &[(&str, TopologyFn)] = &[
     ("dsl-enrich-orders", enrich_orders),
     ("mixed", mixed),
     ("windowed", windowed),
+    ("tables", tables),
+    ("sessions", sessions),
 ];
 
 /// A topology's external sources (global tables' topics included) and sinks.
@@ -217,7 +279,7 @@ impl Rng {
 fn steps(rng: &mut Rng, sources: &[String], n: usize) -> Vec<Value> {
     let mut steps = Vec::new();
     let mut now: i64 = 1_000;
-    let tables = ["names", "customers", "directory"];
+    let tables = ["names", "customers", "directory", "accounts", "statuses"];
     for _ in 0..n {
         if rng.below(12) == 0 {
             steps.push(json!({ "punctuate": true }));

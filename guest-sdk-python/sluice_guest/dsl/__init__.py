@@ -33,11 +33,12 @@ from .._core import Error, Processor
 from .._host import backend as _backend
 from ..wire import timestamp_bytes as _ts_bytes
 from ._graph import DEFAULT_CACHE_MAX_BYTES, DslTask, Topology
-from ._ops import (Change, GlobalKTable, KGroupedStream, KStream, KTable, Split, StreamsBuilder, TimeWindows, Unit,
-                   Windowed, WindowedBy, WindowedCodec)
+from ._ops import (Change, GlobalKTable, KGroupedStream, KGroupedTable, KStream, KTable, SessionWindowedBy,
+                   SessionWindows, Split, StreamsBuilder, TimeWindows, Unit, Windowed, WindowedBy, WindowedCodec)
 
 __all__ = [
-    "topology", "StreamsBuilder", "KStream", "KTable", "GlobalKTable", "KGroupedStream", "Split", "TimeWindows",
+    "topology", "StreamsBuilder", "KStream", "KTable", "GlobalKTable", "KGroupedStream", "KGroupedTable", "Split",
+    "TimeWindows", "SessionWindows", "SessionWindowedBy",
     "WindowedBy", "Windowed", "WindowedCodec", "Change", "Unit", "Topology", "DslTask", "DEFAULT_CACHE_MAX_BYTES",
 ]
 

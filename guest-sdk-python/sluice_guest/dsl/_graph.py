@@ -319,6 +319,12 @@ class StoreRef:
         except _host.StoreFailure as e:
             raise self._fail(e) from None
 
+    def write_batch(self, entries):
+        try:
+            self._inner.write_batch(entries)
+        except _host.StoreFailure as e:
+            raise self._fail(e) from None
+
     def range(self, start: Optional[bytes], end: Optional[bytes]):
         """Every (key, value) with start <= key < end, fetched a page at a time."""
         try:

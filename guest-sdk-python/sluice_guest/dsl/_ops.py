@@ -15,7 +15,8 @@ from ..codec import ordered as _ordered
 from ._graph import Graph, Node, Punctuator, check_store_like, decode, encode, q
 
 __all__ = [
-    "StreamsBuilder", "KStream", "KTable", "GlobalKTable", "KGroupedStream", "TimeWindows", "WindowedBy",
+    "StreamsBuilder", "KStream", "KTable", "GlobalKTable", "KGroupedStream", "KGroupedTable", "TimeWindows",
+    "WindowedBy",
     "Windowed", "WindowedCodec", "Change", "Unit",
 ]
 
@@ -116,17 +117,32 @@ def _ordered_i64(x: int) -> bytes:
 
 # --- Running operators ---------------------------------------------------------------------------
 
-class _Down:
-    """An operator's children."""
+def _noop(key, value, ts, cx):
+    pass
 
-    __slots__ = ("children",)
+
+def _fan_out(children):
+    """What forwarding to ``children`` calls: the only child's ``process`` itself (no frame
+    in between: most operators have one child), or a loop over several."""
+    procs = [c.process for c in children]
+    if len(procs) == 1:
+        return procs[0]
+    if not procs:
+        return _noop
+
+    def forward(key, value, ts, cx):
+        for p in procs:
+            p(key, value, ts, cx)
+    return forward
+
+
+class _Down:
+    """An operator's children: ``forward(key, value, ts, cx)``."""
+
+    __slots__ = ("forward",)
 
     def __init__(self, children):
-        self.children = [c.process for c in children]
-
-    def forward(self, key, value, ts, cx):
-        for child in self.children:
-            child(key, value, ts, cx)
+        self.forward = _fan_out(children)
 
 
 class _FnNode:
@@ -352,10 +368,26 @@ def _add_sink(g: Graph, parent: int, kind: str, sink: str, internal: bool, kc, v
     name = g.next_name(kind)
 
     def build(cx, children):
+        kenc, venc = kc.encode, vc.encode
+
         def process(key, value, ts, cx):
-            if internal and key is None:
-                return
-            cx.out.emit(sink, encode(name, "key", kc, key), encode(name, "value", vc, value), ts)
+            if key is None:
+                if internal:
+                    return
+                k = None
+            else:
+                try:
+                    k = kenc(key)
+                except CodecError:
+                    k = encode(name, "key", kc, key)  # raises, naming the operator
+            if value is None:
+                v = None
+            else:
+                try:
+                    v = venc(value)
+                except CodecError:
+                    v = encode(name, "value", vc, value)
+            cx.out.emit(sink, k, v, ts)
         return _FnNode(process)
 
     node = Node(name, [parent], build)
@@ -741,6 +773,74 @@ class KTable:
             return process
         return self._then("map_values", getter, make, value)
 
+    def join(self, other: "KTable", joiner, *, value: Codec = None) -> "KTable":
+        """The keys in both tables, ``joiner(value, other_value)``; an update of either side
+        updates the result (Kafka Streams' ``KTable.join``)."""
+        return self._join_tables(other, "join",
+                                 lambda a, b: None if a is None or b is None else joiner(a, b), value)
+
+    def left_join(self, other: "KTable", joiner, *, value: Codec = None) -> "KTable":
+        """Every key of this table, ``joiner(value, other_value or None)``."""
+        return self._join_tables(other, "left_join", lambda a, b: None if a is None else joiner(a, b), value)
+
+    def outer_join(self, other: "KTable", joiner, *, value: Codec = None) -> "KTable":
+        """Every key of either table, ``joiner(value or None, other_value or None)``."""
+        return self._join_tables(other, "outer_join",
+                                 lambda a, b: None if a is None and b is None else joiner(a, b), value)
+
+    def _join_tables(self, other, kind, joiner, value):
+        g = self._g
+        base = g.next_name(kind)
+        this_getter, other_getter = self._getter, other._getter
+
+        def side(lookup_factory, this_first):
+            def build(cx, children):
+                lookup = lookup_factory(cx)
+                forward = _fan_out(children)
+
+                def process(k, change, ts, cx):
+                    found = lookup(k)
+                    o = None if found is None else found[0]
+                    if this_first:
+                        new, old = joiner(change.new, o), joiner(change.old, o)
+                    else:
+                        new, old = joiner(o, change.new), joiner(o, change.old)
+                    if new is None and old is None:
+                        return
+                    if found is not None and found[1] > ts:
+                        ts = found[1]
+                    forward(k, Change(new, old), ts, cx)
+                return _FnNode(process)
+            return build
+
+        this_side = Node(f"{base}_this", [self._node], side(other_getter, True))
+        this_side.reads = list(other._stores)
+        this_id = g.add(this_side)
+        other_side = Node(f"{base}_other", [other._node], side(this_getter, False))
+        other_side.reads = list(self._stores)
+        other_id = g.add(other_side)
+        merged = _add_fn(g, [this_id, other_id], f"{kind}_merge", lambda forward: forward)
+
+        def getter(cx):
+            this, that = this_getter(cx), other_getter(cx)
+
+            def get(key):
+                a, b = this(key), that(key)
+                result = joiner(None if a is None else a[0], None if b is None else b[0])
+                times = [x[1] for x in (a, b) if x is not None]
+                if result is None or not times:
+                    return None
+                return result, max(times)
+            return get
+
+        return KTable(g, merged, getter, list(self._stores) + list(other._stores), self.key_codec,
+                      value or self.value_codec)
+
+    def group_by(self, selector, *, key: Codec = None, value: Codec = None) -> "KGroupedTable":
+        """Groups the table by the ``(key, value)`` that ``selector(key, value)`` makes of each
+        entry, for an aggregation that subtracts an entry's old value and adds its new one."""
+        return KGroupedTable(self, selector, key or self.key_codec, value or self.value_codec)
+
     def to_stream(self) -> KStream:
         """The table's updates as a stream: each new value, None where a key was deleted."""
         node = _add_fn(self._g, [self._node], "to_stream",
@@ -755,6 +855,213 @@ class GlobalKTable:
         self.store = store
         self.key_codec = key_codec
         self.value_codec = value_codec
+
+
+# --- Grouped tables ---------------------------------------------------------------------------------
+
+def _write_change(old: Optional[bytes], new: Optional[bytes]) -> bytes:
+    """A table change over a repartition topic: flags (1: old value, 2: new value), the old
+    value's length (4 bytes, big-endian) and bytes, the new value's bytes."""
+    out = bytearray([(1 if old is not None else 0) | (2 if new is not None else 0)])
+    if old is not None:
+        out += len(old).to_bytes(4, "big")
+        out += old
+    if new is not None:
+        out += new
+    return bytes(out)
+
+
+def _read_change(data: bytes):
+    if not data:
+        raise ValueError("an empty table change")
+    flags = data[0]
+    if flags > 3:
+        raise ValueError(f"a table change with flags {flags:#04x}")
+    rest = data[1:]
+    old = None
+    if flags & 1:
+        if len(rest) < 4:
+            raise ValueError("a table change cut short")
+        n = int.from_bytes(rest[:4], "big")
+        if len(rest) < 4 + n:
+            raise ValueError("a table change cut short")
+        old, rest = rest[4:4 + n], rest[4 + n:]
+    if flags & 2:
+        return old, rest
+    if rest:
+        raise ValueError("bytes after a table change without a new value")
+    return old, None
+
+
+class KGroupedTable:
+    """A table grouped by a new key (Kafka Streams' ``KGroupedTable``): always repartitioned;
+    each update travels as the retraction of the old value and the addition of the new one."""
+
+    def __init__(self, table: KTable, selector, key_codec: Codec, value_codec: Codec):
+        self._table = table
+        self._selector = selector
+        self.key_codec = key_codec
+        self.value_codec = value_codec
+        self._name: Optional[str] = None
+        self._partitions: Optional[int] = None
+        self._source: Optional[int] = None
+
+    def named(self, name: str) -> "KGroupedTable":
+        """Names the repartition topic (by default, after the aggregation's store)."""
+        self._name = name
+        return self
+
+    def partitions(self, n: int) -> "KGroupedTable":
+        self._partitions = int(n)
+        return self
+
+    def count(self, store: Optional[str] = None) -> KTable:
+        """The number of entries per new key (an entry that moves counts at its new key only)."""
+        def step(k, change, n):
+            n = n or 0
+            if change.old is not None:
+                n = max(n - 1, 0)
+            if change.new is not None:
+                n += 1
+            return n
+        return self._aggregate("count", store, step, U64)
+
+    def reduce(self, adder, subtractor, store: Optional[str] = None) -> KTable:
+        """Each key's values combined by ``adder(agg, value)``; a value that leaves the key is
+        taken out with ``subtractor(agg, value)``."""
+        def step(k, change, agg):
+            if change.old is not None and agg is not None:
+                agg = subtractor(agg, change.old)
+            if change.new is not None:
+                agg = change.new if agg is None else adder(agg, change.new)
+            return agg
+        return self._aggregate("reduce", store, step, self.value_codec)
+
+    def aggregate(self, initializer, adder, subtractor, store: Optional[str] = None, *, value: Codec) -> KTable:
+        """Each key's values folded in by ``adder(key, value, agg)`` and taken out by
+        ``subtractor(key, value, agg)``, from ``initializer()``."""
+        def step(k, change, agg):
+            if agg is None:
+                agg = initializer()
+            if change.old is not None:
+                agg = subtractor(k, change.old, agg)
+            if change.new is not None:
+                agg = adder(k, change.new, agg)
+            return agg
+        return self._aggregate("aggregate", store, step, value)
+
+    def _input(self, store: str) -> int:
+        if self._source is not None:
+            return self._source
+        g = self._table._g
+        topic = self._name or store
+        _add_internal_topic(g, topic, self._partitions)
+        selector, table = self._selector, self._table
+        kc, vc = self.key_codec, self.value_codec
+        label = f"group_by (to {q(topic)})"
+
+        def build(cx, children):
+            def pair(k0, v0):
+                if v0 is None:
+                    return None
+                k, v = selector(k0, v0)
+                raw = encode(label, "key", kc, k)
+                if raw is None:
+                    return None
+                return raw, encode(label, "value", vc, v)
+
+            def process(k0, change, ts, cx):
+                old, new = pair(k0, change.old), pair(k0, change.new)
+                emit = cx.out.emit
+                if old is not None and new is not None and old[0] == new[0]:
+                    emit(topic, old[0], _write_change(old[1], new[1]), ts)
+                    return
+                if old is not None:
+                    emit(topic, old[0], _write_change(old[1], None), ts)
+                if new is not None:
+                    emit(topic, new[0], _write_change(None, new[1]), ts)
+            return _FnNode(process)
+
+        regroup = Node(g.next_name("group_by"), [table._node], build)
+        regroup.sink = topic
+        regroup.internal_io = True
+        g.add(regroup)
+        name = g.next_name("repartition_source")
+
+        def build_source(cx, children):
+            forward = _fan_out(children)
+
+            class _Source:
+                @staticmethod
+                def process_raw(k, v, ts, cx):
+                    k = decode(name, "key", kc, k)
+                    try:
+                        old, new = _read_change(b"" if v is None else bytes(v))
+                    except ValueError as e:
+                        raise Error(f"operator {name}: {e}") from None
+                    old = None if old is None else decode(name, "old value", vc, old)
+                    new = None if new is None else decode(name, "new value", vc, new)
+                    forward(k, Change(new, old), ts, cx)
+            return _Source
+
+        source = Node(name, [], build_source, is_source=True)
+        source.source = topic
+        source.internal_io = True
+        self._source = g.add(source)
+        return self._source
+
+    def _aggregate(self, kind, store, step, vc) -> KTable:
+        g = self._table._g
+        store = store or g.next_name(kind)
+        source = self._input(store)
+        name = g.next_name(kind)
+        kc = self.key_codec
+
+        def build(cx, children):
+            node = _TableAggregate(name, cx.store(store), step, kc, vc, _Down(children), cx.cache_max_bytes)
+            if cx.cache_max_bytes > 0:
+                cx.punctuate(node)
+            return node
+
+        node = Node(name, [source], build)
+        node.stores.append(store)
+        return KTable(g, g.add(node), _store_getter(store, kc, vc), [store], kc, vc)
+
+
+class _TableAggregate(Punctuator):
+    def __init__(self, name, store, step, kc, vc, down, cache_bytes):
+        self.name = name
+        self.store = store
+        self.step = step
+        self.kc = kc
+        self.vc = vc
+        self.down = down
+        self.cache = RecordCache(cache_bytes)
+
+    def process(self, key, change, ts, cx):
+        raw = encode(self.name, "key", self.kc, key)
+        if raw is None:
+            return
+        old, old_ts = _read_aggregate(self.name, self.store, self.vc, raw)
+        if old_ts is not None and old_ts > ts:
+            ts = old_ts
+        new = self.step(key, change, old)
+        size = _write_aggregate(self.name, self.store, self.vc, raw, new, ts)
+        if self.cache.max_bytes > 0:
+            _forward_all(self.down, self.cache.put(raw, key, old, new, ts, len(raw) + size), cx)
+            return
+        if new is None and old is None:
+            return
+        self.down.forward(key, Change(new, old), ts, cx)
+
+    def call_started(self):
+        self.cache.call_started()
+
+    def call_done(self):
+        self.cache.call_done()
+
+    def flush(self, cx):
+        return _forward_all(self.down, self.cache.flush(), cx)
 
 
 # --- Grouped streams and aggregations ------------------------------------------------------------
@@ -819,11 +1126,13 @@ class KGroupedStream:
         node.stores.append(store)
         return KTable(g, g.add(node), _store_getter(store, kc, vc), [store], kc, vc)
 
-    def windowed_by(self, windows: "TimeWindows") -> "WindowedBy":
-        """Windows the groups by ``TimeWindows`` (tumbling or hopping)."""
+    def windowed_by(self, windows) -> "WindowedBy":
+        """Windows the groups by ``TimeWindows`` (tumbling or hopping) or ``SessionWindows``."""
+        if isinstance(windows, SessionWindows):
+            return SessionWindowedBy(self, windows)
         if not isinstance(windows, TimeWindows):
-            raise Error(f"windowed_by takes TimeWindows; {type(windows).__name__} is not in the Python SDK yet "
-                        f"(session and sliding windows are Rust-only for now)")
+            raise Error(f"windowed_by takes TimeWindows or SessionWindows; {type(windows).__name__} is not in the "
+                        f"Python SDK yet (sliding windows are Rust-only for now)")
         return WindowedBy(self, windows)
 
 
@@ -856,16 +1165,30 @@ class _StreamAggregate(Punctuator):
         self.cache = RecordCache(cache_bytes)
 
     def process(self, key, value, ts, cx):
-        raw = encode(self.name, "key", self.kc, key)
-        if raw is None:
+        if key is None:
             return  # null keys are dropped, as Kafka Streams does
-        old, old_ts = _read_aggregate(self.name, self.store, self.vc, raw)
-        if old_ts is not None and old_ts > ts:
-            ts = old_ts
+        try:
+            raw = self.kc.encode(key)
+        except CodecError:
+            raw = encode(self.name, "key", self.kc, key)
+        if raw is None:
+            return
+        stored = self.store.get(raw)
+        if stored is None:
+            old = None
+        else:
+            if len(stored) >= 16 and stored[-8:] == TAG:
+                old_ts = _I64.unpack_from(stored, len(stored) - 16)[0]
+                stored = stored[:-16]
+                if old_ts > ts:
+                    ts = old_ts
+            old = _decode_stored(self.name, "aggregate", self.store, self.vc, stored)
         new = self.step(key, value, old)
         size = _write_aggregate(self.name, self.store, self.vc, raw, new, ts)
         if self.cache.max_bytes > 0:
-            _forward_all(self.down, self.cache.put(raw, key, old, new, ts, len(raw) + size), cx)
+            out = self.cache.put(raw, key, old, new, ts, len(raw) + size)
+            if out:
+                _forward_all(self.down, out, cx)
             return
         self.down.forward(key, Change(new, old), ts, cx)
 
@@ -1052,6 +1375,216 @@ class _TimeWindowAggregate(Punctuator):
                     ts = end - 1
                 self.down.forward(Windowed(key, start, end), Change(value, None), ts, cx)
         self.store.delete_range(lower, upper)
+        self.time.save(self.store)
+
+    def close(self, cx):
+        self.time.save(self.store)
+
+
+# --- Session windows ---------------------------------------------------------------------------
+
+class SessionWindows:
+    """Session windows: a key's records closer than the inactivity gap to each other are one
+    session; a record that bridges two sessions merges them (Kafka Streams' ``SessionWindows``)."""
+
+    def __init__(self, gap, grace=0):
+        self.gap = _ms(gap)
+        self.grace_ms = _ms(grace)
+
+    @classmethod
+    def with_inactivity_gap(cls, gap) -> "SessionWindows":
+        """Sessions that end after ``gap`` without a record, with no grace period."""
+        return cls(gap)
+
+    def grace(self, grace) -> "SessionWindows":
+        """How long after a session could last have grown it still takes late records."""
+        return SessionWindows(self.gap, grace)
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    """The smallest key above every key that starts with ``prefix`` (b"": none)."""
+    end = bytearray(prefix)
+    while end:
+        last = end.pop()
+        if last < 0xFF:
+            end.append(last + 1)
+            return bytes(end)
+    return b""
+
+
+def _ordered_bytes(b: bytes) -> bytes:
+    out = bytearray()
+    _ordered.Bytes.encode_into(b, out)
+    return bytes(out)
+
+
+class SessionWindowedBy:
+    """A grouped stream with session windows, ready for an aggregation."""
+
+    def __init__(self, grouped: KGroupedStream, windows: SessionWindows):
+        self._grouped = grouped
+        self._windows = windows
+        self._final = False
+
+    def emit_final(self) -> "SessionWindowedBy":
+        """Sends each session once, when it closes, instead of at every update."""
+        self._final = True
+        return self
+
+    def count(self, store: Optional[str] = None) -> KTable:
+        """The number of records per key and session (``U64``)."""
+        return self._sessions("count", store, lambda k, v, n: (n or 0) + 1, lambda k, a, b: a + b, U64)
+
+    def reduce(self, reducer, store: Optional[str] = None) -> KTable:
+        """Each session's values combined by ``reducer(agg, value)`` (also when two merge)."""
+        return self._sessions("reduce", store, lambda k, v, agg: v if agg is None else reducer(agg, v),
+                              lambda k, a, b: reducer(a, b), self._grouped._stream.value_codec)
+
+    def aggregate(self, initializer, aggregator, merger, store: Optional[str] = None, *, value: Codec) -> KTable:
+        """Each session's values folded by ``aggregator(key, value, agg)`` from
+        ``initializer()``; ``merger(key, a, b)`` combines two sessions a record bridges."""
+        def add(k, v, agg):
+            return aggregator(k, v, initializer() if agg is None else agg)
+        return self._sessions("aggregate", store, add, merger, value)
+
+    def _sessions(self, kind, store, add, merge, vc) -> KTable:
+        grouped = self._grouped
+        g = grouped._stream._g
+        w = self._windows
+        if w.gap < 0 or w.grace_ms < 0:
+            g.error(f"session windows with a gap of {w.gap} ms and a grace of {w.grace_ms} ms: neither may be "
+                    f"negative")
+        final = self._final
+        store = store or g.next_name(kind)
+        source = grouped._input(store)
+        name = g.next_name(kind)
+        kc = source.key_codec
+
+        def build(cx, children):
+            node = _SessionAggregate(name, cx.store(store), w, final, add, merge, kc, vc, _Down(children))
+            cx.punctuate(node)
+            return node
+
+        node = Node(name, [source._node], build)
+        node.stores.append(store)
+
+        def no_getter(cx):
+            raise Error(f"the windowed table of {name} cannot be looked up by key (join its stream instead)")
+        return KTable(g, g.add(node), no_getter, [store], WindowedCodec(kc), vc)
+
+
+class _SessionAggregate(Punctuator):
+    """The Rust SDK's ``session.rs``: per session, ``(segment of last, key, last, first)``
+    (order-preserving) → the aggregate; the empty key holds the stream time."""
+
+    def __init__(self, name, store, windows, final, add, merge, kc, vc, down):
+        self.name = name
+        self.store = store
+        self.windows = windows
+        self.final = final
+        self.add = add
+        self.merge = merge
+        self.kc = kc
+        self.vc = vc
+        self.down = down
+        self.time = StreamTime(name, store)
+        self.segment = max(_clamp(windows.gap + windows.grace_ms) // 2, 1)
+        self.closed_below = UNKNOWN
+        first = next(iter(store.range(_ordered_i64(UNKNOWN), None)), None)
+        if first is None:
+            self.floor = I64_MAX
+        else:
+            try:
+                self.floor = _ordered.I64.decode_from(first[0], 0)[0]
+            except CodecError as e:
+                raise Error(f"operator {name}: a session key in its store: {e}") from None
+
+    def _session_key(self, key: bytes, first: int, last: int) -> bytes:
+        return (_ordered_i64(last // self.segment) + _ordered_bytes(key) + _ordered_i64(last)
+                + _ordered_i64(first))
+
+    def _parse(self, raw: bytes):
+        try:
+            _, pos = _ordered.I64.decode_from(raw, 0)
+            key, pos = _ordered.Bytes.decode_from(raw, pos)
+            last, pos = _ordered.I64.decode_from(raw, pos)
+            first, pos = _ordered.I64.decode_from(raw, pos)
+        except CodecError as e:
+            raise Error(f"operator {self.name}: a session key in its store: {e}") from None
+        return key, first, last
+
+    def _overlapping(self, key: bytes, lo: int, hi: int) -> list:
+        found = []
+        newest = max(self.time.now, hi)
+        ordered_key = _ordered_bytes(key)
+        for segment in range(max(lo // self.segment, self.floor), newest // self.segment + 1):
+            prefix = _ordered_i64(segment) + ordered_key
+            for store_key, agg in list(self.store.range(prefix + _ordered_i64(lo), _prefix_end(prefix))):
+                _, first, last = self._parse(store_key)
+                if first <= hi:
+                    found.append((store_key, first, last, agg))
+        return found
+
+    def process(self, key, value, ts, cx):
+        raw = encode(self.name, "key", self.kc, key)
+        if raw is None:
+            return  # null keys are dropped
+        if ts > self.time.now:
+            self.time.now = ts
+        gap, grace, now = self.windows.gap, self.windows.grace_ms, self.time.now
+        found = [f for f in self._overlapping(raw, _clamp(ts - gap), _clamp(ts + gap))
+                 if _clamp(f[2] + gap + grace) > now]
+        first = min([ts] + [f[1] for f in found])
+        last = max([ts] + [f[2] for f in found])
+        if _clamp(last + gap + grace) < now:
+            return  # late: the session it would make has closed
+        in_place = first == ts and last == ts
+        agg = None
+        for store_key, f_first, f_last, raw_agg in found:
+            old = decode(self.name, "aggregate in its store", self.vc, raw_agg)
+            self.store.delete(store_key)
+            if not self.final and not in_place:
+                self.down.forward(Windowed(key, f_first, _clamp(f_last + 1)), Change(None, old), f_last, cx)
+            agg = old if agg is None else self.merge(key, agg, old)
+        new = self.add(key, value, agg)
+        self.floor = min(self.floor, last // self.segment)
+        data = encode(self.name, "aggregate", self.vc, new)
+        session_key = self._session_key(raw, first, last)
+        if data is None:
+            self.store.delete(session_key)
+        else:
+            self.store.put(session_key, data)
+        if not self.final:
+            self.down.forward(Windowed(key, first, _clamp(last + 1)), Change(new, None), last, cx)
+
+    def batch_started(self):
+        self.time = StreamTime(self.name, self.store)
+
+    def batch_done(self):
+        self.time.save(self.store)
+
+    def punctuate(self, _time, cx):
+        now = self.time.now
+        if now == UNKNOWN:
+            return
+        cut = _clamp(now - self.windows.gap - self.windows.grace_ms)
+        if cut == self.closed_below:
+            self.time.save(self.store)
+            return
+        self.closed_below = cut
+        closed = []
+        for store_key, agg in list(self.store.range(_ordered_i64(UNKNOWN), _ordered_i64(cut // self.segment + 1))):
+            key, first, last = self._parse(store_key)
+            if last >= cut:
+                continue
+            if self.final:
+                k = decode(self.name, "key in its store", self.kc, bytes(key))
+                value = decode(self.name, "aggregate in its store", self.vc, agg)
+                self.down.forward(Windowed(k, first, _clamp(last + 1)), Change(value, None), last, cx)
+            closed.append((store_key, None))
+        if closed:
+            self.store.write_batch(closed)
+        self.floor = max(self.floor, cut // self.segment)
         self.time.save(self.store)
 
     def close(self, cx):
