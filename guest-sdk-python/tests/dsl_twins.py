@@ -17,7 +17,7 @@ for example in ("dsl-word-count", "dsl-page-views", "dsl-enrich-orders"):
     sys.path.insert(0, os.path.join(ROOT, "guests", "python", example))
 
 from sluice_guest import I64, Str, U64  # noqa: E402
-from sluice_guest.dsl import SessionWindows, TimeWindows, topology  # noqa: E402
+from sluice_guest.dsl import JoinWindows, SessionWindows, TimeWindows, topology  # noqa: E402
 from sluice_guest.dsl._graph import Topology  # noqa: E402
 from sluice_guest.dsl.testing import TestDriver  # noqa: E402
 
@@ -118,6 +118,23 @@ def sessions(b):
         .to("updates"))
 
 
+@topology("stream_joins")
+def stream_joins(b):
+    def or_dash(v):
+        return "-" if v is None else v
+    orders = b.stream("orders", key=Str, value=Str)
+    payments = b.stream("payments", key=Str, value=Str)
+    (orders.left_join_stream(payments, lambda o, p: f"{o} unpaid" if p is None else f"{o} paid by {p}",
+                             JoinWindows.of(10_000).before(0).grace(3_000))
+        .to("paid"))
+    orders.join_stream(payments, lambda o, p: f"{o}+{p}", JoinWindows.of(2_000).grace(1_000)).to("inner")
+    (orders.outer_join_stream(payments, lambda o, p: f"{or_dash(o)}|{or_dash(p)}", JoinWindows.of(3_000).after(1_000))
+        .to("outer"))
+    (orders.select_key(lambda _, v: v[:1])
+        .join_stream(payments.select_key(lambda _, v: v[:1]), lambda o, p: f"{o}={p}", JoinWindows.of(1_000))
+        .to("by_letter"))
+
+
 TWINS = {
     "dsl-word-count": word_count,
     "dsl-page-views": page_views,
@@ -126,6 +143,7 @@ TWINS = {
     "windowed": windowed,
     "tables": tables,
     "sessions": sessions,
+    "stream_joins": stream_joins,
 }
 
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use sluice_guest::dsl::testing::TestDriver;
-use sluice_guest::dsl::{SessionWindows, StreamsBuilder, TimeWindows, Topology, Windowed};
+use sluice_guest::dsl::{JoinWindows, SessionWindows, StreamsBuilder, TimeWindows, Topology, Windowed};
 use sluice_guest::Description;
 
 fn word_count(b: &mut StreamsBuilder) {
@@ -203,6 +203,52 @@ fn sessions(b: &mut StreamsBuilder) {
         .to("updates");
 }
 
+/// Stream-stream joins: a left join with no time before (orders and their payments), an
+/// inner and an outer join with other windows, and an inner join of both streams re-keyed
+/// (both repartitioned).
+fn stream_joins(b: &mut StreamsBuilder) {
+    fn or_dash(v: Option<&String>) -> &str {
+        v.map_or("-", String::as_str)
+    }
+    let orders = b.stream::<String, String>("orders");
+    let payments = b.stream::<String, String>("payments");
+    orders
+        .left_join_stream(
+            &payments,
+            |o, p| match p {
+                Some(p) => format!("{o} paid by {p}"),
+                None => format!("{o} unpaid"),
+            },
+            JoinWindows::of(Duration::from_secs(10))
+                .before(Duration::ZERO)
+                .grace(Duration::from_secs(3)),
+        )
+        .to("paid");
+    orders
+        .join_stream(
+            &payments,
+            |o, p| format!("{o}+{p}"),
+            JoinWindows::of(Duration::from_secs(2)).grace(Duration::from_secs(1)),
+        )
+        .to("inner");
+    orders
+        .outer_join_stream(
+            &payments,
+            |o, p| format!("{}|{}", or_dash(o), or_dash(p)),
+            JoinWindows::of(Duration::from_secs(3)).after(Duration::from_secs(1)),
+        )
+        .to("outer");
+    let first = |_: &String, v: &String| v.chars().take(1).collect::<String>();
+    orders
+        .select_key(first)
+        .join_stream(
+            &payments.select_key(first),
+            |o, p| format!("{o}={p}"),
+            JoinWindows::of(Duration::from_secs(1)),
+        )
+        .to("by_letter");
+}
+
 /// The twins: each topology's name and function (its sources and sinks are read from its
 /// description, so that none goes unfed or unread).
 type TopologyFn = fn(&mut StreamsBuilder);
@@ -215,6 +261,7 @@ const TWINS: &[(&str, TopologyFn)] = &[
     ("windowed", windowed),
     ("tables", tables),
     ("sessions", sessions),
+    ("stream_joins", stream_joins),
 ];
 
 /// A topology's external sources (global tables' topics included) and sinks.

@@ -33,12 +33,12 @@ from .._core import Error, Processor
 from .._host import backend as _backend
 from ..wire import timestamp_bytes as _ts_bytes
 from ._graph import DEFAULT_CACHE_MAX_BYTES, DslTask, Topology
-from ._ops import (Change, GlobalKTable, KGroupedStream, KGroupedTable, KStream, KTable, SessionWindowedBy,
+from ._ops import (Change, GlobalKTable, JoinWindows, KGroupedStream, KGroupedTable, KStream, KTable, SessionWindowedBy,
                    SessionWindows, Split, StreamsBuilder, TimeWindows, Unit, Windowed, WindowedBy, WindowedCodec)
 
 __all__ = [
     "topology", "StreamsBuilder", "KStream", "KTable", "GlobalKTable", "KGroupedStream", "KGroupedTable", "Split",
-    "TimeWindows", "SessionWindows", "SessionWindowedBy",
+    "TimeWindows", "SessionWindows", "SessionWindowedBy", "JoinWindows",
     "WindowedBy", "Windowed", "WindowedCodec", "Change", "Unit", "Topology", "DslTask", "DEFAULT_CACHE_MAX_BYTES",
 ]
 
@@ -96,8 +96,10 @@ def topology(name: str):
                     self.task.process(record.source, record.partition, record.offset, None, None, 0, None)
                 if self._ctx is not ctx:
                     self._out(ctx)
+                cx = self._cx
+                cx.at(self.task.source_index[record.source], 0, record)
                 try:
-                    node.process_raw(record.key, record.value, record.timestamp, self._cx)
+                    node.process_raw(record.key, record.value, record.timestamp, cx)
                 except Error as e:
                     raise Error(f"the record at {record.source}/{record.partition}@{record.offset}: {e}") from None
 

@@ -397,12 +397,32 @@ class Punctuator:
 
 
 class Cx:
-    """Where a chain's records go (``out.emit(sink, key, value, ts)``)."""
+    """Where a chain's records go (``out.emit(sink, key, value, ts)``), and the input record
+    it runs for: ``next_id()`` gives ids that are the same when the same input is processed
+    again after a failure (its source's index, its offset, the n-th id taken for it)."""
 
-    __slots__ = ("out",)
+    __slots__ = ("out", "source", "offset", "record", "taken")
 
     def __init__(self, out):
         self.out = out
+        self.source = 0
+        self.offset = 0
+        self.record = None  # when set, the offset is read from it when first needed
+        self.taken = 0
+
+    def at(self, source: int, offset, record=None):
+        self.source = source
+        self.offset = offset
+        self.record = record
+        self.taken = 0
+
+    def next_id(self):
+        if self.record is not None:
+            self.offset = self.record.offset
+            self.record = None
+        taken = self.taken
+        self.taken = taken + 1
+        return self.source, self.offset, taken
 
 
 def encode(operator: str, what: str, codec, value) -> Optional[bytes]:
@@ -431,6 +451,7 @@ class DslTask:
     def __init__(self, subtopology: str, sources: List[tuple], punctuators: List[object]):
         self.subtopology = subtopology
         self.sources = dict(sources)
+        self.source_index = {name: i for i, (name, _) in enumerate(sources)}
         self.punctuators = punctuators
 
     def reads(self, source: str) -> bool:
@@ -440,8 +461,10 @@ class DslTask:
         node = self.sources.get(source)
         if node is None:
             raise Error(f"sub-topology {q(self.subtopology)} got a record from {q(source)}, which it does not read")
+        cx = Cx(out)
+        cx.at(self.source_index[source], offset)
         try:
-            node.process_raw(key, value, timestamp, Cx(out))
+            node.process_raw(key, value, timestamp, cx)
         except Error as e:
             raise Error(f"the record at {source}/{partition}@{offset}: {e}") from None
 

@@ -610,6 +610,53 @@ class KStream:
         node.reads = list(table._stores)
         return KStream(g, g.add(node), False, self.key_codec, value or self.value_codec)
 
+    def join_stream(self, other: "KStream", joiner, windows: "JoinWindows", *, value: Codec = None) -> "KStream":
+        """Each record joined with every record of ``other`` with the same key within
+        ``windows``, ``joiner(value, other_value)`` (Kafka Streams' ``KStream.join(KStream)``)."""
+        return self._join_streams(other, "join_stream", windows,
+                                  lambda a, b: _DROP if a is None or b is None else joiner(a, b), value)
+
+    def left_join_stream(self, other: "KStream", joiner, windows: "JoinWindows", *,
+                         value: Codec = None) -> "KStream":
+        """As ``join_stream``; a record of this stream that joins nothing goes out with None
+        once its window and grace period have passed."""
+        return self._join_streams(other, "left_join_stream", windows,
+                                  lambda a, b: _DROP if a is None else joiner(a, b), value)
+
+    def outer_join_stream(self, other: "KStream", joiner, windows: "JoinWindows", *,
+                          value: Codec = None) -> "KStream":
+        """As ``left_join_stream``, for the records of both streams."""
+        return self._join_streams(other, "outer_join_stream", windows, joiner, value)
+
+    def _join_streams(self, other, op, windows, joiner, value):
+        g = self._g
+        base = g.next_name(op)
+        w = windows
+        if w.before_ms < 0 or w.after_ms < 0 or w.grace_ms < 0:
+            g.error(f"join windows of {op}: before, after and grace must not be negative")
+        this = _join_input(self, f"{base}_left")
+        that = _join_input(other, f"{base}_right")
+        this_side = _add_fn(g, [this._node], f"{op}_this",
+                            lambda forward: lambda k, v, ts, cx: forward(k, (0, v), ts, cx))
+        other_side = _add_fn(g, [that._node], f"{op}_other",
+                             lambda forward: lambda k, v, ts, cx: forward(k, (1, v), ts, cx))
+        stores = [f"{base}_this", f"{base}_other", f"{base}_outer"]
+        name = g.next_name(op)
+        kc, codecs = self.key_codec, (self.value_codec, other.value_codec)
+
+        def build(cx, children):
+            this_store = cx.store(stores[0])
+            outer = None if op == "join_stream" else cx.store(stores[2])
+            other_store = cx.store(stores[1])
+            node = _StreamStreamJoin(name, (this_store, other_store), outer, w, op, joiner, kc, codecs,
+                                     _Down(children))
+            cx.punctuate(node)
+            return node
+
+        node = Node(name, [this_side, other_side], build)
+        node.stores = stores[:2] if op == "join_stream" else stores
+        return KStream(g, g.add(node), False, self.key_codec, value or self.value_codec)
+
     def join_global(self, table: "GlobalKTable", key, joiner, *, value: Codec = None) -> "KStream":
         """Each record joined with the global table's value for ``key(key, value)``,
         ``joiner(value, table_value)``; records it finds nothing for are dropped."""
@@ -1589,3 +1636,238 @@ class _SessionAggregate(Punctuator):
 
     def close(self, cx):
         self.time.save(self.store)
+
+
+# --- Stream-stream joins (the Rust SDK's ``stream_join.rs``) -----------------------------------
+
+class JoinWindows:
+    """The window of a stream-stream join: a left record at ``t`` joins right records in
+    ``[t - before, t + after]``, both ends included."""
+
+    def __init__(self, before, after, grace=0):
+        self.before_ms = _ms(before)
+        self.after_ms = _ms(after)
+        self.grace_ms = _ms(grace)
+
+    @classmethod
+    def of(cls, difference) -> "JoinWindows":
+        """Records at most ``difference`` apart join, with no grace period."""
+        return cls(difference, difference)
+
+    def before(self, before) -> "JoinWindows":
+        """How far before a left record a right record may be."""
+        return JoinWindows(before, self.after_ms, self.grace_ms)
+
+    def after(self, after) -> "JoinWindows":
+        """How far after a left record a right record may be."""
+        return JoinWindows(self.before_ms, after, self.grace_ms)
+
+    def grace(self, grace) -> "JoinWindows":
+        """How long out-of-order records are still taken after their window has passed."""
+        return JoinWindows(self.before_ms, self.after_ms, grace)
+
+    def retention(self) -> int:
+        return _clamp(self.before_ms + self.after_ms + self.grace_ms)
+
+
+_THIS, _OTHER = 0, 1
+_OUTER_RIGHT, _OUTER_LEFT = 2, 3
+
+
+def _ordered_u32(x: int) -> bytes:
+    out = bytearray()
+    _ordered.U32.encode_into(x, out)
+    return bytes(out)
+
+
+def _ordered_u8(x: int) -> bytes:
+    out = bytearray()
+    _ordered.U8.encode_into(x, out)
+    return bytes(out)
+
+
+class _MinTime:
+    """Kafka Streams' ``minTime`` of a join's unmatched records, kept in the outer store under
+    the empty key (see the Rust SDK)."""
+
+    __slots__ = ("now", "saved")
+
+    def __init__(self, operator, store):
+        raw = None if store is None else store.get(b"")
+        if raw is None:
+            self.now = I64_MAX
+        elif len(raw) != 8:
+            raise Error(f"operator {operator}: the time in store {q(store.name)} is {len(raw)} bytes, not 8")
+        else:
+            self.now = _I64.unpack(raw)[0]
+        self.saved = self.now
+
+    def save(self, store):
+        if self.now != self.saved:
+            store.put(b"", _I64.pack(self.now))
+            self.saved = self.now
+
+
+class _StreamStreamJoin(Punctuator):
+    def __init__(self, name, stores, outer, windows, op, joiner, kc, codecs, down):
+        self.name = name
+        self.stores = stores
+        self.outer = outer
+        self.windows = windows
+        self.op = op
+        self.joiner = joiner
+        self.kc = kc
+        self.codecs = codecs
+        self.down = down
+        self.times = [StreamTime(name, stores[0]), StreamTime(name, stores[1])]
+        self.segment = max(windows.retention() // 2, 1)
+        self.expired_below = UNKNOWN
+        self.min_time = _MinTime(name, outer)
+
+    def _keeps_unmatched(self, side):
+        if self.op == "join_stream":
+            return False
+        if self.op == "left_join_stream":
+            return side == _THIS
+        return True
+
+    def _reach_ahead(self, side):
+        return self.windows.after_ms if side == _THIS else self.windows.before_ms
+
+    def _now(self):
+        return max(self.times[0].now, self.times[1].now)
+
+    @staticmethod
+    def _outer_key(ts, side, key):
+        return _ordered_i64(ts) + _ordered_u8(_OUTER_LEFT if side == _THIS else _OUTER_RIGHT) + _ordered_bytes(key)
+
+    def _partners(self, side, key, lo, hi):
+        store = self.stores[1 - side]
+        found = []
+        if lo > hi:
+            return found
+        ordered_key = _ordered_bytes(key)
+        for segment in range(lo // self.segment, hi // self.segment + 1):
+            prefix = _ordered_i64(segment) + ordered_key
+            upper = prefix + _ordered_i64(hi) + b"\xff" * 17
+            for raw, value in list(store.range(prefix + _ordered_i64(lo), upper)):
+                try:
+                    _, pos = _ordered.I64.decode_from(raw, 0)
+                    _, pos = _ordered.Bytes.decode_from(raw, pos)
+                    ts, pos = _ordered.I64.decode_from(raw, pos)
+                except CodecError as e:
+                    raise Error(f"operator {self.name}: a key in store {q(store.name)}: {e}") from None
+                found.append((ts, value))
+        return found
+
+    def _decode(self, side, data):
+        return decode(self.name, "left value" if side == _THIS else "right value", self.codecs[side], data)
+
+    def _forward_alone(self, key, side, value, ts, cx):
+        v = self._decode(side, value)
+        out = self.joiner(v, None) if side == _THIS else self.joiner(None, v)
+        if out is not _DROP:
+            self.down.forward(key, out, ts, cx)
+
+    def process(self, key, sided, ts, cx):
+        if key is None:
+            return
+        side, v = sided
+        value = encode(self.name, "value", self.codecs[side], v)
+        if value is None:
+            return  # a null value joins nothing
+        raw = encode(self.name, "key", self.kc, key)
+        if raw is None:
+            return
+        w = self.windows
+        reach_back, reach_ahead = (w.before_ms, w.after_ms) if side == _THIS else (w.after_ms, w.before_ms)
+        advanced = ts >= self._now()
+        if ts > self.times[side].now:
+            self.times[side].now = ts
+        now = self._now()
+        if advanced:
+            self._emit_closed(now, side, cx)
+        source, offset, taken = cx.next_id()
+        entry = (_ordered_i64(ts // self.segment) + _ordered_bytes(raw) + _ordered_i64(ts) + _ordered_u32(source)
+                 + _ordered_i64(offset) + _ordered_u32(taken))
+        self.stores[side].put(entry, value)
+        kept_from = _clamp(self.times[1 - side].now - w.retention()) + 1
+        partners = self._partners(side, raw, max(_clamp(ts - reach_back), kept_from), _clamp(ts + reach_ahead))
+        for their_ts, theirs in partners:
+            if self._keeps_unmatched(1 - side) and self.outer is not None:
+                k = self._outer_key(their_ts, 1 - side, raw)
+                if self.outer.get(k) is not None:
+                    self.outer.delete(k)
+            mine = self._decode(side, value)
+            other = self._decode(1 - side, theirs)
+            out = self.joiner(mine, other) if side == _THIS else self.joiner(other, mine)
+            if out is not _DROP:
+                self.down.forward(key, out, max(ts, their_ts), cx)
+        if not partners and self._keeps_unmatched(side):
+            if _clamp(ts + reach_ahead) < now:
+                self._forward_alone(key, side, value, ts, cx)  # its window has passed already
+            elif self.outer is not None:
+                if ts < self.min_time.now:
+                    self.min_time.now = ts
+                self.outer.put(self._outer_key(ts, side, raw), value)
+
+    def _emit_closed(self, now, side, cx):
+        outer = self.outer
+        if outer is None:
+            return
+        grace = self.windows.grace_ms
+        low = self.min_time.now
+        if low != I64_MAX and _clamp(low + self._reach_ahead(side) + grace) >= now:
+            return
+        self.min_time.now = I64_MAX
+        left_open = right_open = False
+        sent = []
+        for raw, value in outer.range(_ordered_i64(UNKNOWN), None):
+            try:
+                ts, pos = _ordered.I64.decode_from(raw, 0)
+                stored_side, pos = _ordered.U8.decode_from(raw, pos)
+                key, pos = _ordered.Bytes.decode_from(raw, pos)
+            except CodecError as e:
+                raise Error(f"operator {self.name}: a key in store {q(outer.name)}: {e}") from None
+            s = _THIS if stored_side in (_OUTER_LEFT, _THIS) else _OTHER
+            self.min_time.now = ts
+            if left_open and right_open:
+                break
+            if _clamp(ts + self._reach_ahead(s) + grace) >= now:
+                if s == _THIS:
+                    left_open = True
+                else:
+                    right_open = True
+                continue
+            k = decode(self.name, "key of an unmatched record", self.kc, bytes(key))
+            self._forward_alone(k, s, value, ts, cx)
+            sent.append((raw, None))
+        if sent:
+            outer.write_batch(sent)
+
+    def _save_times(self):
+        self.times[0].save(self.stores[0])
+        self.times[1].save(self.stores[1])
+        if self.outer is not None:
+            self.min_time.save(self.outer)
+
+    def batch_started(self):
+        self.times = [StreamTime(self.name, self.stores[0]), StreamTime(self.name, self.stores[1])]
+        self.min_time = _MinTime(self.name, self.outer)
+
+    def batch_done(self):
+        self._save_times()
+
+    def punctuate(self, _time, cx):
+        now = self._now()
+        if now == UNKNOWN or now == self.expired_below:
+            self._save_times()
+            return
+        self.expired_below = now
+        for side in (_THIS, _OTHER):
+            cut = _clamp(self.times[side].now - self.windows.retention())
+            self.stores[side].delete_range(_ordered_i64(UNKNOWN), _ordered_i64(cut // self.segment))
+        self._save_times()
+
+    def close(self, cx):
+        self._save_times()
