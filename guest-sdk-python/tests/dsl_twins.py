@@ -2,7 +2,7 @@
 ``python dsl_twins.py CASE.json`` runs a case's steps through the Python DSL's test driver and
 writes what the Rust test compares (description, operator lines, outputs per sink, stores).
 
-The first three twins are the examples in ``guests/python/``, imported as they ship."""
+The first four twins are the examples in ``guests/python/``, imported as they ship."""
 
 from __future__ import annotations
 
@@ -13,15 +13,16 @@ from datetime import timedelta
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
-for example in ("dsl-word-count", "dsl-page-views", "dsl-enrich-orders"):
+for example in ("dsl-word-count", "dsl-page-views", "dsl-enrich-orders", "dsl-orders-payments"):
     sys.path.insert(0, os.path.join(ROOT, "guests", "python", example))
 
 from sluice_guest import I64, Str, U64  # noqa: E402
-from sluice_guest.dsl import JoinWindows, SessionWindows, TimeWindows, topology  # noqa: E402
+from sluice_guest.dsl import JoinWindows, SessionWindows, SlidingWindows, TimeWindows, topology  # noqa: E402
 from sluice_guest.dsl._graph import Topology  # noqa: E402
 from sluice_guest.dsl.testing import TestDriver  # noqa: E402
 
 from dsl_enrich_orders import enrich_orders  # noqa: E402
+from dsl_orders_payments import orders_payments  # noqa: E402
 from dsl_page_views import page_views  # noqa: E402
 from dsl_word_count import word_count  # noqa: E402
 
@@ -135,15 +136,33 @@ def stream_joins(b):
         .to("by_letter"))
 
 
+@topology("sliding")
+def sliding(b):
+    clicks = b.stream("clicks", key=Str, value=Str).group_by_key()
+    (clicks.windowed_by(SlidingWindows.with_time_difference(6_000).grace(3_000))
+        .emit_final()
+        .count("sliding_final")
+        .to_stream()
+        .map(lambda w, n: (w.key, f"{w.start} {w.end} {n or 0}"), key=Str, value=Str)
+        .to("final"))
+    (clicks.windowed_by(SlidingWindows.with_time_difference(4_000))
+        .reduce(lambda a, b: a + b, "sliding_joined")
+        .to_stream()
+        .map(lambda w, v: (f"{w.key}@{w.start}-{w.end}", v), key=Str, value=Str)
+        .to("updates"))
+
+
 TWINS = {
     "dsl-word-count": word_count,
     "dsl-page-views": page_views,
     "dsl-enrich-orders": enrich_orders,
+    "dsl-orders-payments": orders_payments,
     "mixed": mixed,
     "windowed": windowed,
     "tables": tables,
     "sessions": sessions,
     "stream_joins": stream_joins,
+    "sliding": sliding,
 }
 
 

@@ -5,9 +5,10 @@
 //! record each sends to each sink (key, value and timestamp bytes, in order) and every entry
 //! each leaves in each store (stored bytes, times and stream times included) must be equal.
 //!
-//! The first three are the examples `guests/dsl-word-count`, `guests/dsl-page-views` and
-//! `guests/dsl-enrich-orders` (and their twins the Python examples in `guests/python/`); the
-//! others use the rest of the operators the Python DSL has.
+//! The first four are the examples `guests/dsl-word-count`, `guests/dsl-page-views`,
+//! `guests/dsl-enrich-orders` and `guests/dsl-orders-payments` (and their twins the Python
+//! examples in `guests/python/`); the others use the rest of the DSL's operators: every
+//! operator of the Rust DSL has its twin here.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -17,7 +18,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use sluice_guest::dsl::testing::TestDriver;
-use sluice_guest::dsl::{JoinWindows, SessionWindows, StreamsBuilder, TimeWindows, Topology, Windowed};
+use sluice_guest::dsl::{JoinWindows, SessionWindows, SlidingWindows, StreamsBuilder, TimeWindows, Topology, Windowed};
 use sluice_guest::Description;
 
 fn word_count(b: &mut StreamsBuilder) {
@@ -67,6 +68,23 @@ fn enrich_orders(b: &mut StreamsBuilder) {
     orders
         .left_join_global(&directory, |customer, _| customer.clone(), |o, c| enriched(o, c))
         .to("enriched_global");
+}
+
+fn orders_payments(b: &mut StreamsBuilder) {
+    let orders = b.stream::<String, String>("orders");
+    let payments = b.stream::<String, String>("payments");
+    orders
+        .left_join_stream(
+            &payments,
+            |order, payment| match payment {
+                Some(payment) => format!("{order} paid by {payment}"),
+                None => format!("{order} unpaid"),
+            },
+            JoinWindows::of(Duration::from_secs(600))
+                .before(Duration::ZERO)
+                .grace(Duration::from_secs(120)),
+        )
+        .to("paid");
 }
 
 /// Split, merge, map, select-key, reduce, to-table after a key change, a stream-table join
@@ -249,6 +267,25 @@ fn stream_joins(b: &mut StreamsBuilder) {
         .to("by_letter");
 }
 
+/// Sliding windows: emitted when closed (counted), and at every update (reduced); records
+/// earlier than the time difference share the window that starts at 0.
+fn sliding(b: &mut StreamsBuilder) {
+    let clicks = b.stream::<String, String>("clicks").group_by_key();
+    clicks
+        .windowed_by(SlidingWindows::with_time_difference(Duration::from_secs(6)).grace(Duration::from_secs(3)))
+        .emit_final()
+        .count("sliding_final")
+        .to_stream()
+        .map(|w, n| (w.key, format!("{} {} {}", w.start, w.end, n.unwrap_or(0))))
+        .to("final");
+    clicks
+        .windowed_by(SlidingWindows::with_time_difference(Duration::from_secs(4)))
+        .reduce(|a, b| format!("{a}{b}"), "sliding_joined")
+        .to_stream()
+        .map(|w, v| (format!("{}@{}-{}", w.key, w.start, w.end), v))
+        .to("updates");
+}
+
 /// The twins: each topology's name and function (its sources and sinks are read from its
 /// description, so that none goes unfed or unread).
 type TopologyFn = fn(&mut StreamsBuilder);
@@ -257,11 +294,13 @@ const TWINS: &[(&str, TopologyFn)] = &[
     ("dsl-word-count", word_count),
     ("dsl-page-views", page_views),
     ("dsl-enrich-orders", enrich_orders),
+    ("dsl-orders-payments", orders_payments),
     ("mixed", mixed),
     ("windowed", windowed),
     ("tables", tables),
     ("sessions", sessions),
     ("stream_joins", stream_joins),
+    ("sliding", sliding),
 ];
 
 /// A topology's external sources (global tables' topics included) and sinks.
@@ -332,12 +371,18 @@ fn steps(rng: &mut Rng, sources: &[String], n: usize) -> Vec<Value> {
             steps.push(json!({ "punctuate": true }));
             continue;
         }
-        // Whole seconds, so that records fall on window bounds and grace ends exactly.
+        // Whole seconds, so that records fall on window bounds and grace ends exactly, and
+        // a millisecond either side of them now and then.
         now += rng.below(4) as i64 * 1_000;
         let ts = match rng.below(10) {
             0 => now - 45_000 - rng.below(60) as i64 * 1_000,
             1 | 2 => now - rng.below(8) as i64 * 1_000,
             _ => now,
+        };
+        let ts = match rng.below(6) {
+            0 => ts + 1,
+            1 => ts - 1,
+            _ => ts,
         }
         .max(0);
         let source = sources[rng.below(sources.len() as u64) as usize].as_str();

@@ -22,9 +22,7 @@ inside the guest to the same sub-topologies, repartition topics and stores.
 Codecs: a stream's keys and values are written with its codecs (``stream(key=, value=)``);
 an operator that changes their type takes ``key=`` / ``value=`` (otherwise they stay as
 they were); ``count`` writes ``U64``; ``aggregate`` takes ``value=``. ``None`` is a null key
-or a tombstone with every codec. See ``docs/python.md`` for what is in the Python DSL so
-far (session and sliding windows, stream-stream and table-table joins and table
-aggregations are Rust-only for now).
+or a tombstone with every codec. Every operator of the Rust DSL is here (``docs/python.md``).
 """
 
 from __future__ import annotations
@@ -34,11 +32,12 @@ from .._host import backend as _backend
 from ..wire import timestamp_bytes as _ts_bytes
 from ._graph import DEFAULT_CACHE_MAX_BYTES, DslTask, Topology
 from ._ops import (Change, GlobalKTable, JoinWindows, KGroupedStream, KGroupedTable, KStream, KTable, SessionWindowedBy,
-                   SessionWindows, Split, StreamsBuilder, TimeWindows, Unit, Windowed, WindowedBy, WindowedCodec)
+                   SessionWindows, SlidingWindowedBy, SlidingWindows, Split, StreamsBuilder, TimeWindows, Unit, Windowed,
+                   WindowedBy, WindowedCodec)
 
 __all__ = [
     "topology", "StreamsBuilder", "KStream", "KTable", "GlobalKTable", "KGroupedStream", "KGroupedTable", "Split",
-    "TimeWindows", "SessionWindows", "SessionWindowedBy", "JoinWindows",
+    "TimeWindows", "SessionWindows", "SessionWindowedBy", "SlidingWindows", "SlidingWindowedBy", "JoinWindows",
     "WindowedBy", "Windowed", "WindowedCodec", "Change", "Unit", "Topology", "DslTask", "DEFAULT_CACHE_MAX_BYTES",
 ]
 

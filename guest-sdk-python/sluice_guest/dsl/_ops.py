@@ -1174,12 +1174,15 @@ class KGroupedStream:
         return KTable(g, g.add(node), _store_getter(store, kc, vc), [store], kc, vc)
 
     def windowed_by(self, windows) -> "WindowedBy":
-        """Windows the groups by ``TimeWindows`` (tumbling or hopping) or ``SessionWindows``."""
+        """Windows the groups by ``TimeWindows`` (tumbling or hopping), ``SessionWindows`` or
+        ``SlidingWindows``."""
         if isinstance(windows, SessionWindows):
             return SessionWindowedBy(self, windows)
+        if isinstance(windows, SlidingWindows):
+            return SlidingWindowedBy(self, windows)
         if not isinstance(windows, TimeWindows):
-            raise Error(f"windowed_by takes TimeWindows or SessionWindows; {type(windows).__name__} is not in the "
-                        f"Python SDK yet (sliding windows are Rust-only for now)")
+            raise Error(f"windowed_by takes TimeWindows, SessionWindows or SlidingWindows, not "
+                        f"{type(windows).__name__}")
         return WindowedBy(self, windows)
 
 
@@ -1871,3 +1874,276 @@ class _StreamStreamJoin(Punctuator):
 
     def close(self, cx):
         self._save_times()
+
+
+# --- Sliding windows (the Rust SDK's ``sliding.rs``, Kafka Streams 4.x's algorithm) -------------
+
+class SlidingWindows:
+    """Windows of a fixed time difference that slide with the records: every set of a key's
+    records at most ``difference`` apart (Kafka Streams' ``SlidingWindows``)."""
+
+    def __init__(self, difference, grace=0):
+        self.difference = _ms(difference)
+        self.grace_ms = _ms(grace)
+
+    @classmethod
+    def with_time_difference(cls, difference) -> "SlidingWindows":
+        """Windows of records at most ``difference`` apart, with no grace period."""
+        return cls(difference)
+
+    def grace(self, grace) -> "SlidingWindows":
+        """How long after a window's end it still takes out-of-order records."""
+        return SlidingWindows(self.difference, grace)
+
+
+class SlidingWindowedBy:
+    """A grouped stream with sliding windows, ready for an aggregation."""
+
+    def __init__(self, grouped: KGroupedStream, windows: SlidingWindows):
+        self._grouped = grouped
+        self._windows = windows
+        self._final = False
+
+    def emit_final(self) -> "SlidingWindowedBy":
+        """Sends each window once, when it closes, instead of at every update."""
+        self._final = True
+        return self
+
+    def count(self, store: Optional[str] = None) -> KTable:
+        return self._sliding("count", store, lambda k, v, n: (n or 0) + 1, U64)
+
+    def reduce(self, reducer, store: Optional[str] = None) -> KTable:
+        return self._sliding("reduce", store, lambda k, v, agg: v if agg is None else reducer(agg, v),
+                             self._grouped._stream.value_codec)
+
+    def aggregate(self, initializer, aggregator, store: Optional[str] = None, *, value: Codec) -> KTable:
+        def fold(k, v, agg):
+            return aggregator(k, v, initializer() if agg is None else agg)
+        return self._sliding("aggregate", store, fold, value)
+
+    def _sliding(self, kind, store, fold, vc) -> KTable:
+        grouped = self._grouped
+        g = grouped._stream._g
+        w = self._windows
+        if w.difference < 0 or w.grace_ms < 0:
+            g.error(f"sliding windows with a time difference of {w.difference} ms and a grace of {w.grace_ms} ms: "
+                    f"neither may be negative")
+        final = self._final
+        store = store or g.next_name(kind)
+        source = grouped._input(store)
+        name = g.next_name(kind)
+        kc = source.key_codec
+
+        def build(cx, children):
+            node = _SlidingAggregate(name, cx.store(store), w, final, fold, kc, vc, _Down(children))
+            cx.punctuate(node)
+            return node
+
+        node = Node(name, [source._node], build)
+        node.stores.append(store)
+
+        def no_getter(cx):
+            raise Error(f"the windowed table of {name} cannot be looked up by key (join its stream instead)")
+        return KTable(g, g.add(node), no_getter, [store], WindowedCodec(kc), vc)
+
+
+_CLOSED_KEY = b"\x00"
+
+
+class _SlidingAggregate(Punctuator):
+    def __init__(self, name, store, windows, final, fold, kc, vc, down):
+        self.name = name
+        self.store = store
+        self.windows = windows
+        self.final = final
+        self.fold = fold
+        self.kc = kc
+        self.vc = vc
+        self.down = down
+        raw = store.get(_CLOSED_KEY)
+        if raw is None:
+            self.closed_to = UNKNOWN
+        elif len(raw) != 8:
+            raise Error(f"operator {name}: the closing time in its store is not 8 bytes")
+        else:
+            self.closed_to = _I64.unpack(raw)[0]
+        self.time = StreamTime(name, store)
+        self.segment = max(_clamp(windows.difference + windows.grace_ms) // 2, 1)
+
+    def _window_key(self, key, start):
+        return _ordered_i64(start // self.segment) + _ordered_bytes(key) + _ordered_i64(start)
+
+    def _parse(self, raw):
+        try:
+            _, pos = _ordered.I64.decode_from(raw, 0)
+            key, pos = _ordered.Bytes.decode_from(raw, pos)
+            start, pos = _ordered.I64.decode_from(raw, pos)
+        except CodecError as e:
+            raise Error(f"operator {self.name}: a window key in its store: {e}") from None
+        if pos != len(raw):
+            raise Error(f"operator {self.name}: store {q(self.store.name)} holds sliding-window state of an older "
+                        f"SDK (records, not windows): reset the topology's state (or name the store anew) to run "
+                        f"this version")
+        return bytes(key), start
+
+    def _fetch(self, key, lo, hi):
+        found = []
+        if lo > hi:
+            return found
+        ordered_key = _ordered_bytes(key)
+        for segment in range(lo // self.segment, hi // self.segment + 1):
+            prefix = _ordered_i64(segment) + ordered_key
+            for raw, stored in list(self.store.range(prefix, _prefix_end(prefix))):
+                _, start = self._parse(raw)
+                if lo <= start <= hi:
+                    agg, ts = unstamp(stored)
+                    found.append((start, bytes(agg), ts))
+        found.sort(key=lambda w: w[0])
+        return found
+
+    def _put(self, key, start, agg, ts):
+        data = encode(self.name, "aggregate", self.vc, agg)
+        k = self._window_key(key, start)
+        if data is None:
+            self.store.delete(k)  # a null aggregate: no window
+        else:
+            self.store.put(k, stamp(data, ts))
+
+    def _forward(self, key, start, agg, ts, cx):
+        end = _clamp(_clamp(start + self.windows.difference) + 1)
+        self.down.forward(Windowed(key, start, end), Change(agg, None), ts, cx)
+
+    def _update(self, key, value, t, raw, start, old, close, cx):
+        if _clamp(start + self.windows.difference) < close:
+            return  # a closed window takes nothing more
+        old_agg = None if old is None else decode(self.name, "aggregate in its store", self.vc, old[0])
+        ts = t if old is None else max(t, old[1])
+        agg = self.fold(key, value, old_agg)
+        self._put(raw, start, agg, ts)
+        if not self.final:
+            self._forward(key, start, agg, ts, cx)
+
+    def _right_window(self, key, t, raw, found, cx):
+        start = _clamp(t + 1)
+        agg = decode(self.name, "aggregate in its store", self.vc, found[1])
+        self._put(raw, start, agg, found[2])
+        if not self.final:
+            self._forward(key, start, agg, found[2], cx)
+
+    def process(self, key, value, t, cx):
+        if t < 0:
+            return
+        raw = encode(self.name, "key", self.kc, key)
+        if raw is None or value is None:
+            return  # null keys and values are dropped
+        d, grace = self.windows.difference, self.windows.grace_ms
+        if t > self.time.now:
+            self.time.now = t
+        close = _clamp(self.time.now - grace)
+        if _clamp(t + d) < close:
+            return  # late: its last window [t, t + d] is closed
+        if t < d:
+            self._early(key, value, t, raw, close, cx)
+        else:
+            self._in_time(key, value, t, raw, close, cx)
+
+    def _in_time(self, key, value, t, raw, close, cx):
+        d = self.windows.difference
+        found = self._fetch(raw, max(_clamp(t - 2 * d), 0), _clamp(t + 1))
+        starts = {w[0] for w in found}
+        left_agg = right_agg = None
+        left_exists = right_exists = False
+        previous = None
+        for w in reversed(found):
+            end = _clamp(w[0] + d)
+            if w[0] == _clamp(t + 1):
+                right_exists = True
+            elif end > t:
+                if right_agg is None:
+                    right_agg = w
+                self._update(key, value, t, raw, w[0], (w[1], w[2]), close, cx)
+            elif end == t:
+                left_exists = True
+                self._update(key, value, t, raw, w[0], (w[1], w[2]), close, cx)
+                if w[2] < t:
+                    previous = w[2]
+                else:
+                    return  # a record at t was here before: every window exists
+            else:
+                left_agg = w
+                previous = w[2]
+                break
+        if previous is not None:
+            start = _clamp(previous + 1)
+            if start not in starts and _clamp(start + d) >= t:
+                self._update(key, value, t, raw, start, None, close, cx)
+        if not left_exists:
+            old = None
+            if previous is not None and left_agg is not None and _clamp(t - d) <= previous:
+                old = (left_agg[1], t)
+            self._update(key, value, t, raw, _clamp(t - d), old, close, cx)
+        if right_agg is not None and not right_exists and right_agg[2] > t:
+            self._right_window(key, t, raw, right_agg, cx)
+
+    def _early(self, key, value, t, raw, close, cx):
+        found = self._fetch(raw, 0, _clamp(t + 1))
+        starts = {w[0] for w in found}
+        combined = right_agg = None
+        right_exists = False
+        previous = None
+        for w in found:
+            if w[0] == 0:
+                combined = w
+                if w[2] < t:
+                    previous = w[2]
+            elif w[0] <= t:
+                right_agg = w
+                self._update(key, value, t, raw, w[0], (w[1], w[2]), close, cx)
+            elif w[0] == _clamp(t + 1):
+                right_exists = True
+        if right_agg is None and combined is not None and combined[2] > t:
+            right_agg = combined
+        if right_agg is not None and not right_exists and right_agg[2] > t:
+            self._right_window(key, t, raw, right_agg, cx)
+        if previous is not None and _clamp(previous + 1) not in starts:
+            self._update(key, value, t, raw, _clamp(previous + 1), None, close, cx)
+        old = None if combined is None else (combined[1], combined[2])
+        self._update(key, value, t, raw, 0, old, close, cx)
+
+    def batch_started(self):
+        self.time = StreamTime(self.name, self.store)
+
+    def batch_done(self):
+        self.time.save(self.store)
+
+    def punctuate(self, _time, cx):
+        now = self.time.now
+        if now == UNKNOWN:
+            return
+        d = self.windows.difference
+        close = _clamp(now - self.windows.grace_ms)
+        if close > self.closed_to and self.final:
+            lo = 0 if self.closed_to == UNKNOWN else max(_clamp(self.closed_to - d), 0)
+            hi = _clamp(_clamp(close - d) - 1)
+            if lo <= hi:
+                due = []
+                for raw, stored in list(self.store.range(_ordered_i64(lo // self.segment),
+                                                         _ordered_i64(_clamp(hi // self.segment + 1)))):
+                    key, start = self._parse(raw)
+                    if lo <= start <= hi:
+                        agg, ts = unstamp(stored)
+                        due.append((start, key, bytes(agg), ts))
+                due.sort()
+                for start, raw_key, agg, ts in due:
+                    k = decode(self.name, "key in its store", self.kc, raw_key)
+                    value = decode(self.name, "aggregate in its store", self.vc, agg)
+                    self._forward(k, start, value, ts, cx)
+        if close > self.closed_to:
+            self.closed_to = close
+            self.store.put(_CLOSED_KEY, _I64.pack(close))
+            reach = _clamp(close - 3 * d)
+            self.store.delete_range(_ordered_i64(UNKNOWN), _ordered_i64(reach // self.segment))
+        self.time.save(self.store)
+
+    def close(self, cx):
+        self.time.save(self.store)

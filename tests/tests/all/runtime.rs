@@ -511,7 +511,12 @@ fn a_python_topology_describes_itself_and_upper_cases_a_batch() {
 #[test]
 fn python_dsl_components_describe_themselves_as_their_rust_twins() {
     let rt = python_runtime(16);
-    for name in ["dsl-word-count", "dsl-page-views", "dsl-enrich-orders"] {
+    for name in [
+        "dsl-word-count",
+        "dsl-page-views",
+        "dsl-enrich-orders",
+        "dsl-orders-payments",
+    ] {
         let python = rt.load(guest(&format!("python/{name}"))).unwrap();
         let rust = rt.load(guest(name)).unwrap();
         assert_eq!(python.description(), rust.description(), "{name}");
