@@ -1078,6 +1078,23 @@ async fn python_windows_emitted_final_agree_with_kafka_streams_through_a_kill_ex
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn python_windows_emitted_final_agree_with_kafka_streams_through_a_kill_at_least_once() -> anyhow::Result<()> {
+    python_agrees_through_a_kill(page_views, 16, "at-least-once").await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn python_stream_table_and_global_joins_agree_with_kafka_streams_through_a_kill_exactly_once(
+) -> anyhow::Result<()> {
+    python_agrees_through_a_kill(enrich_orders, 17, "exactly-once").await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_python_stream_stream_left_join_agrees_with_kafka_streams_through_a_kill_at_least_once() -> anyhow::Result<()>
+{
+    python_agrees_through_a_kill(orders_payments, 18, "at-least-once").await
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_python_stream_stream_left_join_agrees_with_kafka_streams_through_a_kill_exactly_once() -> anyhow::Result<()>
 {
     python_agrees_through_a_kill(orders_payments, 15, "exactly-once").await
