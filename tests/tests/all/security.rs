@@ -445,6 +445,22 @@ async fn every_route_answers_each_kind_of_caller_as_the_table_says() -> anyhow::
     let upper = std::fs::read(guest("uppercase"))?;
     let foreign = format!("name = \"{a}sneaky\"\n[sources]\ninput = \"{a}in\"\n[sinks]\noutput = \"{a}out\"\n");
     let (foreign_type, foreign_upload) = upload_body(&foreign, &upper);
+    // An upload of alpha's checked in the background: its job is alpha's to read.
+    let background = format!("name = \"{a}bg\"\n[sources]\ninput = \"{a}in\"\n[sinks]\noutput = \"{a}out\"\n");
+    let (background_type, background_upload) = upload_body(&background, &upper);
+    let (code, job) = http(
+        s.port,
+        "POST",
+        "/v1/topologies?background=true",
+        &[
+            ("content-type", background_type.as_str()),
+            ("authorization", "Bearer alpha-token"),
+        ],
+        &background_upload,
+    )?;
+    assert_eq!(code, 202, "a background upload: {job}");
+    let job: serde_json::Value = serde_json::from_str(&job)?;
+    let job = job["id"].as_str().expect("a job id").to_string();
 
     /// (method, path, content type, body, statuses for [no token, wrong token, other tenant, right]).
     type Row<'a> = (&'a str, String, &'a str, Vec<u8>, [u16; 4], &'a str);
@@ -499,6 +515,15 @@ async fn every_route_answers_each_kind_of_caller_as_the_table_says() -> anyhow::
             vec![],
             [401, 401, 403, 200],
             "root",
+        ),
+        ("GET", "/v1/uploads".into(), json, vec![], [401, 401, 200, 200], "alpha"),
+        (
+            "GET",
+            format!("/v1/uploads/{job}"),
+            json,
+            vec![],
+            [401, 401, 404, 200],
+            "alpha",
         ),
         ("GET", "/status".into(), json, vec![], [401, 401, 200, 200], "alpha"),
         ("GET", "/metrics".into(), json, vec![], [200, 200, 200, 200], "alpha"),
@@ -567,6 +592,12 @@ async fn every_route_answers_each_kind_of_caller_as_the_table_says() -> anyhow::
                     "{other} sees alpha's topology at {path}: {answer}"
                 );
             }
+            if i == 2 && code == 200 && path.starts_with("/v1/uploads") {
+                assert!(
+                    !answer.contains(&job),
+                    "{other} sees alpha's upload at {path}: {answer}"
+                );
+            }
         }
         // Let an upload reach the registry (and the tasks start) before the routes that read it.
         if method == &"POST" && path == "/v1/topologies" {
@@ -601,6 +632,7 @@ async fn every_route_answers_each_kind_of_caller_as_the_table_says() -> anyhow::
         p.replace(&name, "{name}")
             .replace("/stores/counts?key=x", "/stores/{store}")
             .replace("charlie", "{name}")
+            .replace(&job, "{id}")
     };
     for (method, path) in &described {
         assert!(
