@@ -6,7 +6,7 @@ import pytest
 
 from sluice_guest import Error, Str, U64
 from sluice_guest.dsl import Change, TimeWindows, Unit, topology
-from sluice_guest.dsl._ops import RecordCache
+from sluice_guest.dsl._ops import RecordCache, _read_change, _write_change
 from sluice_guest.dsl.testing import TestDriver
 from sluice_guest.testing import TestDriver as ProcessorDriver, TopologyFailed
 
@@ -145,3 +145,25 @@ def test_an_aggregation_keeps_its_value_with_the_latest_time_in_rusts_bytes():
     # The count, its time (the later of the two), then the stamp's tag.
     assert raw == (2).to_bytes(8, "big") + (50).to_bytes(8, "big") + bytes([0xF5, 0xC1]) + b"SlTs\x00\x01"
     assert driver.read("out", Str, U64) == [("k", 1, 50), ("k", 2, 50)]
+
+
+def test_table_changes_round_trip_and_forged_ones_are_named():
+    # The repartition topic of a table grouping is Kafka: what is read from it is checked.
+    for old, new in [(b"old", b"new"), (None, b""), (b"", None), (None, None)]:
+        assert _read_change(_write_change(old, new)) == (old, new)
+    for forged, why in [(b"", "an empty table change"), (b"\x01\x00\x00\x00\x09ab", "a table change cut short"),
+                        (b"\x07", "a table change with flags 0x07"),
+                        (b"\x00x", "bytes after a table change without a new value")]:
+        with pytest.raises(ValueError) as e:
+            _read_change(forged)
+        assert str(e.value) == why
+
+    @topology("regroup")
+    def regroup(b):
+        (b.table("t", "t", key=Str, value=Str).group_by(lambda k, v: (v, k)).named("by_value").count("n")
+         .to_stream().to("out"))
+    driver = TestDriver(regroup)
+    task = next(t for t, _ in driver._tasks if t.reads("by_value"))
+    with pytest.raises(Error) as e:
+        task.process("by_value", 0, 7, b"k", b"\x07", 1, None)
+    assert str(e.value) == "the record at by_value/0@7: operator repartition_source_2: a table change with flags 0x07"

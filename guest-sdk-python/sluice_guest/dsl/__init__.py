@@ -89,14 +89,15 @@ def topology(name: str):
                 return self._emitter
 
             def process(self, record, ctx):
-                node = self.task.sources.get(record.source)
-                if node is None:
+                entry = self.task.entries.get(record.source)
+                if entry is None:
                     # Raises: the sub-topology does not read this source.
                     self.task.process(record.source, record.partition, record.offset, None, None, 0, None)
+                index, node = entry
                 if self._ctx is not ctx:
                     self._out(ctx)
                 cx = self._cx
-                cx.at(self.task.source_index[record.source], 0, record)
+                cx.at(index, 0, record)
                 try:
                     node.process_raw(record.key, record.value, record.timestamp, cx)
                 except Error as e:

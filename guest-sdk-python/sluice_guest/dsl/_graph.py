@@ -451,18 +451,20 @@ class DslTask:
     def __init__(self, subtopology: str, sources: List[tuple], punctuators: List[object]):
         self.subtopology = subtopology
         self.sources = dict(sources)
-        self.source_index = {name: i for i, (name, _) in enumerate(sources)}
+        # Each source's index (the first part of `Cx.next_id`) and operator, in one lookup.
+        self.entries = {name: (i, node) for i, (name, node) in enumerate(sources)}
         self.punctuators = punctuators
 
     def reads(self, source: str) -> bool:
         return source in self.sources
 
     def process(self, source: str, partition: int, offset: int, key, value, timestamp: int, out) -> None:
-        node = self.sources.get(source)
-        if node is None:
+        entry = self.entries.get(source)
+        if entry is None:
             raise Error(f"sub-topology {q(self.subtopology)} got a record from {q(source)}, which it does not read")
+        index, node = entry
         cx = Cx(out)
-        cx.at(self.source_index[source], offset)
+        cx.at(index, offset)
         try:
             node.process_raw(key, value, timestamp, cx)
         except Error as e:

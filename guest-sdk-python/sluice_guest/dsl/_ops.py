@@ -109,10 +109,15 @@ def _clamp(x: int) -> int:
     return max(UNKNOWN, min(I64_MAX, x))
 
 
-def _ordered_i64(x: int) -> bytes:
+def _ord(element, value) -> bytes:
+    """One order-preserving element's bytes (``codec.ordered``, as the Rust SDK's ``push_ordered``)."""
     out = bytearray()
-    _ordered.I64.encode_into(_clamp(x), out)
+    element.encode_into(value, out)
     return bytes(out)
+
+
+def _ordered_i64(x: int) -> bytes:
+    return _ord(_ordered.I64, _clamp(x))
 
 
 # --- Running operators ---------------------------------------------------------------------------
@@ -1293,18 +1298,48 @@ class TimeWindows:
         return range(first, last + 1, self.advance)
 
 
-class WindowedBy:
-    """A grouped stream with windows, ready for an aggregation."""
+class _Windowed:
+    """What every windowed grouping shares: ``emit_final`` and the operator an aggregation
+    adds (its store, its input, repartitioned if needed, and a table no one can look up by
+    key)."""
 
-    def __init__(self, grouped: KGroupedStream, windows: TimeWindows):
+    def __init__(self, grouped: KGroupedStream, windows):
         self._grouped = grouped
         self._windows = windows
         self._final = False
 
-    def emit_final(self) -> "WindowedBy":
+    def emit_final(self):
         """Sends each window's result once, when it closes, instead of at every update."""
         self._final = True
         return self
+
+    def _add(self, kind, store, problem, make, vc) -> KTable:
+        """Adds the aggregation ``kind`` keeping ``store``; ``make(name, store, key codec,
+        down, cache bytes)`` builds its operator at ``init``."""
+        grouped = self._grouped
+        g = grouped._stream._g
+        if problem:
+            g.error(problem)
+        store = store or g.next_name(kind)
+        source = grouped._input(store)
+        name = g.next_name(kind)
+        kc = source.key_codec
+
+        def build(cx, children):
+            node = make(name, cx.store(store), kc, _Down(children), cx.cache_max_bytes)
+            cx.punctuate(node)
+            return node
+
+        node = Node(name, [source._node], build)
+        node.stores.append(store)
+
+        def no_getter(cx):
+            raise Error(f"the windowed table of {name} cannot be looked up by key (join its stream instead)")
+        return KTable(g, g.add(node), no_getter, [store], WindowedCodec(kc), vc)
+
+
+class WindowedBy(_Windowed):
+    """A grouped stream with time windows, ready for an aggregation."""
 
     def count(self, store: Optional[str] = None) -> KTable:
         """The number of records per key and window (``U64``)."""
@@ -1320,29 +1355,11 @@ class WindowedBy:
         return self._aggregate("aggregate", store, step, value)
 
     def _aggregate(self, kind, store, step, vc) -> KTable:
-        grouped = self._grouped
-        g = grouped._stream._g
-        problem = self._windows.check()
-        if problem:
-            g.error(problem)
         windows, final = self._windows, self._final
-        store = store or g.next_name(kind)
-        source = grouped._input(store)
-        name = g.next_name(kind)
-        kc = source.key_codec
 
-        def build(cx, children):
-            node = _TimeWindowAggregate(name, cx.store(store), windows, final, step, kc, vc, _Down(children),
-                                        0 if final else cx.cache_max_bytes)
-            cx.punctuate(node)
-            return node
-
-        node = Node(name, [source._node], build)
-        node.stores.append(store)
-
-        def no_getter(cx):
-            raise Error(f"the windowed table of {name} cannot be looked up by key (join its stream instead)")
-        return KTable(g, g.add(node), no_getter, [store], WindowedCodec(kc), vc)
+        def make(name, kv, kc, down, cache_bytes):
+            return _TimeWindowAggregate(name, kv, windows, final, step, kc, vc, down, 0 if final else cache_bytes)
+        return self._add(kind, store, windows.check(), make, vc)
 
 
 class _TimeWindowAggregate(Punctuator):
@@ -1463,23 +1480,11 @@ def _prefix_end(prefix: bytes) -> bytes:
 
 
 def _ordered_bytes(b: bytes) -> bytes:
-    out = bytearray()
-    _ordered.Bytes.encode_into(b, out)
-    return bytes(out)
+    return _ord(_ordered.Bytes, b)
 
 
-class SessionWindowedBy:
+class SessionWindowedBy(_Windowed):
     """A grouped stream with session windows, ready for an aggregation."""
-
-    def __init__(self, grouped: KGroupedStream, windows: SessionWindows):
-        self._grouped = grouped
-        self._windows = windows
-        self._final = False
-
-    def emit_final(self) -> "SessionWindowedBy":
-        """Sends each session once, when it closes, instead of at every update."""
-        self._final = True
-        return self
 
     def count(self, store: Optional[str] = None) -> KTable:
         """The number of records per key and session (``U64``)."""
@@ -1498,29 +1503,15 @@ class SessionWindowedBy:
         return self._sessions("aggregate", store, add, merger, value)
 
     def _sessions(self, kind, store, add, merge, vc) -> KTable:
-        grouped = self._grouped
-        g = grouped._stream._g
-        w = self._windows
+        w, final = self._windows, self._final
+        problem = None
         if w.gap < 0 or w.grace_ms < 0:
-            g.error(f"session windows with a gap of {w.gap} ms and a grace of {w.grace_ms} ms: neither may be "
-                    f"negative")
-        final = self._final
-        store = store or g.next_name(kind)
-        source = grouped._input(store)
-        name = g.next_name(kind)
-        kc = source.key_codec
+            problem = (f"session windows with a gap of {w.gap} ms and a grace of {w.grace_ms} ms: neither may be "
+                       f"negative")
 
-        def build(cx, children):
-            node = _SessionAggregate(name, cx.store(store), w, final, add, merge, kc, vc, _Down(children))
-            cx.punctuate(node)
-            return node
-
-        node = Node(name, [source._node], build)
-        node.stores.append(store)
-
-        def no_getter(cx):
-            raise Error(f"the windowed table of {name} cannot be looked up by key (join its stream instead)")
-        return KTable(g, g.add(node), no_getter, [store], WindowedCodec(kc), vc)
+        def make(name, kv, kc, down, _cache_bytes):
+            return _SessionAggregate(name, kv, w, final, add, merge, kc, vc, down)
+        return self._add(kind, store, problem, make, vc)
 
 
 class _SessionAggregate(Punctuator):
@@ -1678,15 +1669,11 @@ _OUTER_RIGHT, _OUTER_LEFT = 2, 3
 
 
 def _ordered_u32(x: int) -> bytes:
-    out = bytearray()
-    _ordered.U32.encode_into(x, out)
-    return bytes(out)
+    return _ord(_ordered.U32, x)
 
 
 def _ordered_u8(x: int) -> bytes:
-    out = bytearray()
-    _ordered.U8.encode_into(x, out)
-    return bytes(out)
+    return _ord(_ordered.U8, x)
 
 
 class _MinTime:
@@ -1896,18 +1883,8 @@ class SlidingWindows:
         return SlidingWindows(self.difference, grace)
 
 
-class SlidingWindowedBy:
+class SlidingWindowedBy(_Windowed):
     """A grouped stream with sliding windows, ready for an aggregation."""
-
-    def __init__(self, grouped: KGroupedStream, windows: SlidingWindows):
-        self._grouped = grouped
-        self._windows = windows
-        self._final = False
-
-    def emit_final(self) -> "SlidingWindowedBy":
-        """Sends each window once, when it closes, instead of at every update."""
-        self._final = True
-        return self
 
     def count(self, store: Optional[str] = None) -> KTable:
         return self._sliding("count", store, lambda k, v, n: (n or 0) + 1, U64)
@@ -1922,29 +1899,15 @@ class SlidingWindowedBy:
         return self._sliding("aggregate", store, fold, value)
 
     def _sliding(self, kind, store, fold, vc) -> KTable:
-        grouped = self._grouped
-        g = grouped._stream._g
-        w = self._windows
+        w, final = self._windows, self._final
+        problem = None
         if w.difference < 0 or w.grace_ms < 0:
-            g.error(f"sliding windows with a time difference of {w.difference} ms and a grace of {w.grace_ms} ms: "
-                    f"neither may be negative")
-        final = self._final
-        store = store or g.next_name(kind)
-        source = grouped._input(store)
-        name = g.next_name(kind)
-        kc = source.key_codec
+            problem = (f"sliding windows with a time difference of {w.difference} ms and a grace of {w.grace_ms} "
+                       f"ms: neither may be negative")
 
-        def build(cx, children):
-            node = _SlidingAggregate(name, cx.store(store), w, final, fold, kc, vc, _Down(children))
-            cx.punctuate(node)
-            return node
-
-        node = Node(name, [source._node], build)
-        node.stores.append(store)
-
-        def no_getter(cx):
-            raise Error(f"the windowed table of {name} cannot be looked up by key (join its stream instead)")
-        return KTable(g, g.add(node), no_getter, [store], WindowedCodec(kc), vc)
+        def make(name, kv, kc, down, _cache_bytes):
+            return _SlidingAggregate(name, kv, w, final, fold, kc, vc, down)
+        return self._add(kind, store, problem, make, vc)
 
 
 _CLOSED_KEY = b"\x00"
