@@ -486,6 +486,63 @@ impl Kafka {
         }
     }
 
+    /// The partitions of `topic` a transaction still holds open: (partition, last stable
+    /// offset, high watermark). A read-committed reader sees nothing at or past a
+    /// partition's last stable offset, records of transactions committed since included,
+    /// and [`read_all`](Self::read_all) stops there. A producer killed inside a transaction
+    /// holds it until the broker times the transaction out (its `transaction.timeout.ms`,
+    /// then up to the coordinator's abort check interval, 10 s by default).
+    pub fn open_transactions(&self, topic: &str) -> Result<Vec<(i32, i64, i64)>> {
+        use rdkafka::consumer::BaseConsumer;
+        let client = |isolation: &str| -> Result<BaseConsumer> {
+            Ok(self
+                .config()
+                .set("group.id", unique_name("test-watermarks"))
+                .set("isolation.level", isolation)
+                .create()?)
+        };
+        let (committed, written) = (client("read_committed")?, client("read_uncommitted")?);
+        let metadata = committed.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+        let partitions = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic)
+            .map(|t| t.partitions().len() as i32)
+            .context("the topic is not in the metadata")?;
+        let mut open = Vec::new();
+        for p in 0..partitions {
+            let (_, stable) = committed.fetch_watermarks(topic, p, Duration::from_secs(10))?;
+            let (_, high) = written.fetch_watermarks(topic, p, Duration::from_secs(10))?;
+            if stable < high {
+                open.push((p, stable, high));
+            }
+        }
+        Ok(open)
+    }
+
+    /// Waits until no transaction holds a partition of `topic` open (see
+    /// [`open_transactions`](Self::open_transactions)), for up to `timeout`.
+    pub async fn wait_transactions_ended(&self, topic: &str, timeout: Duration) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let open = self.open_transactions(topic)?;
+            if open.is_empty() {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                let open: Vec<String> = open
+                    .iter()
+                    .map(|(p, stable, high)| format!("partition {p} stable to {stable} of {high}"))
+                    .collect();
+                bail!(
+                    "a transaction still holds {topic} open after {timeout:?}: {}",
+                    open.join(", ")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+
     /// A consumer in `group` that starts from the earliest offset of partitions it has no commit for.
     pub fn consumer(&self, group: &str) -> Result<StreamConsumer> {
         Ok(self
@@ -617,13 +674,23 @@ impl Kafka {
     /// Every committed record of `topic` (read-committed: aborted transactions are skipped),
     /// from the beginning to the end of each partition as it is now.
     pub fn read_all(&self, topic: &str, timeout: Duration) -> Result<Vec<Received>> {
+        self.read_all_at(topic, timeout, "read_committed")
+    }
+
+    /// As [`read_all`](Self::read_all), every record written, aborted and open transactions'
+    /// included: where a record that [`read_all`](Self::read_all) misses went.
+    pub fn read_all_uncommitted(&self, topic: &str, timeout: Duration) -> Result<Vec<Received>> {
+        self.read_all_at(topic, timeout, "read_uncommitted")
+    }
+
+    fn read_all_at(&self, topic: &str, timeout: Duration, isolation: &str) -> Result<Vec<Received>> {
         use rdkafka::consumer::{BaseConsumer, Consumer};
         use rdkafka::{Offset, TopicPartitionList};
         let consumer: BaseConsumer = self
             .config()
             .set("group.id", unique_name("test-read-all"))
             .set("enable.auto.commit", "false")
-            .set("isolation.level", "read_committed")
+            .set("isolation.level", isolation)
             .create()?;
         let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
         let partitions = metadata

@@ -662,6 +662,16 @@ async fn differences(case: Case, guarantee: &'static str, seed: u64, fault: Faul
         .await
         .map_err(|e| anyhow::anyhow!("{e}; Sluice:\n{}", ex.logs()))?;
     let topics: Vec<&str> = sinks.iter().flat_map(|(_, o, k)| [o.as_str(), k.as_str()]).collect();
+    // A worker SIGKILLed inside a transaction leaves it open until the broker times it out
+    // (10 s, then up to its 10 s abort check): a read-committed reader sees nothing past
+    // its first record on each partition it wrote, the survivor's committed outputs
+    // included. Compared before, those outputs would look missing.
+    for topic in &topics {
+        kafka()
+            .wait_transactions_ended(topic, Duration::from_secs(90))
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}; Sluice:\n{}", ex.logs()))?;
+    }
     let read = || -> anyhow::Result<Vec<Output>> {
         topics
             .iter()
@@ -689,7 +699,7 @@ async fn differences(case: Case, guarantee: &'static str, seed: u64, fault: Faul
     forget_topics(&prefixes).await;
 
     let mut found = Vec::new();
-    for (i, (role, _, _)) in sinks.iter().enumerate() {
+    for (i, (role, our_topic, _)) in sinks.iter().enumerate() {
         let (ours, theirs) = (&out[2 * i], &out[2 * i + 1]);
         let at = format!("{} seed {seed} {guarantee} {fault:?} sink {role}", case.topology);
         if theirs.len() < 20 {
@@ -699,7 +709,11 @@ async fn differences(case: Case, guarantee: &'static str, seed: u64, fault: Faul
             ));
         }
         let last_only = through_a_kill || case.last_only.contains(role);
+        let before = found.len();
         compare(&at, ours, theirs, !case.unstamped.contains(role), last_only, &mut found);
+        if found.len() > before {
+            found.push(written_but_not_committed(our_topic, ours));
+        }
     }
     if !found.is_empty() {
         eprintln!(
@@ -711,6 +725,36 @@ async fn differences(case: Case, guarantee: &'static str, seed: u64, fault: Faul
         );
     }
     Ok(found)
+}
+
+/// Where Sluice's records of `topic` went that a read-committed reader does not see
+/// (`committed`): each partition's records, committed and as written (aborted and open
+/// transactions' too), and the records of keys never committed.
+fn written_but_not_committed(topic: &str, committed: &Output) -> String {
+    let written = match kafka().read_all_uncommitted(topic, Duration::from_secs(60)) {
+        Ok(written) => written,
+        Err(e) => return format!("    (reading {topic} read-uncommitted: {e})"),
+    };
+    let mut lines = vec![format!("    {topic}, as written:")];
+    let partitions: BTreeSet<i32> = written.iter().map(|r| r.partition).collect();
+    for p in partitions {
+        let of = |o: &Output| o.iter().filter(|r| r.partition == p).count();
+        let last = written.iter().filter(|r| r.partition == p).map(|r| r.offset).max();
+        lines.push(format!(
+            "      partition {p}: {} committed, {} written, last at offset {last:?}",
+            of(committed),
+            of(&written)
+        ));
+    }
+    let seen: BTreeSet<&Option<Vec<u8>>> = committed.iter().map(|r| &r.key).collect();
+    let lost: Vec<String> = written
+        .iter()
+        .filter(|r| !seen.contains(&r.key))
+        .take(24)
+        .map(|r| format!("{} → {} at {}@{}", show(&r.key), show(&r.value), r.partition, r.offset))
+        .collect();
+    lines.push(format!("      written, of keys never committed: {}", lost.join(", ")));
+    lines.join("\n")
 }
 
 /// Deletes the topics whose names start with one of `prefixes`, without waiting; a failure

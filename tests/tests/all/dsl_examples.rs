@@ -137,6 +137,8 @@ pub(crate) struct Example {
     manifest: PathBuf,
     cluster: String,
     pub workers: Vec<WorkerProcess>,
+    /// Workers SIGKILLed so far: their logs stay part of [`logs`](Self::logs).
+    killed: Vec<WorkerProcess>,
     started: usize,
     guarantee: &'static str,
     commit_interval: &'static str,
@@ -154,6 +156,7 @@ impl Example {
             manifest,
             cluster: unique_name("c"),
             workers: Vec::new(),
+            killed: Vec::new(),
             started: 0,
             guarantee: "exactly-once",
             commit_interval: "100ms",
@@ -217,12 +220,15 @@ impl Example {
     /// SIGKILLs the first worker: no commit, no close; the others take its tasks over.
     pub fn kill_first(&mut self) -> anyhow::Result<()> {
         let mut first = self.workers.remove(0);
-        first.kill()
+        let killed = first.kill();
+        self.killed.push(first);
+        killed
     }
 
-    /// Every running worker's log.
+    /// Every worker's log: the killed ones' first (each up to its kill), then the running ones'.
     pub fn logs(&self) -> String {
-        let logs: Vec<String> = self.workers.iter().map(WorkerProcess::log).collect();
+        let killed = self.killed.iter().map(|w| format!("(SIGKILLed)\n{}", w.log()));
+        let logs: Vec<String> = killed.chain(self.workers.iter().map(WorkerProcess::log)).collect();
         logs.join("\n-----\n")
     }
 

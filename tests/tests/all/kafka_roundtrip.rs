@@ -76,3 +76,53 @@ async fn thousand_keyed_records_round_trip_in_partition_order() -> anyhow::Resul
     }
     Ok(())
 }
+
+/// A transaction left open (its producer killed, here: never committed) holds a
+/// read-committed reader back: records another producer committed after it began are not
+/// read until it ends. `read_all` stops at the last stable offset and says nothing, so a test
+/// that compares outputs after a SIGKILL must first wait for `wait_transactions_ended` (the
+/// differential tests do), or it sees a committed output as missing.
+#[tokio::test]
+async fn an_open_transaction_hides_records_committed_after_it_until_it_ends() -> anyhow::Result<()> {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let kafka = kafka();
+    let topic = unique_name("open-txn");
+    kafka.create_topic(&topic, 1).await?;
+    kafka.produce(&topic, &[(b"before".to_vec(), b"1".to_vec())]).await?;
+
+    let zombie: BaseProducer = kafka
+        .config()
+        .set("transactional.id", unique_name("zombie"))
+        .set("transaction.timeout.ms", "60000")
+        .create()?;
+    zombie.init_transactions(Duration::from_secs(30))?;
+    zombie.begin_transaction()?;
+    zombie
+        .send(BaseRecord::to(&topic).key("zombie").payload("open"))
+        .map_err(|(e, _)| e)?;
+    zombie.flush(Duration::from_secs(30))?;
+    // Committed after the zombie's record, behind its open transaction.
+    kafka.produce(&topic, &[(b"after".to_vec(), b"2".to_vec())]).await?;
+
+    let keys = |records: &[sluice_tests::Received]| -> Vec<String> {
+        records
+            .iter()
+            .map(|r| String::from_utf8_lossy(r.key.as_deref().unwrap_or_default()).into_owned())
+            .collect()
+    };
+    assert_eq!(keys(&kafka.read_all(&topic, Duration::from_secs(30))?), ["before"]);
+    assert_eq!(kafka.open_transactions(&topic)?, [(0, 1, 3)]);
+    let waited = kafka.wait_transactions_ended(&topic, Duration::from_secs(1)).await;
+    let said = waited.expect_err("the transaction is open").to_string();
+    assert!(said.contains("partition 0 stable to 1 of 3"), "{said}");
+
+    zombie.abort_transaction(Duration::from_secs(30))?;
+    kafka.wait_transactions_ended(&topic, Duration::from_secs(30)).await?;
+    assert_eq!(kafka.open_transactions(&topic)?, []);
+    assert_eq!(keys(&kafka.read_all(&topic, Duration::from_secs(30))?), ["before", "after"]);
+    assert_eq!(
+        keys(&kafka.read_all_uncommitted(&topic, Duration::from_secs(30))?),
+        ["before", "zombie", "after"]
+    );
+    Ok(())
+}
