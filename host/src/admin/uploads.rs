@@ -6,7 +6,10 @@
 //! compile with an estimate of its progress (see [`crate::runtime::progress`]).
 //!
 //! A caller sees its own jobs (the admin sees all), on the worker it uploaded through,
-//! for ten minutes after they end.
+//! for ten minutes after they end, while the finished jobs kept hold at most [`KEPT`] jobs
+//! and [`KEPT_BYTES`] of answers (a finished job holds its registry entry, the manifest
+//! text in it: re-uploading one topology with a large manifest must not make the worker
+//! hold a copy per upload).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -22,9 +25,11 @@ use super::{AdminState, ApiError};
 use crate::registry::tenants::Caller;
 use crate::registry::Entry;
 
-/// Finished jobs are kept this long, and at most this many of all (the oldest go first).
+/// Finished jobs are kept this long, and at most this many of all, holding at most this
+/// many bytes of answers together (the oldest go first).
 const KEPT_FOR: Duration = Duration::from_secs(600);
 const KEPT: usize = 256;
+const KEPT_BYTES: usize = 16 << 20;
 
 /// An upload's job as `GET /v1/uploads/{id}` answers it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -61,6 +66,8 @@ struct Job {
     view: UploadJob,
     started: Instant,
     ended: Option<Instant>,
+    /// What its answer holds (its JSON's length), once it ended.
+    held: usize,
 }
 
 /// This worker's upload jobs.
@@ -95,6 +102,7 @@ impl Uploads {
                 view: view.clone(),
                 started: Instant::now(),
                 ended: None,
+                held: 0,
             },
         );
         view
@@ -126,6 +134,8 @@ impl Uploads {
                 });
             }
         }
+        job.held = serde_json::to_vec(&job.view).map_or(0, |json| json.len());
+        forget_old(&mut jobs);
     }
 
     /// The jobs `who` may see, oldest first.
@@ -159,14 +169,15 @@ fn may_see(who: &Caller, job: &UploadJob) -> bool {
 
 fn forget_old(jobs: &mut BTreeMap<String, Job>) {
     jobs.retain(|_, j| j.ended.is_none_or(|e| e.elapsed() < KEPT_FOR));
-    while jobs.len() > KEPT {
+    let mut held: usize = jobs.values().map(|j| j.held).sum();
+    while jobs.len() > KEPT || held > KEPT_BYTES {
         let oldest = jobs
             .iter()
             .filter(|(_, j)| j.ended.is_some())
             .min_by_key(|(_, j)| j.started)
             .map(|(id, _)| id.clone());
-        match oldest {
-            Some(id) => jobs.remove(&id),
+        match oldest.and_then(|id| jobs.remove(&id)) {
+            Some(gone) => held -= gone.held,
             None => break,
         };
     }
@@ -203,4 +214,53 @@ pub(super) async fn get(
                 ),
             )
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(manifest: String) -> Entry {
+        serde_json::from_value(serde_json::json!({
+            "name": "big", "version": 1, "manifest": manifest, "digest": "d",
+            "size": 1, "chunks": 1, "uploaded_at_ms": 0,
+        }))
+        .expect("an entry")
+    }
+
+    /// Re-uploading a topology with a 1 MiB manifest 256 times: the finished jobs kept
+    /// hold at most `KEPT_BYTES` of answers, and the newest is still there.
+    #[test]
+    fn finished_jobs_hold_at_most_their_byte_budget() {
+        let uploads = Uploads::default();
+        let manifest = "#".repeat(1 << 20);
+        let mut last = String::new();
+        for _ in 0..KEPT {
+            let job = uploads.start("big", "tenant-a", 100);
+            uploads.finish(&job.id, Ok((StatusCode::OK, entry(manifest.clone()))));
+            last = job.id;
+        }
+        let jobs = uploads.lock();
+        let held: usize = jobs.values().map(|j| j.held).sum();
+        assert!(held <= KEPT_BYTES, "finished jobs hold {held} bytes, over {KEPT_BYTES}");
+        assert!(held > KEPT_BYTES / 2, "the budget is used, not emptied: {held} bytes");
+        assert!(jobs.contains_key(&last), "the newest job is kept");
+        assert_eq!(jobs[&last].view.state, "unchanged");
+    }
+
+    /// A job still checking is never forgotten to make room.
+    #[test]
+    fn a_job_still_checking_is_kept_whatever_the_others_hold() {
+        let uploads = Uploads::default();
+        let checking = uploads.start("slow", "tenant-a", 100);
+        let manifest = "#".repeat(4 << 20);
+        for _ in 0..8 {
+            let job = uploads.start("big", "tenant-b", 100);
+            uploads.finish(&job.id, Ok((StatusCode::CREATED, entry(manifest.clone()))));
+        }
+        let jobs = uploads.lock();
+        assert_eq!(jobs[&checking.id].view.state, "checking");
+        let held: usize = jobs.values().map(|j| j.held).sum();
+        assert!(held <= KEPT_BYTES, "{held}");
+    }
 }

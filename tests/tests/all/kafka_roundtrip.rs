@@ -119,7 +119,10 @@ async fn an_open_transaction_hides_records_committed_after_it_until_it_ends() ->
     zombie.abort_transaction(Duration::from_secs(30))?;
     kafka.wait_transactions_ended(&topic, Duration::from_secs(30)).await?;
     assert_eq!(kafka.open_transactions(&topic)?, []);
-    assert_eq!(keys(&kafka.read_all(&topic, Duration::from_secs(30))?), ["before", "after"]);
+    assert_eq!(
+        keys(&kafka.read_all(&topic, Duration::from_secs(30))?),
+        ["before", "after"]
+    );
     assert_eq!(
         keys(&kafka.read_all_uncommitted(&topic, Duration::from_secs(30))?),
         ["before", "zombie", "after"]
