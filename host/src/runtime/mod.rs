@@ -305,6 +305,7 @@ impl Runtime {
             pre,
             description: Default::default(),
             operators: Vec::new(),
+            holds_back: false,
             engine: self.engine.clone(),
             config: self.config.clone(),
             from_cache,
@@ -319,7 +320,7 @@ impl Runtime {
             path: path.clone(),
             detail,
         })?;
-        let (description, operators) = topology.describe().map_err(|fault| match fault {
+        let (description, operators, holds_back) = topology.describe().map_err(|fault| match fault {
             // The component makes more core instances, memories or tables than a task may.
             GuestFault::Instantiate { detail } if detail.contains("count too high") => LoadError::TooLarge {
                 path: path.clone(),
@@ -339,6 +340,7 @@ impl Runtime {
         Ok(LoadedTopology {
             description,
             operators,
+            holds_back,
             ..topology
         })
     }
@@ -524,6 +526,8 @@ pub struct LoadedTopology {
     /// What it says of its operators, per sub-topology (for people; see
     /// [`TaskInstance::describe_operators`]).
     operators: Operators,
+    /// Whether its guest may hold updates back between calls (see [`Self::holds_back`]).
+    holds_back: bool,
     engine: Engine,
     config: RuntimeConfig,
     from_cache: bool,
@@ -579,6 +583,16 @@ impl LoadedTopology {
         &self.operators
     }
 
+    /// Whether its guest may hold updates back between calls (the DSL's record caches,
+    /// open windows): then its tasks punctuate it before every commit, so that no commit
+    /// takes a store's write without the output it stands for. A topology that describes
+    /// operators has them; one whose `describe-operators` faults is taken to (the flush
+    /// costs a call per commit; taken not to, its commits could hold state ahead of its
+    /// outputs).
+    pub fn holds_back(&self) -> bool {
+        self.holds_back
+    }
+
     /// The same topology with a manifest's limits applied. A manifest may only lower the
     /// worker's limits, never raise them (the pooling allocator's slots are sized for the
     /// worker's memory limit, and the others are what the operator allows one task).
@@ -631,19 +645,26 @@ impl LoadedTopology {
         &self.config
     }
 
-    /// Its description and what it says of its operators. A topology whose operator
-    /// description faults is described without one (it is only shown, never acted on).
-    fn describe(&self) -> Result<(sluice_wire::Description, Operators), GuestFault> {
+    /// Its description, what it says of its operators, and whether it holds updates back
+    /// (see [`Self::holds_back`]). A topology whose operator description faults is
+    /// described without one, and taken to hold updates back.
+    fn describe(&self) -> Result<(sluice_wire::Description, Operators, bool), GuestFault> {
         let mut instance = TaskInstance::new(self, "(describe)", Vec::new(), Vec::new())?;
         let description = instance.describe()?;
-        let operators = match instance.describe_operators() {
-            Ok(operators) => operators,
+        let (operators, holds_back) = match instance.describe_operators() {
+            Ok(operators) => {
+                let holds_back = !operators.is_empty();
+                (operators, holds_back)
+            }
             Err(fault) => {
-                tracing::warn!(topology = %description.name, "describing its operators: {fault}");
-                Vec::new()
+                tracing::warn!(
+                    topology = %description.name,
+                    "describing its operators: {fault}; its tasks send on what it holds back before every commit all the same"
+                );
+                (Vec::new(), true)
             }
         };
-        Ok((description, operators))
+        Ok((description, operators, holds_back))
     }
 
     /// A fresh instance for one task; `label` tags its log lines. `stores` are the task's

@@ -208,7 +208,7 @@ impl Task {
         let sources = ctx.stage().sources.len();
         // Several source partitions are taken in timestamp order across them.
         let inputs = (sources > 1).then(|| PartitionGroup::new(sources, topology.max_task_idle, batch_bytes));
-        let holds_back = !topology.loaded.operators().is_empty();
+        let holds_back = topology.loaded.holds_back();
         let flush_each_batch =
             holds_back && (topology.on_error != crate::manifest::OnError::Fail || super::batch::lost_cache_before(&id));
         Ok(Some(Task {

@@ -690,3 +690,125 @@ async fn under_exactly_once_a_failing_guest_takes_its_threads_transaction_down_a
     assert_eq!(starts, 1, "the neighbour started again; log:\n{log}");
     Ok(())
 }
+
+/// A topology whose `describe-operators` traps (`hostile-operators-trap`: the DSL word
+/// count, its counts in a record cache) is still made to send on what its cache holds
+/// before every commit. Under exactly-once, with punctuation an hour away, every word's
+/// last count is in the sink once its input is committed. (Taken for a topology that holds
+/// nothing back, its commits took the counts' changelog writes and offsets without the
+/// totals, which only the next punctuation sent: a kill in between lost them for good.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_topology_whose_operator_description_traps_is_flushed_before_every_commit() -> anyhow::Result<()> {
+    let kafka = kafka();
+    let dir = TempDir::new("operators-trap");
+    let (lines, totals) = (
+        unique_name("operators-trap-lines"),
+        unique_name("operators-trap-totals"),
+    );
+    kafka.create_topic(&lines, 2).await?;
+    kafka.create_topic(&totals, 2).await?;
+    let name = unique_name("operators-trap");
+    let m = dir.write(
+        &format!("{name}.toml"),
+        &manifest(
+            &name,
+            &guest("hostile-operators-trap"),
+            &[("lines", &lines)],
+            &[("totals", &totals)],
+            "",
+        ),
+    );
+    let state = dir.path().join("state");
+    let mut worker = WorkerProcess::start(
+        kafka.bootstrap(),
+        dir.path(),
+        &[
+            "--topology",
+            m.to_str().unwrap(),
+            "--processing-guarantee",
+            "exactly-once",
+            "--commit-interval",
+            "100ms",
+            // A task's first batch punctuates (its stream time starts), the next not for an
+            // hour; batches of one record leave everything after that first record to the
+            // flush before each commit.
+            "--punctuate-interval",
+            "1h",
+            "--batch-size",
+            "1",
+            "--state-dir",
+            state.to_str().unwrap(),
+        ],
+    )?;
+    let mut truth: BTreeMap<String, u64> = BTreeMap::new();
+    let group = format!("sluice-{name}");
+    let mut sent = 0;
+    // Two rounds: the second comes to tasks that have punctuated (see below).
+    for round in 0..2 {
+        let records: Vec<(Vec<u8>, Vec<u8>)> = (0..150)
+            .map(|i| {
+                let line = format!("w{} w{} w{}", (i + round) % 11, i % 7, (i * 3) % 13);
+                for w in line.split(' ') {
+                    *truth.entry(w.to_string()).or_default() += 1;
+                }
+                (format!("k{i}").into_bytes(), line.into_bytes())
+            })
+            .collect();
+        kafka.produce(&lines, &records).await?;
+        sent += records.len() as i64;
+        kafka
+            .wait_committed(&group, &lines, 2, sent, Duration::from_secs(60))
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}; log:\n{}", worker.log()))?;
+        if round == 0 {
+            // Both `words` tasks have sent something (each word's totals go to the sink
+            // partition of its task): each has had its first punctuation, so round 1's
+            // counts reach the sink only through the flush before a commit.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while kafka
+                .read_all(&totals, Duration::from_secs(30))?
+                .iter()
+                .map(|r| r.partition)
+                .collect::<std::collections::BTreeSet<_>>()
+                .len()
+                < 2
+            {
+                assert!(
+                    Instant::now() < deadline,
+                    "no totals from both tasks:\n{}",
+                    worker.log()
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    let last = |out: &[sluice_tests::Received]| -> BTreeMap<String, u64> {
+        out.iter()
+            .filter_map(|r| {
+                let key = String::from_utf8_lossy(r.key.as_deref()?).into_owned();
+                let value = u64::from_be_bytes(r.value.as_deref()?.try_into().ok()?);
+                Some((key, value))
+            })
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = last(&kafka.read_all(&totals, Duration::from_secs(30))?);
+        if got == truth {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the last totals are not the counts:\n  got   {got:?}\n  truth {truth:?}\nlog:\n{}",
+            worker.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        worker.log().contains("describing its operators"),
+        "the trap is seen and said: {}",
+        worker.log()
+    );
+    assert!(worker.terminate(Duration::from_secs(30))?.success(), "{}", worker.log());
+    Ok(())
+}
