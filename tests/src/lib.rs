@@ -502,13 +502,7 @@ impl Kafka {
                 .create()?)
         };
         let (committed, written) = (client("read_committed")?, client("read_uncommitted")?);
-        let metadata = committed.fetch_metadata(Some(topic), Duration::from_secs(10))?;
-        let partitions = metadata
-            .topics()
-            .iter()
-            .find(|t| t.name() == topic)
-            .map(|t| t.partitions().len() as i32)
-            .context("the topic is not in the metadata")?;
+        let partitions = partition_count(&committed, topic)?;
         let mut open = Vec::new();
         for p in 0..partitions {
             let (_, stable) = committed.fetch_watermarks(topic, p, Duration::from_secs(10))?;
@@ -692,13 +686,7 @@ impl Kafka {
             .set("enable.auto.commit", "false")
             .set("isolation.level", isolation)
             .create()?;
-        let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
-        let partitions = metadata
-            .topics()
-            .iter()
-            .find(|t| t.name() == topic)
-            .map(|t| t.partitions().len() as i32)
-            .context("the topic is not in the metadata")?;
+        let partitions = partition_count(&consumer, topic)?;
         let mut tpl = TopicPartitionList::new();
         let mut ends = HashMap::new();
         for p in 0..partitions {
@@ -947,4 +935,15 @@ pub fn many_functions(functions: usize) -> Vec<u8> {
     component.extend(leb(module.len()));
     component.extend(module);
     component
+}
+
+/// How many partitions `topic` has, as `client`'s metadata says (an error if it is not there).
+fn partition_count(client: &rdkafka::consumer::BaseConsumer, topic: &str) -> Result<i32> {
+    let metadata = client.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    metadata
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic)
+        .map(|t| t.partitions().len() as i32)
+        .context("the topic is not in the metadata")
 }
