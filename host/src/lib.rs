@@ -18,6 +18,7 @@
 pub mod acls;
 pub mod admin;
 pub mod drops;
+pub mod formats;
 pub mod group;
 pub mod kafka;
 pub mod manifest;

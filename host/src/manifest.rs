@@ -39,6 +39,19 @@
 //! max-task-idle-ms = 0           # 0 (default): wait only for partitions with lag; N: also
 //!                                # wait up to N ms for new records; -1: never wait
 //! ```
+//!
+//! Topics whose records are in the Confluent wire format (the topology declares which, with
+//! their schemas) take their registry settings here:
+//!
+//! ```toml
+//! [formats]
+//! subject-name-strategy = "topic" # "topic" (default): <topic>-key, <topic>-value; "record":
+//!                                 # the record's full name; "topic-record": <topic>-<record>
+//! auto-register = true            # sinks register their schemas (false: each must be
+//!                                 # registered under its subject already)
+//! validate-json-reads = false     # JSON Schema records read are validated against their
+//!                                 # writer's schema (written ones always are)
+//! ```
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -80,6 +93,16 @@ struct RawManifest {
     dead_letter_topic: Option<String>,
     #[serde(default)]
     max_task_idle_ms: Option<i64>,
+    #[serde(default)]
+    formats: RawFormats,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawFormats {
+    subject_name_strategy: Option<String>,
+    auto_register: Option<bool>,
+    validate_json_reads: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -168,6 +191,8 @@ pub struct Manifest {
     pub dead_letter_topic: Option<String>,
     /// How long a task waits for an empty source partition before processing past it.
     pub max_task_idle: MaxTaskIdle,
+    /// How its topics in the Confluent wire format are registered and checked (`[formats]`).
+    pub formats: crate::formats::FormatSettings,
     /// Not from the file: set for an uploaded topology from its registry entry. Source
     /// offsets are committed in group `sluice-<name>`, or `sluice-<name>.v<epoch>` after a
     /// deploy that asked to reprocess (so the new group starts empty) …
@@ -388,6 +413,19 @@ impl Manifest {
             .transpose()
             .map_err(invalid)?
             .unwrap_or_default();
+        let defaults = crate::formats::FormatSettings::default();
+        let formats = crate::formats::FormatSettings {
+            subject_strategy: raw
+                .formats
+                .subject_name_strategy
+                .as_deref()
+                .map(crate::formats::SubjectStrategy::parse)
+                .transpose()
+                .map_err(invalid)?
+                .unwrap_or(defaults.subject_strategy),
+            auto_register: raw.formats.auto_register.unwrap_or(defaults.auto_register),
+            validate_json_reads: raw.formats.validate_json_reads.unwrap_or(defaults.validate_json_reads),
+        };
         Ok(Manifest {
             path: path.to_string(),
             name: raw.name,
@@ -404,6 +442,7 @@ impl Manifest {
             on_error,
             dead_letter_topic,
             max_task_idle,
+            formats,
             offsets_epoch: 0,
             start_from: None,
         })

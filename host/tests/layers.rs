@@ -15,6 +15,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("state", 1),
     ("runtime", 1),
     ("metrics", 1),
+    ("formats", 1),
     ("topology", 2),
     ("registry", 2),
     ("acls", 2),

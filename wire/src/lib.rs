@@ -19,6 +19,104 @@ pub struct Description {
     /// Global tables: stores the host fills from every partition of a topic, readable by
     /// every task of the topology and written by none.
     pub global_stores: Vec<GlobalStore>,
+    /// Topics whose keys or values are in the Confluent wire format behind a Schema
+    /// Registry, with the schema the topology reads or writes them with (the `formats`
+    /// export); every other topic is bytes.
+    pub formats: Vec<TopicFormat>,
+}
+
+/// What a source, sink or internal topic holds (by its logical name): its key's schema and
+/// its value's, each none for plain bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicFormat {
+    pub topic: String,
+    pub key: Option<Schema>,
+    pub value: Option<Schema>,
+}
+
+/// The schema languages of a Schema Registry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SchemaKind {
+    Avro,
+    Protobuf,
+    JsonSchema,
+}
+
+impl SchemaKind {
+    /// The registry's name for it (`schemaType`): `AVRO`, `PROTOBUF`, `JSON`.
+    pub fn registry_name(self) -> &'static str {
+        match self {
+            SchemaKind::Avro => "AVRO",
+            SchemaKind::Protobuf => "PROTOBUF",
+            SchemaKind::JsonSchema => "JSON",
+        }
+    }
+
+    /// Its name for people and flags: `avro`, `protobuf`, `json-schema`.
+    pub fn name(self) -> &'static str {
+        match self {
+            SchemaKind::Avro => "avro",
+            SchemaKind::Protobuf => "protobuf",
+            SchemaKind::JsonSchema => "json-schema",
+        }
+    }
+}
+
+impl std::fmt::Display for SchemaKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A schema a topology reads or writes a topic's keys or values with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Schema {
+    pub kind: SchemaKind,
+    /// Avro's JSON, a `.proto` file, or a JSON Schema document.
+    pub text: String,
+    /// Protobuf: the message the records are (its full name, `package.Message`).
+    pub message: Option<String>,
+    /// Protobuf: the files `text` imports (import path, text), other than Google's
+    /// well-known types.
+    pub imports: Vec<(String, String)>,
+}
+
+impl Schema {
+    /// An Avro schema (its JSON text).
+    pub fn avro(text: impl Into<String>) -> Schema {
+        Schema {
+            kind: SchemaKind::Avro,
+            text: text.into(),
+            message: None,
+            imports: Vec::new(),
+        }
+    }
+
+    /// A JSON Schema document.
+    pub fn json_schema(text: impl Into<String>) -> Schema {
+        Schema {
+            kind: SchemaKind::JsonSchema,
+            text: text.into(),
+            message: None,
+            imports: Vec::new(),
+        }
+    }
+
+    /// Protobuf message `message` (`package.Message`) of the `.proto` file `text`.
+    pub fn protobuf(text: impl Into<String>, message: impl Into<String>) -> Schema {
+        Schema {
+            kind: SchemaKind::Protobuf,
+            text: text.into(),
+            message: Some(message.into()),
+            imports: Vec::new(),
+        }
+    }
+
+    /// A file the `.proto` text imports, by its import path (Protobuf).
+    pub fn import(mut self, path: impl Into<String>, text: impl Into<String>) -> Schema {
+        self.imports.push((path.into(), text.into()));
+        self
+    }
 }
 
 /// A global table: a store the host keeps as a copy of a whole topic.
@@ -119,6 +217,39 @@ impl Description {
             topic: topic.into(),
         });
         self
+    }
+
+    /// Reads or writes the keys of `topic` (a declared source, sink or internal topic) in the
+    /// Confluent wire format with `schema`.
+    pub fn key_format(self, topic: impl Into<String>, schema: Schema) -> Self {
+        self.with_format(topic.into(), |f| f.key = Some(schema))
+    }
+
+    /// Reads or writes the values of `topic` (a declared source, sink or internal topic) in
+    /// the Confluent wire format with `schema`.
+    pub fn value_format(self, topic: impl Into<String>, schema: Schema) -> Self {
+        self.with_format(topic.into(), |f| f.value = Some(schema))
+    }
+
+    fn with_format(mut self, topic: String, set: impl FnOnce(&mut TopicFormat)) -> Self {
+        let at = match self.formats.iter().position(|f| f.topic == topic) {
+            Some(at) => at,
+            None => {
+                self.formats.push(TopicFormat {
+                    topic,
+                    key: None,
+                    value: None,
+                });
+                self.formats.len() - 1
+            }
+        };
+        set(&mut self.formats[at]);
+        self
+    }
+
+    /// The format of `topic`'s records, if it has one.
+    pub fn format_of(&self, topic: &str) -> Option<&TopicFormat> {
+        self.formats.iter().find(|f| f.topic == topic)
     }
 
     /// Declares a sub-topology (its sources, sinks and stores must be declared too).

@@ -152,6 +152,7 @@ mod tests {
             unavailable_seconds: 0.0,
             in_role_seconds: 0.0,
             error: Some(format!("{id} failed")),
+            waiting: None,
         }
     }
 

@@ -6,6 +6,7 @@ pub mod config;
 mod kafka_args;
 mod kafka_tools;
 mod new;
+mod registry_args;
 mod state;
 mod status;
 mod topologies;

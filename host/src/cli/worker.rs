@@ -55,6 +55,12 @@ pub struct WorkerSettings {
     bootstrap: Option<String>,
     #[command(flatten)]
     kafka: super::kafka_args::KafkaArgs,
+    #[command(flatten)]
+    schema_registry: super::registry_args::RegistryArgs,
+    /// Bytes of schemas from the registry the worker keeps (they never change: kept for the
+    /// worker's life within this).
+    #[arg(long, default_value = "64MiB", value_parser = parse_size)]
+    schema_cache: usize,
     /// A topology manifest (TOML); repeat for several topologies. In a cluster (`--cluster`)
     /// it may be left out: the worker runs what is uploaded to the cluster's registry.
     #[arg(long = "topology", value_name = "FILE.toml")]
@@ -417,7 +423,10 @@ impl WorkerSettings {
             Guarantee::ExactlyOnce => Duration::from_millis(100),
             Guarantee::AtLeastOnce => Duration::from_secs(1),
         });
+        let schema_registry = args.schema_registry.settings()?;
         let worker = WorkerConfig {
+            schema_registry,
+            schema_cache_bytes: args.schema_cache,
             cluster,
             kafka,
             manifests: args.topologies,

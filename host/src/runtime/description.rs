@@ -26,6 +26,9 @@ pub(super) fn check(d: &Description) -> Result<(), String> {
         }
     }
     check_global_stores(d)?;
+    // The formats it declares: each for a topic it declares, each schema one the host can use
+    // (the sinks' subjects are named when the topology is bound to topics).
+    crate::formats::TopologyFormats::new(d, &d.sinks, &Default::default(), 1 << 20)?;
     let mut internal = HashSet::new();
     for t in &d.internal_topics {
         if !internal.insert(t.name.as_str()) {

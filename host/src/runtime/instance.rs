@@ -59,6 +59,70 @@ pub type Operators = Vec<(String, Vec<String>)>;
 
 /// The optional interface a topology describes its operators through (for people).
 const INTROSPECTION: &str = "sluice:topology/introspection@0.2.0";
+/// The optional interface a topology declares the formats of its topics through.
+const FORMATS: &str = "sluice:topology/formats@0.2.0";
+
+/// The types of the `formats` interface, lifted from the guest by hand (the interface is an
+/// optional export, looked up by name like `introspection`).
+mod formats {
+    use wasmtime::component::{ComponentType, Lift};
+
+    #[derive(ComponentType, Lift, Clone, Copy)]
+    #[component(enum)]
+    #[repr(u8)]
+    // Made by lifting what the guest returned, never by name here.
+    #[allow(dead_code)]
+    pub enum SchemaKind {
+        #[component(name = "avro")]
+        Avro,
+        #[component(name = "protobuf")]
+        Protobuf,
+        #[component(name = "json-schema")]
+        JsonSchema,
+    }
+
+    #[derive(ComponentType, Lift)]
+    #[component(record)]
+    pub struct Schema {
+        kind: SchemaKind,
+        text: String,
+        message: Option<String>,
+        imports: Vec<(String, String)>,
+    }
+
+    #[derive(ComponentType, Lift)]
+    #[component(record)]
+    pub struct TopicFormat {
+        topic: String,
+        key: Option<Schema>,
+        value: Option<Schema>,
+    }
+
+    impl Schema {
+        fn into_wire(self) -> sluice_wire::Schema {
+            sluice_wire::Schema {
+                kind: match self.kind {
+                    SchemaKind::Avro => sluice_wire::SchemaKind::Avro,
+                    SchemaKind::Protobuf => sluice_wire::SchemaKind::Protobuf,
+                    SchemaKind::JsonSchema => sluice_wire::SchemaKind::JsonSchema,
+                },
+                text: self.text,
+                message: self.message,
+                imports: self.imports,
+            }
+        }
+    }
+
+    impl TopicFormat {
+        pub fn into_wire(self) -> sluice_wire::TopicFormat {
+            sluice_wire::TopicFormat {
+                topic: self.topic,
+                key: self.key.map(Schema::into_wire),
+                value: self.value.map(Schema::into_wire),
+            }
+        }
+    }
+}
 
 /// Most text a topology's operator description may hold, lines longer than this are cut,
 /// and more lines than this are dropped: it is shown to people, never acted on.
@@ -266,6 +330,8 @@ impl TaskInstance {
                                 topic: g.topic,
                             })
                             .collect(),
+                        // Read from the optional `formats` export (`describe_formats`).
+                        formats: Vec::new(),
                     }
                 }
                 Processor::V1(p) => {
@@ -301,6 +367,28 @@ impl TaskInstance {
         let (said,) = self.call(|_, s| func.call(&mut *s, ()))?;
         self.end_call(true);
         Ok(bounded_operators(said))
+    }
+
+    /// The formats of its topics (`formats.describe-formats`); none if it does not export
+    /// that (a topology of an SDK before formats, or written without one). What a guest
+    /// declares is checked when the description is (`description::check`).
+    pub fn describe_formats(&mut self) -> Result<Vec<sluice_wire::TopicFormat>, GuestFault> {
+        let instance = self.instance;
+        let Some(interface) = instance.get_export_index(&mut self.store, None, FORMATS) else {
+            return Ok(Vec::new());
+        };
+        let Some(index) = instance.get_export_index(&mut self.store, Some(&interface), "describe-formats") else {
+            return Ok(Vec::new());
+        };
+        type Said = (Vec<formats::TopicFormat>,);
+        let func = instance
+            .get_typed_func::<(), Said>(&mut self.store, &index)
+            .map_err(|e| GuestFault::BadOutput {
+                detail: format!("its formats export is not the one of sluice:topology@0.2.0: {e:#}"),
+            })?;
+        let (said,) = self.call(|_, s| func.call(&mut *s, ()))?;
+        self.end_call(true);
+        Ok(said.into_iter().map(formats::TopicFormat::into_wire).collect())
     }
 
     pub fn init(&mut self, task: &TaskInfo) -> Result<(), GuestFault> {

@@ -650,7 +650,10 @@ impl LoadedTopology {
     /// described without one, and taken to hold updates back.
     fn describe(&self) -> Result<(sluice_wire::Description, Operators, bool), GuestFault> {
         let mut instance = TaskInstance::new(self, "(describe)", Vec::new(), Vec::new())?;
-        let description = instance.describe()?;
+        let mut description = instance.describe()?;
+        // Unlike operators, formats decide how records are read and written: a guest that
+        // faults declaring them cannot run.
+        description.formats = instance.describe_formats()?;
         let (operators, holds_back) = match instance.describe_operators() {
             Ok(operators) => {
                 let holds_back = !operators.is_empty();

@@ -25,6 +25,26 @@ impl Task {
         // The guest numbers sources as its description lists them.
         let declared = self.ctx.stage().sources[source as usize].0;
         let timestamp = m.timestamp().to_millis().unwrap_or(-1);
+        let (key, value) = if self.formats.any {
+            let reads = self.formats.reads(declared);
+            match self.formats.read(declared, m.key(), m.payload()) {
+                Err(why) => {
+                    // It waits (or is judged) after the batch; the batch takes no more.
+                    self.pending = Some(super::formats::Pending {
+                        source,
+                        message: super::formats::owned(m),
+                        why,
+                    });
+                    return;
+                }
+                Ok(read) => {
+                    self.originals.push(reads.then(|| (m.key(), m.payload())));
+                    read
+                }
+            }
+        } else {
+            (m.key(), m.payload())
+        };
         let headers: Vec<Header<'_>> = match m.headers() {
             Some(h) => h
                 .iter()
@@ -36,8 +56,8 @@ impl Task {
             None => Vec::new(),
         };
         self.writer.push_input(
-            m.key(),
-            m.payload(),
+            key,
+            value,
             timestamp,
             declared,
             m.partition(),
@@ -379,17 +399,41 @@ impl Task {
                 });
             }
         };
+        // What goes to a topic with a format is checked against its schema first, all of it:
+        // a call whose output does not fit produces nothing.
+        if self.formats.any {
+            if let Err(detail) = self.check_formats(&records) {
+                self.instance.end_call(false);
+                return Err(TaskError::Guest {
+                    task: self.id.clone(),
+                    at: at.to_string(),
+                    fault: GuestFault::BadOutput { detail },
+                });
+            }
+        }
+        let (mut framed_key, mut framed_value) = (Vec::new(), Vec::new());
         for r in &records {
             let timestamp = if r.timestamp == INHERIT_TIMESTAMP {
                 default_ts
             } else {
                 r.timestamp
             };
+            let (mut key, mut value) = (r.key, r.value);
+            if let Some(writing) = self.formats.sink(r.sink as usize) {
+                if let (Some(w), Some(k)) = (&writing.key, key) {
+                    w.frame(k, &mut framed_key);
+                    key = Some(&framed_key);
+                }
+                if let (Some(w), Some(v)) = (&writing.value, value) {
+                    w.frame(v, &mut framed_value);
+                    value = Some(&framed_value);
+                }
+            }
             let out = Outgoing {
                 topic: &sink_topics[r.sink as usize],
                 partition: None,
-                key: r.key,
-                value: r.value,
+                key,
+                value,
                 timestamp: timestamp.max(-1),
                 headers: r.headers,
             };
@@ -404,6 +448,28 @@ impl Task {
         }
         self.summary.records_out += n;
         self.counters.records_out.inc_by(n);
+        Ok(())
+    }
+
+    /// Checks what a call emitted to topics with a format against their schemas; the error
+    /// names the topic and what does not fit.
+    fn check_formats(&self, records: &[sluice_wire::wire::Emitted<'_>]) -> Result<(), String> {
+        let sink_topics = &self.ctx.topology.binding.sink_topics;
+        for r in records {
+            let Some(writing) = self.formats.sink(r.sink as usize) else {
+                continue;
+            };
+            for (part, w, bytes) in [("key", &writing.key, r.key), ("value", &writing.value, r.value)] {
+                if let (Some(w), Some(bytes)) = (w, bytes) {
+                    w.check(bytes).map_err(|e| {
+                        format!(
+                            "the {part} it emitted for topic {} does not fit the schema it declares: {e}",
+                            sink_topics[r.sink as usize]
+                        )
+                    })?;
+                }
+            }
+        }
         Ok(())
     }
 

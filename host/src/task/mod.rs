@@ -18,6 +18,7 @@ mod batch;
 mod commit;
 pub mod control;
 pub mod delivery;
+mod formats;
 mod output;
 pub mod partition_group;
 mod rate;
@@ -114,6 +115,16 @@ pub enum TaskError {
     /// A step of its start went past its deadline: the start was given up (to be retried).
     #[error("task {task} did not start: {detail}")]
     Start { task: String, detail: String },
+    /// A record it cannot read (its topic's format), under `on-error = "fail"`; or a sink
+    /// schema the registry refuses. `retry`: what is wrong is the registry's answer, which
+    /// may change (the task starts again later); else the topology must be fixed.
+    #[error("task {task} failed at {at}: {reason}")]
+    Input {
+        task: String,
+        at: String,
+        reason: String,
+        retry: bool,
+    },
 }
 
 impl TaskError {
@@ -127,6 +138,7 @@ impl TaskError {
             TaskError::GaveUp { .. } => "stopped",
             TaskError::Quota { .. } => "quota",
             TaskError::Start { .. } => "start",
+            TaskError::Input { .. } => "input",
         }
     }
 }
@@ -155,6 +167,8 @@ pub struct TaskContext {
     pub warm: Option<crate::state::warm::Warm>,
     /// Where the task returns its open stores when it ends (the worker's task runner).
     pub returns: std::sync::mpsc::Sender<(TaskId, crate::state::warm::WarmStores)>,
+    /// The worker's schema registry client and cache (for topics in the Confluent wire format).
+    pub schemas: crate::formats::Schemas,
 }
 
 impl TaskContext {
@@ -182,6 +196,9 @@ pub trait TaskProgress: Send + Sync {
     fn processing(&self, task: &TaskId);
     /// The task produced its first records (since it started here).
     fn first_output(&self, _task: &TaskId) {}
+    /// The task waits for something other than its records (a schema from the registry):
+    /// what, for people; none when it waits no more.
+    fn waiting(&self, _task: &TaskId, _what: Option<String>) {}
 }
 
 /// What a task did before it stopped.
@@ -291,6 +308,15 @@ pub struct Task {
     thread_time: Duration,
     /// Whether its stream thread gives it a call now (see `threads::stream`'s fair share).
     fair_turn: bool,
+    /// Its topics' formats: reading, writing, the schemas they wait for.
+    formats: formats::TaskFormats,
+    /// A record that did not go into the batch: it waits for its schema, or cannot be read
+    /// (judged once the batch before it is processed). The batch takes nothing after it.
+    pending: Option<formats::Pending>,
+    /// The records of the batch as they came, where the batch holds them otherwise.
+    originals: formats::Originals,
+    /// What it last told the board it waits for.
+    told_waiting: Option<String>,
 }
 
 /// This task's metric handles, looked up once.
@@ -357,9 +383,13 @@ impl Task {
         self.ctx.drops.clone()
     }
 
-    /// Whether the batch has room for no more records.
+    /// Whether the batch has room for no more records (or a record that did not go in waits
+    /// after it).
     pub fn is_full(&self) -> bool {
-        self.retry.is_some() || self.batch.len() >= self.batch_records || self.writer.byte_len() >= self.batch_bytes
+        self.retry.is_some()
+            || self.pending.is_some()
+            || self.batch.len() >= self.batch_records
+            || self.writer.byte_len() >= self.batch_bytes
     }
 
     /// Whether the batch holds records not processed yet.
@@ -389,7 +419,72 @@ impl Task {
     /// back by its rate limit, a cooldown or a lapsed lease does not count as waiting for a
     /// share, so it does not hold the thread's other tasks back either.
     pub fn waits_only_for_its_turn(&self) -> bool {
-        self.ctx.control.request() == Request::Run && self.ctx.lease.valid() && self.within_rate() && self.cooled()
+        self.ctx.control.request() == Request::Run
+            && self.ctx.lease.valid()
+            && self.within_rate()
+            && self.cooled()
+            && !self.waits_for_schemas()
+    }
+
+    /// Whether it waits for a schema from the registry: its sinks' ids, or a record's writer
+    /// schema (its turns then ask again; its records wait meanwhile).
+    fn waits_for_schemas(&self) -> bool {
+        !self.formats.sinks_known() || matches!(&self.pending, Some(p) if matches!(p.why, formats::Why::Wait(_)))
+    }
+
+    /// Whether its sinks' schemas have their ids: asks (without waiting) when not; tells the
+    /// board what it waits for. An error when the registry refuses one.
+    fn sinks_ready(&mut self) -> Result<bool, TaskError> {
+        match self.formats.sinks_ready() {
+            Ok(()) => Ok(true),
+            Err(formats::SinksNotReady::Wait(w)) => {
+                self.tell_waiting(Some(formats::waiting_text(&w)));
+                Ok(false)
+            }
+            Err(formats::SinksNotReady::Failed(reason)) => Err(TaskError::Input {
+                task: self.id.clone(),
+                at: "the schemas of its sinks".into(),
+                reason,
+                retry: true,
+            }),
+        }
+    }
+
+    /// Tells the board what the task waits for (none: nothing), when that changed.
+    fn tell_waiting(&mut self, what: Option<String>) {
+        if self.told_waiting != what {
+            self.ctx.progress.waiting(&self.ctx.task, what.clone());
+            self.told_waiting = what;
+        }
+    }
+
+    /// The record that did not go into the batch, now that the batch before it is
+    /// processed: one that waits for its schema is read again (into the batch, or it waits
+    /// on); one that cannot be read goes to the error policy.
+    fn take_pending(&mut self, env: &mut KafkaEnv) -> Result<(), TaskError> {
+        while self.batch.is_empty() {
+            let Some(pending) = self.pending.take() else { break };
+            match pending.why {
+                formats::Why::Wait(_) => {
+                    self.push(pending.source, &pending.message);
+                    if let Some(formats::Pending {
+                        why: formats::Why::Wait(w),
+                        ..
+                    }) = &self.pending
+                    {
+                        let text = formats::waiting_text(w);
+                        self.tell_waiting(Some(text));
+                        break;
+                    }
+                    self.tell_waiting(None);
+                }
+                formats::Why::Bad(reason, retry) => {
+                    self.tell_waiting(None);
+                    self.reject_input(pending.source, &pending.message, reason, retry, env)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Thread time its batches and punctuations have been charged so far: the guest calls
@@ -457,8 +552,16 @@ impl Task {
             // the worker renews the lease or aborts the task.
             return Ok(None);
         }
+        if self.formats.any && !self.sinks_ready()? {
+            // Its records wait (its stream thread holds them) until its sinks' schemas
+            // have their ids.
+            return Ok(None);
+        }
         if !self.batch.is_empty() && self.within_rate() && self.cooled() && self.fair_turn {
             self.process_batch(env)?;
+        }
+        if self.pending.is_some() && self.batch.is_empty() {
+            self.take_pending(env)?;
         }
         self.maybe_punctuate()?;
         // Under exactly-once the stream thread commits all its tasks in one transaction.
@@ -474,6 +577,7 @@ impl Task {
     fn finish(&mut self, env: &mut KafkaEnv) -> Result<TaskSummary, TaskError> {
         let began = Instant::now();
         self.clear_batch();
+        self.pending = None;
         if self.commit(env)? != Commit::Done {
             return Ok(self.abort("it could not make its final commit (lease expired or fenced)"));
         }
@@ -496,6 +600,7 @@ impl Task {
     fn clear_batch(&mut self) {
         self.writer.clear();
         self.batch.clear();
+        self.originals.clear();
         self.retry = None;
     }
 

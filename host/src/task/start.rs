@@ -251,6 +251,10 @@ impl Task {
             counters,
             thread_time: Duration::ZERO,
             fair_turn: true,
+            formats: super::formats::TaskFormats::new(topology.formats.clone(), ctx.schemas.clone()),
+            pending: None,
+            originals: Default::default(),
+            told_waiting: None,
             ctx,
         }))
     }

@@ -448,7 +448,11 @@ impl ThreadTasks {
                     self.end(consumer, index, Some(end));
                     return;
                 }
-            } else {
+            }
+            let running = self.running[index].as_mut().expect("checked above");
+            // Still full: the batch could not be processed, or a record waits after it (for
+            // its schema): this one waits too, and the task's partitions pause.
+            if running.task.is_full() || !running.overflow.is_empty() {
                 running.overflow.push((source, message.detach()));
                 if !running.paused {
                     tracing::debug!(target: "handover", task = %running.task.id(), may_process = running.task.may_process(), "paused");

@@ -37,6 +37,9 @@ pub struct DeployedTopology {
     pub internal_topics: Vec<(String, i32)>,
     /// Its global tables: each store and the topic that fills it (kept once per worker).
     pub globals: Vec<GlobalSpec>,
+    /// How its topics in the Confluent wire format are read and written (their decoders
+    /// shared by its tasks on this worker); empty for a topology of bytes.
+    pub formats: Arc<crate::formats::TopologyFormats>,
     /// SHA-256 (first 16 bytes) of the component and its bindings: members compare it to
     /// know they run the same topology.
     pub digest: [u8; 16],
@@ -150,7 +153,15 @@ pub fn deploy(
         changelogs.extend(made);
     }
     let globals = global_specs(description, &binding).map_err(refused)?;
+    let formats = crate::formats::TopologyFormats::new(
+        description,
+        &binding.sink_topics,
+        &manifest.formats,
+        loaded.limits().memory_limit / 4,
+    )
+    .map_err(refused)?;
     Ok(DeployedTopology {
+        formats: Arc::new(formats),
         state_limit: manifest.limits.state.unwrap_or(state_limit),
         state_usage: Default::default(),
         records_per_second: manifest.limits.records_per_second,

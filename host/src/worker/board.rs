@@ -46,6 +46,8 @@ struct Entry {
     unavailable: Duration,
     unavailable_since: Option<Instant>,
     error: Option<String>,
+    /// What it waits for besides its records (a schema from the registry), and since when.
+    waiting: Option<(String, Instant)>,
 }
 
 impl Entry {
@@ -62,6 +64,7 @@ impl Entry {
             unavailable: Duration::ZERO,
             unavailable_since: (role == Role::Active).then_some(now),
             error: None,
+            waiting: None,
         }
     }
 
@@ -333,11 +336,24 @@ impl Board {
         }
     }
 
+    /// A task waits for something besides its records (`what`), or no longer (none).
+    pub fn waiting(&self, task: &TaskId, what: Option<String>) {
+        let mut inner = self.lock();
+        if let Some(e) = inner.tasks.get_mut(task) {
+            e.waiting = match (what, e.waiting.take()) {
+                (Some(what), Some((_, since))) => Some((what, since)),
+                (Some(what), None) => Some((what, Instant::now())),
+                (None, _) => None,
+            };
+        }
+    }
+
     /// An active task ended on its own: failed for good (`error`), or to start again.
     pub fn ended(&self, task: &TaskId, error: Option<String>) {
         let now = Instant::now();
         let mut inner = self.lock();
         if let Some(e) = inner.tasks.get_mut(task).filter(|e| e.role == Role::Active) {
+            e.waiting = None;
             if e.phase == Phase::Running {
                 e.unavailable_since = Some(now);
             }
@@ -401,6 +417,10 @@ impl Board {
                 unavailable_seconds: e.unavailable(now).as_secs_f64(),
                 in_role_seconds: now.duration_since(e.since).as_secs_f64(),
                 error: e.error.clone(),
+                waiting: e
+                    .waiting
+                    .as_ref()
+                    .map(|(what, since)| format!("{what}, for {:.0} s", now.duration_since(*since).as_secs_f64())),
             })
             .collect();
         WorkerStatus {
@@ -447,6 +467,10 @@ impl TaskProgress for Board {
 
     fn first_output(&self, task: &TaskId) {
         Board::first_output(self, task);
+    }
+
+    fn waiting(&self, task: &TaskId, what: Option<String>) {
+        Board::waiting(self, task, what);
     }
 }
 

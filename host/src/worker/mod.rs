@@ -63,6 +63,11 @@ pub struct WorkerConfig {
     /// The cluster secret: registry records and group messages are believed only when
     /// signed with it (`registry.secret`).
     pub secret: Option<ClusterSecret>,
+    /// The Schema Registry topologies with formats read and write through (`registry.url`
+    /// and the rest): none, and such a topology's records cannot be read.
+    pub schema_registry: Option<crate::formats::RegistrySettings>,
+    /// Bytes of schemas the worker keeps (`registry.cache-bytes`).
+    pub schema_cache_bytes: usize,
 }
 
 impl WorkerConfig {
@@ -80,6 +85,8 @@ impl WorkerConfig {
             changelogs: ChangelogSettings::default(),
             tenancy: Tenancy::default(),
             secret: None,
+            schema_registry: None,
+            schema_cache_bytes: 64 << 20,
         }
     }
 }
@@ -105,6 +112,8 @@ pub struct Worker {
     state: Arc<StateDir>,
     metrics: Metrics,
     board: Arc<Board>,
+    /// The worker's schema registry client and cache, shared by its tasks.
+    schemas: crate::formats::Schemas,
 }
 
 impl Worker {
@@ -185,7 +194,16 @@ impl Worker {
             &config.kafka,
         ));
         state.connect();
+        let client = config
+            .schema_registry
+            .clone()
+            .map(crate::formats::RegistryClient::new)
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("the schema registry: {e}"))?;
+        let schemas =
+            crate::formats::Schemas::new(client, tokio::runtime::Handle::current(), config.schema_cache_bytes);
         Ok(Worker {
+            schemas,
             config,
             registry,
             runtime: Arc::new(runtime),
@@ -240,6 +258,7 @@ impl Worker {
             state,
             metrics,
             board,
+            schemas,
         } = self;
         let settings = DeploySettings {
             kafka: config.kafka.clone(),
@@ -303,6 +322,7 @@ impl Worker {
             config.kafka.clone(),
             state,
             deployed,
+            schemas,
         )?;
 
         let report = match &config.cluster {

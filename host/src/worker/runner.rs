@@ -102,6 +102,8 @@ pub struct TaskRunner {
     _globals: GlobalUpdater,
     finished: WorkerReport,
     streams: StreamThreads,
+    /// The worker's schema registry client and cache, for its tasks.
+    schemas: crate::formats::Schemas,
 }
 
 /// What reaping found.
@@ -125,6 +127,7 @@ impl TaskRunner {
         kafka: KafkaSettings,
         state: Arc<StateDir>,
         deployed: Vec<DeployedTopology>,
+        schemas: crate::formats::Schemas,
     ) -> anyhow::Result<TaskRunner> {
         let exactly_once = (settings.guarantee == task::Guarantee::ExactlyOnce)
             .then(|| (worker_id.to_string(), fence.clone(), settings.commit_interval));
@@ -134,6 +137,7 @@ impl TaskRunner {
         // Global tables fill from now on, before any task that reads one is placed here.
         state.want_globals(&wanted_globals(deployed.iter()));
         Ok(TaskRunner {
+            schemas,
             streams,
             updater,
             _globals: globals,
@@ -287,7 +291,9 @@ impl TaskRunner {
                     }
                     self.finished.stopped.push((id.to_string(), summary));
                 }
-                Ok(Err(e @ (TaskError::Guest { .. } | TaskError::Quota { .. }))) => {
+                Ok(Err(
+                    e @ (TaskError::Guest { .. } | TaskError::Quota { .. } | TaskError::Input { retry: false, .. }),
+                )) => {
                     if self.release_failed {
                         // Given back to the group, which may place it elsewhere (or here again).
                         tracing::error!(task = %id, "failed; releasing it to the group: {e}");
@@ -381,6 +387,7 @@ impl TaskRunner {
                 drops: self.drops.clone(),
                 warm,
                 returns: self.returns.0.clone(),
+                schemas: self.schemas.clone(),
             };
             let slot = Arc::new(TaskSlot::default());
             self.streams.submit(ctx, slot.clone());

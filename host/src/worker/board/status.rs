@@ -63,6 +63,10 @@ pub struct TaskStatus {
     pub in_role_seconds: f64,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub error: Option<String>,
+    /// What an active task waits for besides its records (a schema from the registry), for
+    /// how long.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub waiting: Option<String>,
 }
 
 /// The worker as `GET /status` shows it.
