@@ -41,6 +41,15 @@ pub trait Decode<'a>: Sized {
 pub trait Encode {
     /// Appends the encoding to `out`.
     fn encode_into(&self, out: &mut Vec<u8>) -> Result<(), CodecError>;
+
+    /// The schema a topic of these keys or values carries in the Confluent wire format
+    /// ([`crate::formats`]); none for plain bytes (every other codec).
+    fn schema() -> Option<crate::formats::Schema>
+    where
+        Self: Sized,
+    {
+        None
+    }
 }
 
 impl<'a> Decode<'a> for &'a [u8] {

@@ -213,8 +213,9 @@ pub mod __private {
     /// [`crate::Store`]; only the repository's hostile test guests speak WIT directly.
     pub mod bindings {
         wit_bindgen::generate!({
-            // `topology` and the optional `introspection` export (operators, for people).
-            world: "described-topology",
+            // `topology` and the optional `introspection` (operators, for people) and
+            // `formats` (the schemas of its topics) exports.
+            world: "formatted-topology",
             // A copy of the repository's `wit/`, inside the crate so that it builds as a
             // dependency anywhere (the host checks that the two are the same).
             path: "wit",
@@ -226,6 +227,9 @@ pub mod __private {
         });
     }
 
+    pub use self::bindings::exports::sluice::topology0_2_0::formats::{
+        Guest as FormatsGuest, Schema as WitSchema, SchemaKind as WitSchemaKind, TopicFormat as WitTopicFormat,
+    };
     pub use self::bindings::exports::sluice::topology0_2_0::introspection::Guest as IntrospectionGuest;
     pub use self::bindings::exports::sluice::topology0_2_0::processor::Guest;
     pub use self::bindings::sluice::topology0_1_0::types::GuestError;
@@ -233,7 +237,7 @@ pub mod __private {
         Description as WitDescription, GlobalStore as WitGlobalStore, InternalTopic as WitInternalTopic,
         Subtopology as WitSubtopology, TaskInfo as WitTaskInfo,
     };
-    pub use super::{close, describe, describe_operators, init, process, punctuate, Slot};
+    pub use super::{close, describe, describe_formats, describe_operators, init, process, punctuate, Slot};
 }
 
 #[doc(hidden)]
@@ -276,6 +280,29 @@ pub fn describe<T: Processor>() -> wit::Description {
 #[doc(hidden)]
 pub fn describe_operators<T: Processor>() -> Vec<(String, Vec<String>)> {
     T::operators()
+}
+
+#[doc(hidden)]
+pub fn describe_formats<T: Processor>() -> Vec<__private::WitTopicFormat> {
+    let schema = |s: crate::formats::Schema| __private::WitSchema {
+        kind: match s.kind {
+            crate::formats::SchemaKind::Avro => __private::WitSchemaKind::Avro,
+            crate::formats::SchemaKind::Protobuf => __private::WitSchemaKind::Protobuf,
+            crate::formats::SchemaKind::JsonSchema => __private::WitSchemaKind::JsonSchema,
+        },
+        text: s.text,
+        message: s.message,
+        imports: s.imports,
+    };
+    T::describe()
+        .formats
+        .into_iter()
+        .map(|f| __private::WitTopicFormat {
+            topic: f.topic,
+            key: f.key.map(schema),
+            value: f.value.map(schema),
+        })
+        .collect()
 }
 
 #[doc(hidden)]
@@ -428,6 +455,12 @@ macro_rules! export {
         impl $crate::__private::IntrospectionGuest for __SluiceTopology {
             fn describe_operators() -> ::std::vec::Vec<(::std::string::String, ::std::vec::Vec<::std::string::String>)> {
                 $crate::__private::describe_operators::<$processor>()
+            }
+        }
+
+        impl $crate::__private::FormatsGuest for __SluiceTopology {
+            fn describe_formats() -> ::std::vec::Vec<$crate::__private::WitTopicFormat> {
+                $crate::__private::describe_formats::<$processor>()
             }
         }
 

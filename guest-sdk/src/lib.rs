@@ -2,6 +2,7 @@
 
 pub mod codec;
 pub mod dsl;
+pub mod formats;
 mod guest;
 mod store;
 
@@ -11,7 +12,7 @@ pub use codec::{CodecError, Decode, Encode, Json, Ordered};
 #[doc(hidden)]
 pub use guest::__private;
 pub use guest::{Context, Level};
-pub use sluice_wire::{wire, Description, GlobalStore, InternalTopic, Subtopology, TaskInfo};
+pub use sluice_wire::{wire, Description, GlobalStore, InternalTopic, Subtopology, TaskInfo, TopicFormat};
 pub use store::{Scan, Store};
 
 /// serde, with its derive macros, for [`Json<T>`] without a serde dependency of your own:

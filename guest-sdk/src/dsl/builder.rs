@@ -97,7 +97,8 @@ impl StreamsBuilder {
             name.clone(),
             Vec::new(),
             stream_source::<K, V>(name, source.to_string()),
-        );
+        )
+        .with_formats::<K, V>();
         node.source = Some(source.to_string());
         let id = g.add(node);
         KStream::new(self.graph.clone(), id, false)
@@ -123,7 +124,7 @@ impl StreamsBuilder {
                 }) as Box<dyn RawSource>)
             }))
         };
-        let mut node = GraphNode::new(name, Vec::new(), build);
+        let mut node = GraphNode::new(name, Vec::new(), build).with_formats::<K, V>();
         node.source = Some(source.to_string());
         node.stores.push(store.clone());
         let id = g.add(node);
@@ -145,6 +146,7 @@ impl StreamsBuilder {
             g.error(format!("the topic {topic:?} fills two global tables: read it once"));
         }
         g.global_stores.push((store.clone(), topic.to_string()));
+        g.global_formats.push((topic.to_string(), (K::schema(), V::schema())));
         GlobalKTable {
             store,
             _types: PhantomData,
@@ -319,7 +321,7 @@ pub(crate) fn add_sink<K: Data, V: Data>(
             Ok(built(node))
         }))
     };
-    let mut node = GraphNode::new(name, vec![parent], build);
+    let mut node = GraphNode::new(name, vec![parent], build).with_formats::<K, V>();
     node.sink = Some(sink.to_string());
     node.internal_io = internal;
     g.add(node)
@@ -369,7 +371,8 @@ pub(crate) fn repartition<K: Data, V: Data>(
     add_sink::<K, V>(&stream.graph, stream.node, "repartition", topic, true);
     let mut g = stream.graph.borrow_mut();
     let name = g.next_name("repartition_source");
-    let mut node = GraphNode::new(name.clone(), Vec::new(), stream_source::<K, V>(name, topic.to_string()));
+    let mut node =
+        GraphNode::new(name.clone(), Vec::new(), stream_source::<K, V>(name, topic.to_string())).with_formats::<K, V>();
     node.source = Some(topic.to_string());
     node.internal_io = true;
     let id = g.add(node);

@@ -28,6 +28,12 @@ pub trait Data: Clone + 'static {
     fn is_null(&self) -> bool {
         false
     }
+
+    /// The schema a topic of these keys or values carries in the Confluent wire format
+    /// ([`crate::formats`]: `Avro<T>`, `Protobuf<T>`, `JsonSchema<T>`); none for bytes.
+    fn schema() -> Option<crate::formats::Schema> {
+        None
+    }
 }
 
 fn null_error() -> CodecError {
@@ -52,6 +58,10 @@ where
             None => Err(null_error()),
         }
     }
+
+    fn schema() -> Option<crate::formats::Schema> {
+        <T as Encode>::schema()
+    }
 }
 
 impl<T: Data> Data for Option<T> {
@@ -71,6 +81,10 @@ impl<T: Data> Data for Option<T> {
 
     fn is_null(&self) -> bool {
         self.as_ref().is_none_or(Data::is_null)
+    }
+
+    fn schema() -> Option<crate::formats::Schema> {
+        T::schema()
     }
 }
 

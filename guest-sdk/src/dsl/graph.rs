@@ -22,6 +22,9 @@ pub(crate) enum Build {
     Taken,
 }
 
+/// The schemas of a topic's keys and values (none: bytes).
+pub(crate) type Formats = (Option<crate::formats::Schema>, Option<crate::formats::Schema>);
+
 /// One operator of the graph, as `describe` sees it.
 pub(crate) struct GraphNode {
     /// `<kind>_<index>`: `map_values_3`, `count_5`; named in errors.
@@ -37,6 +40,9 @@ pub(crate) struct GraphNode {
     pub reads: Vec<String>,
     /// It reads or writes an internal topic (a repartition's two ends).
     pub internal_io: bool,
+    /// The schemas of the keys and values of the topic it reads or writes, when they are in
+    /// the Confluent wire format (its types' [`Data::schema`](super::Data::schema)).
+    pub formats: Formats,
     pub build: Build,
 }
 
@@ -50,8 +56,15 @@ impl GraphNode {
             stores: Vec::new(),
             reads: Vec::new(),
             internal_io: false,
+            formats: (None, None),
             build,
         }
+    }
+
+    /// Records `K` and `V`'s schemas as those of the topic this node reads or writes.
+    pub fn with_formats<K: super::Data, V: super::Data>(mut self) -> Self {
+        self.formats = (K::schema(), V::schema());
+        self
     }
 }
 
@@ -63,6 +76,8 @@ pub(crate) struct Graph {
     pub internal_topics: Vec<(String, Option<u32>)>,
     /// Global tables: store, topic.
     pub global_stores: Vec<(String, String)>,
+    /// The schemas of the keys and values of global tables' topics, by topic.
+    pub global_formats: Vec<(String, Formats)>,
     /// For a re-keyed stream (by its operator) that a join repartitioned: the operator that
     /// reads the repartition topic back. Every join of that stream reads it (Kafka Streams
     /// reuses a stream's join repartition topic the same way).
@@ -183,6 +198,26 @@ impl Topology {
         }
         for (store, topic) in &self.graph.global_stores {
             d = d.global_store(store, topic);
+        }
+        // Formats: each topic's, from the operators that read or write it (the two ends of
+        // a repartition topic have the same types).
+        let topics = self
+            .graph
+            .nodes
+            .iter()
+            .flat_map(|n| n.source.iter().chain(n.sink.iter()).map(move |t| (t, &n.formats)))
+            .chain(self.graph.global_formats.iter().map(|(t, f)| (t, f)));
+        let mut declared = BTreeSet::new();
+        for (topic, (key, value)) in topics {
+            if (key.is_none() && value.is_none()) || !declared.insert(topic.clone()) {
+                continue;
+            }
+            if let Some(key) = key {
+                d = d.key_format(topic, key.clone());
+            }
+            if let Some(value) = value {
+                d = d.value_format(topic, value.clone());
+            }
         }
         d
     }

@@ -36,4 +36,11 @@ impl sluice_guest::__private::IntrospectionGuest for Hostile {
     }
 }
 
+/// It declares no formats: its topics are bytes.
+impl sluice_guest::__private::FormatsGuest for Hostile {
+    fn describe_formats() -> Vec<sluice_guest::__private::WitTopicFormat> {
+        Vec::new()
+    }
+}
+
 sluice_guest::__private::bindings::__export_topology!(Hostile with_types_in sluice_guest::__private::bindings);

@@ -81,6 +81,8 @@ impl Task {
     pub fn roll_back(&mut self) -> Result<(), TaskError> {
         self.output.settled();
         self.clear_batch();
+        // A record that waited after the batch comes again from the committed offsets.
+        self.pending = None;
         if let Some(inputs) = &mut self.inputs {
             inputs.clear();
         }
@@ -109,6 +111,7 @@ impl Task {
     /// the thread's transaction, which the thread commits next.
     pub fn close_for_stop(&mut self) -> Result<(), TaskError> {
         self.clear_batch();
+        self.pending = None;
         self.flush_guest()?;
         let output = self.call("close", |i| i.close())?;
         self.produce(&output, now_ms(), "close")

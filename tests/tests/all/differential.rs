@@ -821,7 +821,7 @@ fn has_records_from(topic: &str, partition: i32, from: i64) -> anyhow::Result<bo
 /// (`<topology>-<name>-repartition`) past its last record: all it wrote there has been read.
 /// (Under exactly-once a partition ends with transaction markers, which no offset commit
 /// covers.)
-async fn caught_up_internally(ex: &Example, timeout: Duration) -> anyhow::Result<()> {
+pub(crate) async fn caught_up_internally(ex: &Example, timeout: Duration) -> anyhow::Result<()> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::{Offset, TopicPartitionList};
     let deadline = Instant::now() + timeout;

@@ -9,6 +9,7 @@ mod differential;
 mod dsl_examples;
 mod dsl_joins_e2e;
 mod event_time;
+mod formats;
 mod globals;
 mod group;
 mod hostile;
