@@ -5,12 +5,15 @@
 //! bad records and a registry that goes away.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sluice_tests::registry::{consume_with_confluent, produce_with_confluent, registry};
-use sluice_tests::{kafka, repo_root, unique_name};
+use sluice::formats::{RegistryClient, RegistrySettings};
+use sluice_tests::registry::{consume_with_confluent, produce_with_confluent, registry, PrivateRegistry};
+use sluice_tests::worker::{guest, manifest, TempDir, WorkerProcess};
+use sluice_tests::{free_port, http_get, kafka, repo_root, unique_name, Received};
+use sluice_wire::SchemaKind;
 
 use crate::differential::caught_up_internally;
 use crate::dsl_examples::{committed, Example};
@@ -146,4 +149,474 @@ async fn avro_orders_are_counted_per_customer_exactly_through_a_kill_under_exact
 #[tokio::test(flavor = "multi_thread")]
 async fn avro_orders_are_counted_per_customer_exactly_through_a_kill_at_least_once() -> anyhow::Result<()> {
     avro_orders_through_a_kill("at-least-once").await
+}
+
+// --- Bad records ---------------------------------------------------------------------------
+
+/// A file of the Avro enrichment example (`guests/avro-enrich/schemas/`).
+fn enrich_schema(name: &str) -> PathBuf {
+    repo_root()
+        .join("guests")
+        .join("avro-enrich")
+        .join("schemas")
+        .join(name)
+}
+
+fn client(url: &str) -> RegistryClient {
+    RegistryClient::new(RegistrySettings {
+        url: url.to_string(),
+        timeout: Duration::from_secs(10),
+        ..Default::default()
+    })
+    .expect("a registry client")
+}
+
+/// What confluent-kafka's serializer writes for `records` with the schema in `schema` (a
+/// scratch topic of one partition, read back as bytes): framed records, in order.
+async fn confluent_bytes(url: &str, schema: &Path, records: &[Value]) -> anyhow::Result<Vec<Received>> {
+    let scratch = unique_name("scratch");
+    kafka().create_topic(&scratch, 1).await?;
+    produce_with_confluent(url, &scratch, "avro", schema, &[], records)?;
+    let got = kafka().read_all(&scratch, Duration::from_secs(30))?;
+    anyhow::ensure!(
+        got.len() == records.len(),
+        "{} of {} records on {scratch}",
+        got.len(),
+        records.len()
+    );
+    Ok(got)
+}
+
+/// An order of `schemas/order.avsc` (version 1, no `channel`).
+fn order_v1(i: usize, quantity: i64) -> Value {
+    json!({"key": format!("o-{i}"), "value": {
+        "id": format!("o-{i}"), "customer": format!("c{i}"), "amount": 10.0, "quantity": quantity,
+        "placed": {"$timestamp_ms": 1_733_500_000_000i64 + i as i64}, "note": null}})
+}
+
+/// An order of `schemas/order-v2.avsc` (with `channel`).
+fn order_v2(i: usize, channel: &str) -> Value {
+    json!({"key": format!("o-{i}"), "value": {
+        "id": format!("o-{i}"), "customer": format!("c{i}"), "amount": 10.0, "quantity": 2,
+        "placed": {"$timestamp_ms": 1_733_500_000_000i64 + i as i64}, "note": "v2", "channel": channel}})
+}
+
+/// `avro-enrich` over `input` (one partition) to `output`, its manifest's head lines first.
+fn enrich_manifest(dir: &TempDir, input: &str, output: &str, head: &str) -> (String, PathBuf) {
+    let name = unique_name("enrich");
+    let text = format!(
+        "{head}\n{}",
+        manifest(
+            &name,
+            &guest("avro-enrich"),
+            &[("orders", input)],
+            &[("enriched", output)],
+            ""
+        )
+    );
+    let path = dir.write(&format!("{name}.toml"), &text);
+    (name, path)
+}
+
+fn start_enrich(dir: &TempDir, manifest: &Path, url: &str, extra: &[&str]) -> anyhow::Result<WorkerProcess> {
+    let state = dir.path().join("state");
+    let mut args = vec![
+        "--topology",
+        manifest.to_str().unwrap(),
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--schema-registry-url",
+        url,
+        "--commit-interval",
+        "200ms",
+    ];
+    args.extend_from_slice(extra);
+    WorkerProcess::start(kafka().bootstrap(), dir.path(), &args)
+}
+
+/// The ids of the enriched orders in `records`, decoded as the Rust SDK does.
+fn enriched_ids(records: &[Received]) -> Vec<String> {
+    records
+        .iter()
+        .map(|r| {
+            let v = r.value.as_deref().expect("a value");
+            assert_eq!(v[0], 0, "framed");
+            // The payload after the 5-byte header starts with the id (an Avro string).
+            let (len, rest) = (v[5] as usize / 2, &v[6..]);
+            String::from_utf8_lossy(&rest[..len]).into_owned()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_kind_of_bad_record_goes_to_the_dead_letter_topic_as_it_came_with_its_reason() -> anyhow::Result<()> {
+    let url = registry();
+    let registry = client(url);
+    let dir = TempDir::new("badrecords");
+    let (input, output, dlq) = (unique_name("bad-in"), unique_name("bad-out"), unique_name("bad-dlq"));
+    for t in [&input, &output, &dlq] {
+        kafka().create_topic(t, 1).await?;
+    }
+    // Good records of both writer versions, as confluent-kafka writes them.
+    let good_v1 = confluent_bytes(url, &schema_file("order.avsc"), &[order_v1(0, 3), order_v1(2, 1)]).await?;
+    let good_v2 = confluent_bytes(url, &enrich_schema("order-v2.avsc"), &[order_v2(8, "app")]).await?;
+    let payload = |r: &Received| r.value.clone().unwrap()[5..].to_vec();
+    let framed = |id: u32, payload: &[u8]| {
+        let mut v = vec![0];
+        v.extend_from_slice(&id.to_be_bytes());
+        v.extend_from_slice(payload);
+        v
+    };
+    // A writer schema the topology cannot read (its quantity is a string), and a JSON Schema.
+    let incompatible = r#"{"type":"record","name":"Order","namespace":"shop","fields":[
+        {"name":"id","type":"string"},{"name":"customer","type":"string"},{"name":"amount","type":"double"},
+        {"name":"quantity","type":"string"}]}"#;
+    let incompatible_id = registry
+        .register(&unique_name("incompatible"), SchemaKind::Avro, incompatible, &[])
+        .await?;
+    let json_id = registry
+        .register(
+            &unique_name("json"),
+            SchemaKind::JsonSchema,
+            r#"{"$schema":"http://json-schema.org/draft-07/schema#","type":"object"}"#,
+            &[],
+        )
+        .await?;
+    // An Avro payload of the incompatible schema: "o-5", "c5", 1.0, "many".
+    let mut incompatible_payload = vec![6];
+    incompatible_payload.extend_from_slice(b"o-5");
+    incompatible_payload.extend_from_slice(&[4, b'c', b'5']);
+    incompatible_payload.extend_from_slice(&1.0f64.to_le_bytes());
+    incompatible_payload.extend_from_slice(&[8, b'm', b'a', b'n', b'y']);
+    let v1_id = u32::from_be_bytes(good_v1[0].value.as_ref().unwrap()[1..5].try_into().unwrap());
+    let good0 = good_v1[0].value.clone().unwrap();
+    let mut trailing = good0.clone();
+    trailing.extend_from_slice(&[1, 2, 3]);
+    let records: Vec<(&str, Vec<u8>, Option<&str>)> = vec![
+        ("o-0", good0.clone(), None),
+        (
+            "bad-1",
+            br#"{"id":"o-1"}"#.to_vec(),
+            Some("not the magic byte 0|plain JSON"),
+        ),
+        ("o-2", good_v1[1].value.clone().unwrap(), None),
+        (
+            "bad-3",
+            framed(0x7fff_fff0, &payload(&good_v1[0])),
+            Some("2147483632|does not know"),
+        ),
+        (
+            "bad-4",
+            good0[..good0.len() - 5].to_vec(),
+            Some(&*Box::leak(
+                format!("schema id {v1_id}|does not read as Avro").into_boxed_str(),
+            )),
+        ),
+        (
+            "bad-5",
+            framed(incompatible_id, &incompatible_payload),
+            Some("cannot be read with the topology's reader schema|quantity"),
+        ),
+        ("bad-6", framed(json_id, b"{}"), Some("is a json-schema schema")),
+        ("bad-7", Vec::new(), Some("it is empty")),
+        ("o-8", good_v2[0].value.clone().unwrap(), None),
+        ("bad-9", trailing, Some("3 bytes follow the end of the value")),
+    ];
+    let raw: Vec<(Vec<u8>, Vec<u8>)> = records
+        .iter()
+        .map(|(k, v, _)| (k.as_bytes().to_vec(), v.clone()))
+        .collect();
+    kafka().produce(&input, &raw).await?;
+    let (name, path) = enrich_manifest(
+        &dir,
+        &input,
+        &output,
+        &format!("on-error = \"dead-letter\"\ndead-letter-topic = {dlq:?}"),
+    );
+    let metrics = free_port();
+    let metrics_at = format!("127.0.0.1:{metrics}");
+    let mut worker = start_enrich(&dir, &path, url, &["--metrics", &metrics_at])?;
+    let bad: Vec<&(&str, Vec<u8>, Option<&str>)> = records.iter().filter(|r| r.2.is_some()).collect();
+    let enriched = kafka()
+        .consume(&output, 3, Duration::from_secs(90))
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}: {}", worker.log()))?;
+    assert_eq!(
+        enriched_ids(&enriched),
+        ["o-0", "o-2", "o-8"],
+        "every good record, once, in order"
+    );
+    let dead = kafka().consume(&dlq, bad.len(), Duration::from_secs(60)).await?;
+    kafka()
+        .wait_committed(
+            &format!("sluice-{name}"),
+            &input,
+            1,
+            records.len() as i64,
+            Duration::from_secs(60),
+        )
+        .await?;
+    for (r, (key, value, expected)) in dead.iter().zip(&bad) {
+        assert_eq!(r.key.as_deref(), Some(key.as_bytes()), "in order");
+        assert_eq!(r.value.as_deref().unwrap_or_default(), &value[..], "{key}: as it came");
+        assert_eq!(r.header("sluice.error.kind").as_deref(), Some("input"), "{key}");
+        assert_eq!(r.header("sluice.source.topic").as_deref(), Some(input.as_str()));
+        let offset = records.iter().position(|(k, _, _)| k == key).unwrap().to_string();
+        assert_eq!(
+            r.header("sluice.source.offset").as_deref(),
+            Some(offset.as_str()),
+            "{key}"
+        );
+        let error = r.header("sluice.error").unwrap_or_default();
+        eprintln!("dead letter {key}: {error}");
+        assert!(error.contains("its value"), "{key}: {error}");
+        for part in expected.unwrap().split('|') {
+            assert!(error.contains(part), "{key}: {error:?} should say {part:?}");
+        }
+    }
+    assert_eq!(dead.len(), bad.len());
+    let text = http_get(metrics, "/metrics")?;
+    let counted: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("sluice_records_rejected_total") && l.contains("kind=\"input\"") && l.contains(&name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(counted, bad.len() as f64, "counted:\n{text}");
+    assert!(worker.terminate(Duration::from_secs(60))?.success(), "{}", worker.log());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn under_fail_a_bad_record_stops_its_task_with_the_reason_and_a_fixed_policy_goes_on_losing_nothing(
+) -> anyhow::Result<()> {
+    let url = registry();
+    let dir = TempDir::new("badfail");
+    let (input, output, dlq) = (unique_name("badf-in"), unique_name("badf-out"), unique_name("badf-dlq"));
+    for t in [&input, &output, &dlq] {
+        kafka().create_topic(t, 1).await?;
+    }
+    let good = confluent_bytes(url, &schema_file("order.avsc"), &[order_v1(0, 3), order_v1(2, 1)]).await?;
+    let raw = vec![
+        (b"o-0".to_vec(), good[0].value.clone().unwrap()),
+        (b"bad-1".to_vec(), b"plain text".to_vec()),
+        (b"o-2".to_vec(), good[1].value.clone().unwrap()),
+    ];
+    kafka().produce(&input, &raw).await?;
+    let (name, path) = enrich_manifest(&dir, &input, &output, "");
+    let metrics = free_port();
+    let metrics_at = format!("127.0.0.1:{metrics}");
+    let mut worker = start_enrich(&dir, &path, url, &["--metrics", &metrics_at])?;
+    let first = kafka().consume(&output, 1, Duration::from_secs(90)).await?;
+    assert_eq!(enriched_ids(&first), ["o-0"]);
+    // The task stops at the bad record and says why, where.
+    let group = format!("sluice-{name}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let error = loop {
+        let status: Value = serde_json::from_str(&http_get(metrics, "/status")?)?;
+        if let Some(e) = status["tasks"][0]["error"].as_str() {
+            break e.to_string();
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "no failed task in {status}:\n{}",
+            worker.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let at = format!("offset 1 of topic {input} partition 0");
+    for part in [at.as_str(), "not in the Confluent wire format", "looks like text"] {
+        assert!(error.contains(part), "{error:?} should say {part:?}");
+    }
+    assert_eq!(
+        kafka().committed_offset(&group, &input, 0)?,
+        Some(1),
+        "what came before it is committed"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        kafka().read_all(&output, Duration::from_secs(10))?.len(),
+        1,
+        "nothing after it"
+    );
+    assert!(
+        !worker.terminate(Duration::from_secs(60))?.success(),
+        "a failed task fails the worker's exit"
+    );
+    // Fixed: the same topology with a dead-letter topic goes on from the bad record.
+    let text = std::fs::read_to_string(&path)?;
+    std::fs::write(
+        &path,
+        format!("on-error = \"dead-letter\"\ndead-letter-topic = {dlq:?}\n{text}"),
+    )?;
+    let mut worker = start_enrich(&dir, &path, url, &[])?;
+    let all = kafka().consume(&output, 2, Duration::from_secs(90)).await?;
+    assert_eq!(enriched_ids(&all), ["o-0", "o-2"], "each good record once");
+    let dead = kafka().consume(&dlq, 1, Duration::from_secs(60)).await?;
+    assert_eq!(dead[0].value.as_deref(), Some(&b"plain text"[..]));
+    assert!(worker.terminate(Duration::from_secs(60))?.success(), "{}", worker.log());
+    Ok(())
+}
+
+// --- The registry goes away ----------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_the_registry_down_cached_schemas_go_on_and_a_new_one_waits_then_goes_through_losing_nothing(
+) -> anyhow::Result<()> {
+    let registry = PrivateRegistry::start()?;
+    let url = registry.url.clone();
+    let dir = TempDir::new("outage");
+    let (input, output) = (unique_name("outage-in"), unique_name("outage-out"));
+    kafka().create_topic(&input, 2).await?;
+    kafka().create_topic(&output, 2).await?;
+    // Bytes of both versions, made while the registry is up: version 2 is registered, but
+    // the worker will not have seen it before the registry goes.
+    let v1: Vec<Value> = (0..40).map(|i| order_v1(i, 1)).collect();
+    let v1 = confluent_bytes(&url, &schema_file("order.avsc"), &v1).await?;
+    let v2 = confluent_bytes(&url, &enrich_schema("order-v2.avsc"), &[order_v2(100, "app")]).await?;
+    let on = |partition: i32, records: Vec<(Vec<u8>, Vec<u8>)>| {
+        let input = input.clone();
+        async move {
+            let producer = kafka().producer()?;
+            for (k, v) in records {
+                producer
+                    .send(
+                        rdkafka::producer::FutureRecord::to(&input)
+                            .partition(partition)
+                            .key(&k)
+                            .payload(&v),
+                        Duration::from_secs(30),
+                    )
+                    .await
+                    .map_err(|(e, _)| anyhow::anyhow!("{e}"))?;
+            }
+            anyhow::Ok(())
+        }
+    };
+    let rec = |r: &Received| (r.key.clone().unwrap(), r.value.clone().unwrap());
+    on(0, v1[..10].iter().map(rec).collect()).await?;
+    on(1, v1[10..20].iter().map(rec).collect()).await?;
+    let (name, path) = enrich_manifest(&dir, &input, &output, "");
+    let metrics = free_port();
+    let metrics_at = format!("127.0.0.1:{metrics}");
+    let mut worker = start_enrich(&dir, &path, &url, &["--metrics", &metrics_at])?;
+    kafka().consume(&output, 20, Duration::from_secs(90)).await?;
+
+    registry.stop()?;
+    // Partition 0 gets the new schema first, then more of the old; partition 1 only the old.
+    let mut p0: Vec<(Vec<u8>, Vec<u8>)> = vec![rec(&v2[0])];
+    p0.extend(v1[20..30].iter().map(rec));
+    on(0, p0).await?;
+    on(1, v1[30..40].iter().map(rec).collect()).await?;
+    // Partition 1's task goes on from the cache; partition 0's waits at the new record.
+    let group = format!("sluice-{name}");
+    kafka()
+        .wait_committed(&group, &input, 1, 40 - 10, Duration::from_secs(5))
+        .await
+        .ok();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let p1 = kafka().committed_offset(&group, &input, 1)?;
+        if p1 == Some(20) {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "partition 1 stuck at {p1:?}:\n{}",
+            worker.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let status: Value = serde_json::from_str(&http_get(metrics, "/status")?)?;
+    let waiting: Vec<String> = status["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| Some(format!("{}: {}", t["task"].as_str()?, t["waiting"].as_str()?)))
+        .collect();
+    let v2_id = u32::from_be_bytes(v2[0].value.as_ref().unwrap()[1..5].try_into().unwrap());
+    assert_eq!(waiting.len(), 1, "only the task that needs it waits: {status}");
+    assert!(
+        waiting[0].contains(&format!("{name}/0")) && waiting[0].contains(&format!("schema id {v2_id}")),
+        "{waiting:?}"
+    );
+    assert_eq!(
+        kafka().committed_offset(&group, &input, 0)?,
+        Some(10),
+        "nothing skipped"
+    );
+
+    registry.resume()?;
+    let all = kafka()
+        .consume(&output, 41, Duration::from_secs(90))
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}:\n{}", worker.log()))?;
+    let mut ids = enriched_ids(&all);
+    ids.sort();
+    let mut want: Vec<String> = (0..40).map(|i| format!("o-{i}")).chain(["o-100".to_string()]).collect();
+    want.sort();
+    assert_eq!(ids, want, "every record once");
+    let status: Value = serde_json::from_str(&http_get(metrics, "/status")?)?;
+    assert!(
+        status["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t["waiting"].is_null()),
+        "{status}"
+    );
+    assert!(worker.terminate(Duration::from_secs(60))?.success(), "{}", worker.log());
+    Ok(())
+}
+
+// --- Evolution -------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn records_of_version_1_writers_read_with_the_default_then_version_2_writers_through_a_restart(
+) -> anyhow::Result<()> {
+    let url = registry();
+    let dir = TempDir::new("evolution");
+    let (input, output) = (unique_name("evo-in"), unique_name("evo-out"));
+    kafka().create_topic(&input, 1).await?;
+    kafka().create_topic(&output, 1).await?;
+    let (_, path) = enrich_manifest(&dir, &input, &output, "");
+    produce_with_confluent(
+        url,
+        &input,
+        "avro",
+        &schema_file("order.avsc"),
+        &[],
+        &(0..5).map(|i| order_v1(i, 1)).collect::<Vec<_>>(),
+    )?;
+    let mut worker = start_enrich(&dir, &path, url, &[])?;
+    kafka().consume(&output, 5, Duration::from_secs(90)).await?;
+    assert!(worker.terminate(Duration::from_secs(60))?.success(), "{}", worker.log());
+    produce_with_confluent(
+        url,
+        &input,
+        "avro",
+        &enrich_schema("order-v2.avsc"),
+        &[],
+        &(5..10).map(|i| order_v2(i, "app")).collect::<Vec<_>>(),
+    )?;
+    let mut worker = start_enrich(&dir, &path, url, &[])?;
+    kafka().consume(&output, 10, Duration::from_secs(90)).await?;
+    assert!(worker.terminate(Duration::from_secs(60))?.success(), "{}", worker.log());
+    let read = consume_with_confluent(url, &output, "avro", 10, &[])?;
+    let channels: Vec<(String, String)> = read
+        .iter()
+        .map(|r| {
+            (
+                r["value"]["id"].as_str().unwrap().to_string(),
+                r["value"]["channel"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, String)> = (0..10)
+        .map(|i| (format!("o-{i}"), if i < 5 { "web" } else { "app" }.to_string()))
+        .collect();
+    assert_eq!(
+        channels, want,
+        "version 1 records take the reader's default, version 2 ones their own"
+    );
+    Ok(())
 }
