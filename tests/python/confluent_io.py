@@ -13,7 +13,8 @@ types Avro has and JSON lacks written as objects: {"$bytes": "<hex>"}, {"$decima
 {"$time_ms": N}, {"$time_us": N}. `consume` writes what the deserializer returned the
 same way, so a test compares values exactly. Protobuf takes `--schema FILE.proto` and
 `--message NAME`; its message class is made at run time from the file (protoc is not
-needed: grpc_tools is not installed, so the file is parsed by the registry-free path below).
+needed: the Rust tests compile the file with protox and pass a FileDescriptorSet as
+`--schema`).
 """
 
 import argparse
@@ -89,8 +90,8 @@ def serializers(args, client, part):
     schema_file = getattr(args, f"{part}_schema")
     if fmt == "string":
         return StringSerializer("utf_8")
-    text = open(schema_file).read()
     conf = {"auto.register.schemas": True}
+    text = None if fmt == "protobuf" else open(schema_file).read()
     if fmt == "avro":
         from confluent_kafka.schema_registry.avro import AvroSerializer
         return AvroSerializer(client, text, conf=conf)
@@ -99,7 +100,7 @@ def serializers(args, client, part):
         return JSONSerializer(text, client, conf=conf)
     if fmt == "protobuf":
         from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
-        message = proto_class(text, args.message)
+        message = proto_class(schema_file, args.message)
         return ProtobufSerializer(message, client, conf={"use.deprecated.format": False, **conf}), message
     raise SystemExit(f"no format {fmt}")
 
@@ -117,18 +118,17 @@ def deserializers(args, client, part):
         return JSONDeserializer(open(schema_file).read() if schema_file else None, schema_registry_client=client)
     if fmt == "protobuf":
         from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
-        message = proto_class(open(getattr(args, f"{part}_schema")).read(), args.message)
+        message = proto_class(getattr(args, f"{part}_schema"), args.message)
         return ProtobufDeserializer(message, {"use.deprecated.format": False})
     raise SystemExit(f"no format {fmt}")
 
 
-def proto_class(text, message):
-    """The message class of `message` in the .proto `text`, built at run time from a
-    descriptor the registry's own parser makes (confluent-kafka has none: the file is
-    compiled with protox by the Rust test harness and handed over as a descriptor set)."""
+def proto_class(descriptor_set, message):
+    """The message class of `message`, built at run time from a FileDescriptorSet file (no
+    protoc here: the Rust test harness compiles the .proto with protox and writes the set)."""
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
     fds = descriptor_pb2.FileDescriptorSet()
-    fds.ParseFromString(open(text, "rb").read() if text.endswith(".pb") else bytes.fromhex(text))
+    fds.ParseFromString(open(descriptor_set, "rb").read())
     pool = descriptor_pool.DescriptorPool()
     for f in fds.file:
         pool.Add(f)
@@ -203,7 +203,8 @@ def consume(args):
             value = de_value(value, SerializationContext(args.topic, MessageField.VALUE))
             if args.value_format == "protobuf":
                 from google.protobuf import json_format
-                value = json_format.MessageToDict(value, preserving_proto_field_name=True)
+                value = json_format.MessageToDict(value, preserving_proto_field_name=True,
+                                                  always_print_fields_with_no_presence=True)
         key = m.key()
         if key is not None:
             key = de_key(key, SerializationContext(args.topic, MessageField.KEY))

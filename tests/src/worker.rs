@@ -77,6 +77,13 @@ impl TempDir {
         &self.0
     }
 
+    /// Writes `contents` (bytes) to `name` inside the directory and returns the path.
+    pub fn write_bytes(&self, name: &str, contents: &[u8]) -> PathBuf {
+        let path = self.0.join(name);
+        std::fs::write(&path, contents).expect("writing a temporary file");
+        path
+    }
+
     /// Writes `contents` to `name` inside the directory and returns the path.
     pub fn write(&self, name: &str, contents: &str) -> PathBuf {
         let path = self.0.join(name);

@@ -122,6 +122,9 @@ struct Task {
     /// Why the task failed (role `failed`).
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
+    /// What an active task waits for besides its records (a schema from the registry).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    waiting: Option<String>,
 }
 
 pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
@@ -342,6 +345,7 @@ fn live_tasks<'a>(owner: &'a str, live: &'a WorkerStatus) -> impl Iterator<Item 
         restore_rate: t.restore_rate,
         unavailable_seconds: (t.role == Role::Active).then_some(t.unavailable_seconds),
         error: t.error.clone(),
+        waiting: t.waiting.clone(),
     })
 }
 
@@ -384,6 +388,7 @@ fn last_join_tasks(
                 restore_rate: None,
                 unavailable_seconds: None,
                 error,
+                waiting: None,
             });
         }
     }
@@ -538,6 +543,14 @@ fn print_text(s: &Status) {
         );
         for c in &s.compiles {
             println!("{}", compile_line(c));
+        }
+    }
+    let waiting: Vec<&Task> = s.tasks.iter().filter(|t| t.waiting.is_some()).collect();
+    if !waiting.is_empty() {
+        println!();
+        println!("WAITING TASKS");
+        for t in waiting {
+            println!("  {}: {}", t.task, t.waiting.as_deref().unwrap_or_default());
         }
     }
     let failed: Vec<&Task> = s.tasks.iter().filter(|t| t.error.is_some()).collect();

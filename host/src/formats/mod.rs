@@ -21,6 +21,7 @@ pub mod cache;
 pub mod client;
 pub mod framing;
 pub mod json;
+pub mod json_io;
 pub mod protobuf;
 
 use std::collections::HashMap;
@@ -40,9 +41,57 @@ pub enum Parsed {
     Json(json::JsonSchema),
 }
 
+/// Most bytes of one schema's text (with its imports) the host parses.
+pub const MAX_SCHEMA_BYTES: usize = 4 << 20;
+/// Deepest nesting of braces and brackets a schema's text may have: the parsers recurse,
+/// and a schema is what anyone who may register one wrote.
+pub const MAX_SCHEMA_NESTING: usize = 128;
+
+/// Refuses a schema text nested deeper than [`MAX_SCHEMA_NESTING`] (braces and brackets
+/// outside strings), before a recursive parser sees it.
+fn check_nesting(text: &str) -> Result<(), String> {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for b in text.bytes() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' | b'(' | b'<' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b'}' | b']' | b')' | b'>' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    if deepest > MAX_SCHEMA_NESTING {
+        return Err(format!(
+            "nested {deepest} levels deep, more than the {MAX_SCHEMA_NESTING} a schema may be"
+        ));
+    }
+    Ok(())
+}
+
 impl Parsed {
     /// Parses `text` (with the documents it imports) as a schema of `kind`.
     pub fn parse(kind: SchemaKind, text: &str, imports: &[(String, String)]) -> Result<Parsed, String> {
+        let bytes = text.len() + imports.iter().map(|(p, t)| p.len() + t.len()).sum::<usize>();
+        if bytes > MAX_SCHEMA_BYTES {
+            return Err(format!(
+                "{bytes} bytes of schema, more than the {MAX_SCHEMA_BYTES} taken"
+            ));
+        }
+        check_nesting(text)?;
+        for (path, imported) in imports {
+            check_nesting(imported).map_err(|e| format!("its import {path:?} is {e}"))?;
+        }
         match kind {
             SchemaKind::Avro => avro::AvroSchema::parse(text).map(Parsed::Avro),
             SchemaKind::Protobuf => protobuf::ProtoSchema::parse(text, imports).map(Parsed::Protobuf),

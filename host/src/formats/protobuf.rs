@@ -28,16 +28,43 @@ impl std::fmt::Debug for ProtoSchema {
     }
 }
 
-/// Files given in memory, by import path.
+/// Files given in memory, by import path: `.proto` text, or a `FileDescriptorProto` in
+/// base64 (what confluent-kafka's Python serializer registers, and registries such as
+/// Apicurio give back as they were registered).
 struct Given(Vec<(String, String)>);
 
 impl FileResolver for Given {
     fn open_file(&self, name: &str) -> Result<File, protox::Error> {
         match self.0.iter().find(|(path, _)| path == name) {
-            Some((path, text)) => File::from_source(path, text),
+            Some((path, text)) => match descriptor(text) {
+                Some(mut proto) => {
+                    proto.name = Some(path.clone());
+                    Ok(File::from_file_descriptor_proto(proto))
+                }
+                None => File::from_source(path, text),
+            },
             None => Err(protox::Error::file_not_found(name)),
         }
     }
+}
+
+/// `text` as a base64 `FileDescriptorProto`, if it is one (`.proto` text never is: it has
+/// spaces, semicolons and braces, which base64 has not).
+fn descriptor(text: &str) -> Option<prost_types::FileDescriptorProto> {
+    use base64::Engine as _;
+    let compact: String = text.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+    if compact.is_empty()
+        || !compact
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"+/=-_".contains(&b))
+    {
+        return None;
+    }
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(&compact)
+        .or_else(|_| base64::engine::general_purpose::URL_SAFE.decode(&compact))
+        .ok()?;
+    prost::Message::decode(&bytes[..]).ok()
 }
 
 impl ProtoSchema {
@@ -163,6 +190,19 @@ mod tests {
         // An imported message is not in this file: it has no indexes here.
         assert_eq!(s.indexes_of(&s.message("common.Money").unwrap()), None);
         assert_eq!(s.first_message().as_deref(), Some("shop.Order"));
+    }
+
+    #[test]
+    fn a_base64_descriptor_as_confluent_kafkas_python_serializer_registers_it_is_read() {
+        // What confluent-kafka 2.16 registered for `message Order { string id = 1; int32
+        // quantity = 2; }` in package `shop`, as Apicurio gives it back.
+        let registered =
+            "ChBzaG9wL29yZGVyLnByb3RvEgRzaG9wIiUKBU9yZGVyEgoKAmlkGAEgASgJEhAKCHF1YW50aXR5GAIgASgFYgZwcm90bzM=";
+        let s = ProtoSchema::parse(registered, &[]).unwrap();
+        let order = s.message_at(&[0]).unwrap();
+        assert_eq!(order.full_name(), "shop.Order");
+        assert!(check(&order, &[0x0a, 0x02, b'o', b'1', 0x10, 0x03]).is_ok());
+        assert!(descriptor("syntax = \"proto3\";").is_none());
     }
 
     #[test]

@@ -118,3 +118,29 @@ async fn without_a_registry_a_framed_record_is_refused_saying_so() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn schemas_nested_too_deep_or_too_big_are_refused_before_a_parser_sees_them() {
+    let deep = format!("{}\"int\"{}", "[".repeat(10_000), "]".repeat(10_000));
+    let e = Parsed::parse(SchemaKind::Avro, &deep, &[]).unwrap_err();
+    assert!(e.contains("nested 10000 levels"), "{e}");
+    let e = Parsed::parse(SchemaKind::JsonSchema, &"{\"a\":".repeat(500), &[]).unwrap_err();
+    assert!(e.contains("nested"), "{e}");
+    let proto = format!("syntax = \"proto3\"; {} {}", "message M {".repeat(300), "}".repeat(300));
+    assert!(Parsed::parse(SchemaKind::Protobuf, &proto, &[])
+        .unwrap_err()
+        .contains("nested"));
+    // Brackets inside strings do not count.
+    let doc = format!(
+        r#"{{"type":"record","name":"R","doc":"{}","fields":[]}}"#,
+        "[".repeat(500)
+    );
+    assert!(Parsed::parse(SchemaKind::Avro, &doc, &[]).is_ok());
+    let big = format!(
+        r#"{{"type":"record","name":"R","doc":"{}","fields":[]}}"#,
+        "x".repeat(5 << 20)
+    );
+    assert!(Parsed::parse(SchemaKind::Avro, &big, &[])
+        .unwrap_err()
+        .contains("more than"));
+}

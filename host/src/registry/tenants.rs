@@ -172,8 +172,9 @@ pub fn reserved(namespace: &str) -> Option<String> {
 
 impl Tenant {
     /// Whether a topology of this tenant is named inside its namespace and binds only
-    /// topics in it (its changelogs, `<name>-<store>-changelog`, then are too). An error
-    /// says which name or topic is outside, with its kind (`foreign-name`, `foreign-topic`).
+    /// topics in it (its changelogs, `<name>-<store>-changelog`, then are too), and names
+    /// its sinks' schema subjects after its topics. An error says which name, topic or
+    /// subject is outside, with its kind (`foreign-name`, `foreign-topic`, `foreign-subject`).
     pub fn check_manifest(&self, manifest: &crate::manifest::Manifest) -> Result<(), (&'static str, String)> {
         let ns = &self.namespace;
         if !manifest.name.starts_with(ns.as_str()) {
@@ -200,6 +201,18 @@ impl Tenant {
                     ),
                 ));
             }
+        }
+        // Subjects named after records are the registry's, not the tenant's: one tenant's
+        // schema would become a version of another's (or refused for it).
+        if manifest.formats.subject_strategy == crate::formats::SubjectStrategy::Record {
+            return Err((
+                "foreign-subject",
+                format!(
+                    "formats.subject-name-strategy = \"record\" names schema subjects after records, outside tenant \
+                     {}'s namespace {ns:?}: use \"topic\" or \"topic-record\", which start with the topic",
+                    self.name
+                ),
+            ));
         }
         if let Some(topic) = manifest
             .dead_letter_topic
@@ -408,6 +421,19 @@ mod tests {
                 .contains("must not overlap")
         );
         assert!(config("[tenant.a]\n").is_err(), "unknown keys are refused");
+        // A tenant's sinks name their subjects after its topics.
+        let manifest = |strategy: &str| {
+            crate::manifest::Manifest::parse(
+                &format!("name = \"a.t\"\ncomponent = \"c.wasm\"\n[sources]\ni = \"a.in\"\n[formats]\nsubject-name-strategy = \"{strategy}\"\n"),
+                "m.toml",
+                std::path::Path::new("/"),
+            )
+            .unwrap()
+        };
+        assert!(a.check_manifest(&manifest("topic-record")).is_ok());
+        let (kind, message) = a.check_manifest(&manifest("record")).unwrap_err();
+        assert_eq!(kind, "foreign-subject");
+        assert!(message.contains("topic-record"), "{message}");
         assert_eq!(
             config("").unwrap().caller(None),
             Some(Caller::Admin),

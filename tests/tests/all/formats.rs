@@ -620,3 +620,421 @@ async fn records_of_version_1_writers_read_with_the_default_then_version_2_write
     );
     Ok(())
 }
+
+// --- Interop with confluent-kafka's serializers ------------------------------------------------
+
+/// A file of the formats echo topology (`guests/formats-echo/schemas/`).
+fn echo_schema(name: &str) -> PathBuf {
+    repo_root()
+        .join("guests")
+        .join("formats-echo")
+        .join("schemas")
+        .join(name)
+}
+
+/// `schemas/order.proto` compiled into a FileDescriptorSet (what confluent-kafka's Python
+/// serializers build message classes from), written to `dir`.
+fn proto_descriptor_set(dir: &TempDir) -> anyhow::Result<PathBuf> {
+    let mut compiler = protox::Compiler::new([echo_schema("")])?;
+    compiler.include_imports(true);
+    compiler.open_file("order.proto")?;
+    Ok(dir.write_bytes("order.pb", &compiler.encode_file_descriptor_set()))
+}
+
+/// Random protobuf orders (the JSON protobuf maps them from), `n` of them.
+fn proto_orders(n: usize, seed: u64) -> Vec<Value> {
+    let mut x = seed;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    (0..n)
+        .map(|i| {
+            let lines: Vec<Value> = (0..next() % 3)
+                .map(|j| json!({"sku": format!("sku-{j}-{}", next() % 100), "count": (next() % 1000) as i64 - 500}))
+                .collect();
+            let counters: serde_json::Map<String, Value> = (0..next() % 3)
+                .map(|j| (format!("c{j}"), json!(format!("{}", next() as i64))))
+                .collect();
+            let status = ["NEW", "PAID", "SHIPPED"][(next() % 3) as usize];
+            let tags: Vec<String> = (0..next() % 4).map(|t| format!("tag{t}")).collect();
+            json!({"key": format!("p-{i}"), "value": {
+                "id": format!("p-{i}"), "quantity": (next() % 100) as i64, "price": (next() % 10_000) as f64 / 4.0,
+                "tags": tags,
+                "lines": lines, "status": status,
+                "counters": counters, "blob": "AAEC/w==", "gift": next() % 2 == 0}})
+        })
+        .collect()
+}
+
+/// Random JSON orders of `schemas/order.json`.
+fn json_orders(n: usize) -> Vec<Value> {
+    (0..n)
+        .map(|i| {
+            let mut v = json!({"id": format!("j-{i}"), "amount": i as f64 * 0.5});
+            if i % 2 == 0 {
+                v["tags"] = json!(["a", format!("t{i}")]);
+            }
+            if i % 3 == 0 {
+                v["customer"] = json!({"name": format!("Ann {i} é")});
+            }
+            json!({"key": format!("j-{i}"), "value": v})
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn records_of_confluents_avro_protobuf_and_json_serializers_read_and_written_by_a_rust_topology_read_back_equal(
+) -> anyhow::Result<()> {
+    let url = registry();
+    let dir = TempDir::new("interop");
+    let names = ["every_in", "proto_in", "json_in", "every_out", "proto_out", "json_out"];
+    let topics: Vec<String> = names.iter().map(|n| unique_name(&format!("interop-{n}"))).collect();
+    for t in &topics {
+        kafka().create_topic(t, 2).await?;
+    }
+    let descriptors = proto_descriptor_set(&dir)?;
+    let descriptors_arg = descriptors.display().to_string();
+    // 300 random records of every Avro type, 100 Protobuf orders, 100 JSON orders.
+    let every = sluice_tests::registry::confluent_io(
+        &[
+            "random",
+            "--schema",
+            &echo_schema("every.avsc").display().to_string(),
+            "--count",
+            "300",
+            "--seed",
+            "7",
+        ],
+        "",
+    )?;
+    let every: Vec<Value> = every.lines().map(serde_json::from_str).collect::<Result<_, _>>()?;
+    produce_with_confluent(url, &topics[0], "avro", &echo_schema("every.avsc"), &[], &every)?;
+    let protos = proto_orders(100, 42);
+    produce_with_confluent(
+        url,
+        &topics[1],
+        "protobuf",
+        &descriptors,
+        &["--message", "interop.Order"],
+        &protos,
+    )?;
+    let jsons = json_orders(100);
+    produce_with_confluent(url, &topics[2], "json", &echo_schema("order.json"), &[], &jsons)?;
+
+    let name = unique_name("echo");
+    let sources: Vec<(&str, &str)> = names[..3]
+        .iter()
+        .copied()
+        .zip(topics[..3].iter().map(String::as_str))
+        .collect();
+    let sinks: Vec<(&str, &str)> = names[3..]
+        .iter()
+        .copied()
+        .zip(topics[3..].iter().map(String::as_str))
+        .collect();
+    let m = dir.write(
+        "echo.toml",
+        &manifest(&name, &guest("formats-echo"), &sources, &sinks, ""),
+    );
+    let state = dir.path().join("state");
+    let mut worker = WorkerProcess::start(
+        kafka().bootstrap(),
+        dir.path(),
+        &[
+            "--topology",
+            m.to_str().unwrap(),
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--schema-registry-url",
+            url,
+        ],
+    )?;
+    for (i, n) in [(0, every.len()), (1, protos.len()), (2, jsons.len())] {
+        kafka()
+            .consume(&topics[3 + i], n, Duration::from_secs(120))
+            .await
+            .map_err(|e| anyhow::anyhow!("{}: {e}\n{}", names[3 + i], worker.log()))?;
+    }
+    assert!(worker.terminate(Duration::from_secs(60))?.success(), "{}", worker.log());
+    // Each topic read back by confluent-kafka's deserializer of its format, in and out.
+    let by_key = |records: Vec<Value>| -> BTreeMap<String, Value> {
+        records
+            .into_iter()
+            .map(|r| (r["key"].as_str().unwrap().to_string(), r["value"].clone()))
+            .collect()
+    };
+    for (i, format, extra) in [
+        (0, "avro", vec![]),
+        (
+            1,
+            "protobuf",
+            vec!["--schema", descriptors_arg.as_str(), "--message", "interop.Order"],
+        ),
+        (2, "json", vec![]),
+    ] {
+        let count = [every.len(), protos.len(), jsons.len()][i];
+        let wrote = by_key(consume_with_confluent(url, &topics[i], format, count, &extra)?);
+        let read = by_key(consume_with_confluent(url, &topics[3 + i], format, count, &extra)?);
+        assert_eq!(read.len(), count, "{format}: every record once");
+        for (key, value) in &wrote {
+            assert_eq!(
+                read.get(key),
+                Some(value),
+                "{format} record {key}: what Sluice wrote differs from what it read"
+            );
+        }
+    }
+    // What confluent-kafka wrote for Avro is what the test generated, value for value.
+    let generated = by_key(every);
+    let wrote = by_key(consume_with_confluent(url, &topics[3], "avro", generated.len(), &[])?);
+    assert_eq!(
+        wrote, generated,
+        "the records of every Avro type, through Sluice, as generated"
+    );
+    Ok(())
+}
+
+// --- The CLI -------------------------------------------------------------------------------------
+
+/// Runs `sluice ARGS` with `input` on stdin: its stdout (it must succeed) or its error text.
+fn sluice(args: &[&str], input: &str) -> Result<String, String> {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new(sluice_tests::worker::sluice_binary())
+        .args(args)
+        .env("KAFKA_BOOTSTRAP", kafka().bootstrap())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .map_err(|e| e.to_string())?;
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// `sluice consume`'s lines as (key, value JSON).
+fn consumed(text: &str) -> Vec<(String, Value)> {
+    text.lines()
+        .map(|l| {
+            let (head, value) = l.split_once('\t').expect("key<TAB>value");
+            let key = head.split_once(' ').map(|(_, k)| k).unwrap_or_default().to_string();
+            (
+                key,
+                serde_json::from_str(value).unwrap_or_else(|e| panic!("{value}: {e}")),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sluice_produce_and_consume_speak_avro_protobuf_and_json_schema_with_confluents_serializers(
+) -> anyhow::Result<()> {
+    let url = registry();
+    let dir = TempDir::new("cli-formats");
+    // Avro: `sluice produce` registers TOPIC-value and frames; confluent-kafka reads it.
+    let topic = unique_name("cli-avro");
+    kafka().create_topic(&topic, 1).await?;
+    let orders = [
+        json!({"id": "o1", "customer": "c1", "amount": 2.5, "quantity": 3, "placed": 1_733_500_000_000i64, "note": null}),
+        json!({"id": "o2", "customer": "c2", "amount": 1.25, "quantity": 1, "placed": 1_733_500_000_001i64, "note": "fast"}),
+    ];
+    let lines: String = orders.iter().enumerate().map(|(i, o)| format!("k{i}\t{o}\n")).collect();
+    let order_avsc = schema_file("order.avsc").display().to_string();
+    sluice(
+        &[
+            "produce",
+            "--value-format",
+            "avro",
+            "--registry",
+            url,
+            "--schema",
+            &order_avsc,
+            &topic,
+        ],
+        &lines,
+    )
+    .map_err(anyhow::Error::msg)?;
+    let read = consume_with_confluent(url, &topic, "avro", 2, &[])?;
+    for (r, o) in read.iter().zip(&orders) {
+        let v = &r["value"];
+        assert_eq!(
+            (&v["id"], &v["customer"], &v["quantity"], &v["note"]),
+            (&o["id"], &o["customer"], &o["quantity"], &o["note"])
+        );
+        assert_eq!(
+            v["placed"]["$timestamp_us"].as_i64(),
+            o["placed"].as_i64().map(|ms| ms * 1000)
+        );
+    }
+    // … and `sluice consume` prints it back as the plain JSON it was given.
+    let printed = sluice(
+        &[
+            "consume",
+            "--value-format",
+            "avro",
+            "--registry",
+            url,
+            "--idle",
+            "3s",
+            &topic,
+        ],
+        "",
+    )
+    .map_err(anyhow::Error::msg)?;
+    let printed = consumed(&printed);
+    assert_eq!(
+        printed.iter().map(|(_, v)| v.clone()).collect::<Vec<_>>(),
+        orders.to_vec()
+    );
+    assert_eq!(printed[0].0, "k0");
+    // A line that does not fit the schema is refused, naming the line and the field.
+    let e = sluice(
+        &[
+            "produce",
+            "--value-format",
+            "avro",
+            "--registry",
+            url,
+            "--schema",
+            &order_avsc,
+            &topic,
+        ],
+        "k\t{\"id\":\"x\"}\n",
+    )
+    .unwrap_err();
+    assert!(e.contains("line 1") && e.contains("customer"), "{e}");
+
+    // Protobuf: what confluent-kafka's serializer wrote (its schema registered as a
+    // descriptor), printed by `sluice consume` in Protobuf's JSON mapping.
+    let descriptors = proto_descriptor_set(&dir)?;
+    let topic = unique_name("cli-proto");
+    kafka().create_topic(&topic, 1).await?;
+    let protos = proto_orders(3, 9);
+    produce_with_confluent(
+        url,
+        &topic,
+        "protobuf",
+        &descriptors,
+        &["--message", "interop.Order"],
+        &protos,
+    )?;
+    let printed = consumed(
+        &sluice(
+            &[
+                "consume",
+                "--value-format",
+                "protobuf",
+                "--registry",
+                url,
+                "--idle",
+                "3s",
+                &topic,
+            ],
+            "",
+        )
+        .map_err(anyhow::Error::msg)?,
+    );
+    assert_eq!(printed.len(), 3);
+    for ((_, v), p) in printed.iter().zip(&protos) {
+        assert_eq!(v["id"], p["value"]["id"], "{v}");
+        assert_eq!(
+            v["tags"].as_array().map(Vec::len).unwrap_or(0),
+            p["value"]["tags"].as_array().unwrap().len(),
+            "{v}"
+        );
+    }
+    // And `sluice produce --value-format protobuf` (the .proto text registered) is read by
+    // confluent-kafka's deserializer.
+    let topic = unique_name("cli-proto-out");
+    kafka().create_topic(&topic, 1).await?;
+    let proto_file = echo_schema("order.proto").display().to_string();
+    sluice(
+        &["produce", "--value-format", "protobuf", "--registry", url, "--schema", &proto_file, "--message", "interop.Order", &topic],
+        "k\t{\"id\":\"p1\",\"quantity\":4,\"tags\":[\"x\"],\"status\":\"PAID\",\"lines\":[{\"sku\":\"s\",\"count\":\"2\"}]}\n",
+    )
+    .map_err(anyhow::Error::msg)?;
+    let descriptors_arg = descriptors.display().to_string();
+    let read = consume_with_confluent(
+        url,
+        &topic,
+        "protobuf",
+        1,
+        &["--schema", &descriptors_arg, "--message", "interop.Order"],
+    )?;
+    let v = &read[0]["value"];
+    assert_eq!(
+        (v["id"].as_str(), v["quantity"].as_i64(), v["status"].as_str()),
+        (Some("p1"), Some(4), Some("PAID")),
+        "{v}"
+    );
+    assert_eq!(v["lines"][0]["count"].as_str(), Some("2"), "{v}");
+
+    // JSON Schema: validated on the way out, the reason naming the place.
+    let topic = unique_name("cli-json");
+    kafka().create_topic(&topic, 1).await?;
+    let json_schema = echo_schema("order.json").display().to_string();
+    sluice(
+        &[
+            "produce",
+            "--value-format",
+            "json-schema",
+            "--registry",
+            url,
+            "--schema",
+            &json_schema,
+            &topic,
+        ],
+        "k\t{\"id\":\"j1\",\"amount\":2}\n",
+    )
+    .map_err(anyhow::Error::msg)?;
+    let e = sluice(
+        &[
+            "produce",
+            "--value-format",
+            "json-schema",
+            "--registry",
+            url,
+            "--schema",
+            &json_schema,
+            &topic,
+        ],
+        "k\t{\"id\":\"j2\",\"amount\":-1}\n",
+    )
+    .unwrap_err();
+    assert!(e.contains("/amount"), "{e}");
+    let read = consume_with_confluent(url, &topic, "json", 1, &["--schema", &json_schema])?;
+    assert_eq!(read[0]["value"], json!({"id": "j1", "amount": 2}));
+    let printed = consumed(
+        &sluice(
+            &[
+                "consume",
+                "--value-format",
+                "json-schema",
+                "--registry",
+                url,
+                "--idle",
+                "3s",
+                &topic,
+            ],
+            "",
+        )
+        .map_err(anyhow::Error::msg)?,
+    );
+    assert_eq!(printed, vec![("k".to_string(), json!({"id": "j1", "amount": 2}))]);
+    // Without a registry, a format is refused up front.
+    let e = sluice(&["consume", "--value-format", "avro", "--idle", "1s", &topic], "").unwrap_err();
+    assert!(e.contains("--schema-registry-url"), "{e}");
+    Ok(())
+}

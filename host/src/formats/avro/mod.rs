@@ -74,9 +74,14 @@ impl AvroSchema {
     }
 
     /// The named type `name` refers to (a full name).
-    fn named(&self, name: &str) -> Option<&Schema> {
+    pub(crate) fn named(&self, name: &str) -> Option<&Schema> {
         self.names.get(name)
     }
+}
+
+/// The namespace of a named type (none for an unnamed type, or a name without one).
+pub(crate) fn named_namespace(schema: &Schema) -> Option<&str> {
+    named(schema).and_then(|n| n.namespace())
 }
 
 /// The name of a named type (record, enum, fixed, and the logical types over fixed).
