@@ -6,6 +6,8 @@
 //! - `density`: one worker holding 1,000 tasks: start time, idle threads, RSS, CPU.
 //! - `scaling`: a stateful topology scaled 1 → 2 → 3 → 1 workers: pauses per policy.
 //! - `tenants`: tenant B's throughput alone and beside tenant A looping until its deadline.
+//! - `avro`: an Avro pipeline behind a Schema Registry beside Kafka Streams, and the decode
+//!   and encode cost per record on their own.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -16,6 +18,7 @@ use sluice::runtime::{Runtime, RuntimeConfig};
 use sluice_guest::wire::{self, Writer};
 use sluice_guest::TaskInfo;
 
+mod avro;
 mod crash;
 mod density;
 mod e2e;
@@ -73,6 +76,9 @@ enum Command {
     Scaling(scaling::ScalingArgs),
     /// Tenant isolation: tenant B alone, then beside tenant A looping until its deadline.
     Tenants(tenants::TenantsArgs),
+    /// An Avro pipeline behind a Schema Registry (read, enrich, filter, write Avro) beside
+    /// Kafka Streams with Avro's Java library, and the decode and encode cost per record.
+    Avro(avro::AvroArgs),
     /// The native baseline process `e2e` runs (a plain rdkafka uppercase program).
     #[command(hide = true)]
     Native(native::NativeArgs),
@@ -103,6 +109,7 @@ fn main() -> anyhow::Result<()> {
         Command::Density(args) => tokio::runtime::Runtime::new()?.block_on(density::run(args)),
         Command::Scaling(args) => tokio::runtime::Runtime::new()?.block_on(scaling::run(args)),
         Command::Tenants(args) => tokio::runtime::Runtime::new()?.block_on(tenants::run(args)),
+        Command::Avro(args) => tokio::runtime::Runtime::new()?.block_on(avro::run(args)),
         Command::Native(args) => native::run(args),
     }
 }

@@ -100,7 +100,7 @@ fn config(bootstrap: &str) -> ClientConfig {
     c
 }
 
-async fn create(bootstrap: &str, topic: &str, partitions: i32, compact: bool) -> anyhow::Result<()> {
+pub(crate) async fn create(bootstrap: &str, topic: &str, partitions: i32, compact: bool) -> anyhow::Result<()> {
     let admin: AdminClient<DefaultClientContext> = config(bootstrap).create()?;
     let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
     if compact {
@@ -112,7 +112,7 @@ async fn create(bootstrap: &str, topic: &str, partitions: i32, compact: bool) ->
     Ok(())
 }
 
-fn produce_all(
+pub(crate) fn produce_all(
     bootstrap: &str,
     topic: &str,
     records: impl Iterator<Item = (Vec<u8>, Vec<u8>)>,
@@ -323,7 +323,7 @@ pub async fn windowed_count(args: WindowedCountArgs) -> anyhow::Result<()> {
 }
 
 /// A system under test: Sluice running a component, or a Kafka Streams application.
-struct Contender {
+pub(crate) struct Contender {
     name: &'static str,
     kind: ContenderKind,
     /// Its source's and sink's logical names (Sluice), and its repartition topic's
@@ -333,7 +333,7 @@ struct Contender {
     repartition: i32,
 }
 
-enum ContenderKind {
+pub(crate) enum ContenderKind {
     Sluice(PathBuf),
     Streams {
         classpath: String,
@@ -343,7 +343,7 @@ enum ContenderKind {
 }
 
 impl Contender {
-    fn sluice(
+    pub(crate) fn sluice(
         name: &'static str,
         component: &std::path::Path,
         (source, sink): (&'static str, &'static str),
@@ -358,7 +358,13 @@ impl Contender {
         }
     }
 
-    fn streams(name: &'static str, classpath: &str, class: &'static str, extra: &[&str], repartition: i32) -> Self {
+    pub(crate) fn streams(
+        name: &'static str,
+        classpath: &str,
+        class: &'static str,
+        extra: &[&str],
+        repartition: i32,
+    ) -> Self {
         Contender {
             name,
             kind: ContenderKind::Streams {
@@ -378,7 +384,7 @@ impl Contender {
 /// topic), and prints each run's rate of `items` (`unit`: words, events), CPU per item and
 /// peak RSS, the medians, and the ratio of each pair `(ours, peer)` that ran. Sluice's
 /// workers share a compile cache, filled before the first round.
-fn compare(
+pub(crate) fn compare(
     bootstrap: &str,
     input: &str,
     partitions: i32,

@@ -564,6 +564,16 @@ impl TopologyFormats {
             if declared.contains_key(f.topic.as_str()) {
                 return Err(format!("it declares the format of {:?} twice", f.topic));
             }
+            if let Some(g) = description.global_stores.iter().find(|g| g.topic == f.topic) {
+                // A global table is one copy of its topic per worker, shared by every
+                // topology that reads it, keyed by its records' key bytes: it cannot hold
+                // one topology's reading of them yet.
+                return Err(format!(
+                    "global table {:?} reads {:?} in the Confluent wire format, which global tables do not \
+                     support yet: read the topic as a table (KTable, co-partitioned) instead",
+                    g.name, f.topic
+                ));
+            }
             let mut pair = Pair::default();
             for (is_key, schema) in [(true, &f.key), (false, &f.value)] {
                 let Some(schema) = schema else { continue };

@@ -144,3 +144,13 @@ fn schemas_nested_too_deep_or_too_big_are_refused_before_a_parser_sees_them() {
         .unwrap_err()
         .contains("more than"));
 }
+
+#[test]
+fn a_global_table_of_a_formatted_topic_is_refused_naming_what_to_do() {
+    let d = Description::new("t")
+        .source("orders")
+        .global_store("customers", "customers_topic")
+        .value_format("customers_topic", Schema::avro(ORDER));
+    let e = TopologyFormats::new(&d, &[], &FormatSettings::default(), 1 << 20).unwrap_err();
+    assert!(e.contains("global table \"customers\"") && e.contains("KTable"), "{e}");
+}

@@ -59,13 +59,15 @@ impl std::fmt::Display for RunError {
 impl std::error::Error for RunError {}
 
 impl RunError {
-    fn within(mut self, step: impl Into<String>) -> RunError {
+    fn within(mut self: Box<Self>, step: impl Into<String>) -> Box<RunError> {
         self.path.push(step.into());
         self
     }
 }
 
-type Result<T> = std::result::Result<T, RunError>;
+/// Boxed: the error is rare and large, and a plan's every step returns a result (a pointer
+/// on the way back, not 56 bytes).
+type Result<T> = std::result::Result<T, Box<RunError>>;
 
 struct In<'a> {
     bytes: &'a [u8],
@@ -73,18 +75,21 @@ struct In<'a> {
 }
 
 impl<'a> In<'a> {
+    #[cold]
     fn fail<T>(&self, message: impl Into<String>) -> Result<T> {
-        Err(RunError {
+        Err(Box::new(RunError {
             path: Vec::new(),
             at: self.at,
             message: message.into(),
-        })
+        }))
     }
 
+    #[inline]
     fn left(&self) -> usize {
         self.bytes.len() - self.at
     }
 
+    #[inline]
     fn take(&mut self, n: usize) -> Result<&'a [u8]> {
         if n > self.left() {
             return self.fail(format!("{n} bytes needed, {} left", self.left()));
@@ -94,7 +99,16 @@ impl<'a> In<'a> {
         Ok(out)
     }
 
+    #[inline]
     fn long(&mut self) -> Result<i64> {
+        // One byte: the common case for lengths, counts, indexes and small numbers.
+        if let Some(&byte) = self.bytes.get(self.at) {
+            if byte & 0x80 == 0 {
+                self.at += 1;
+                let v = u64::from(byte);
+                return Ok((v >> 1) as i64 ^ -((v & 1) as i64));
+            }
+        }
         let mut value: u64 = 0;
         let start = self.at;
         for shift in (0..70).step_by(7) {
