@@ -635,6 +635,7 @@ fn check(
                 DeployCheckError::Limits(_) => (StatusCode::UNPROCESSABLE_ENTITY, "bad-limits"),
                 DeployCheckError::Binding(_) => (StatusCode::UNPROCESSABLE_ENTITY, "bad-binding"),
                 DeployCheckError::Topics(_) => (StatusCode::UNPROCESSABLE_ENTITY, "bad-topic"),
+                DeployCheckError::Schema(_) => (StatusCode::CONFLICT, "bad-schema"),
             };
             ApiError::new(status, kind, e.to_string())
         })?;

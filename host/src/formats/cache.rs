@@ -150,6 +150,11 @@ impl Schemas {
         self.inner.client.is_some()
     }
 
+    /// The registry client, for checks made outside the cache (an upload's schemas).
+    pub fn client(&self) -> Option<&RegistryClient> {
+        self.inner.client.as_ref()
+    }
+
     pub fn url(&self) -> Option<&str> {
         self.inner.client.as_ref().map(RegistryClient::url)
     }

@@ -30,6 +30,8 @@ pub struct WorkerHandle {
     pub(super) drain: Option<Arc<tokio::sync::watch::Sender<Stop>>>,
     /// Bytes of state one topology's tasks may keep here (a manifest may only lower it).
     pub(super) state_limit: u64,
+    /// The worker's schema registry client (uploads' sink schemas are checked against it).
+    pub(super) schemas: crate::formats::Schemas,
 }
 
 /// Why an upload would not run on this worker.
@@ -47,6 +49,10 @@ pub enum DeployCheckError {
     /// A topic it binds is missing, or its sources disagree on their partitions.
     #[error("{0}")]
     Topics(String),
+    /// A sink's schema would not be accepted under its subject (the registry's reasons), or
+    /// must be registered already and is not, or there is no registry for its formats.
+    #[error("{0}")]
+    Schema(String),
 }
 
 /// What an upload that would run here declares, and the tasks it has.
@@ -66,6 +72,78 @@ impl DeployCheck {
 }
 
 impl WorkerHandle {
+    /// Asks the registry whether each sink's schema would be taken under its subject (or,
+    /// with `auto-register = false`, is registered there), so that an upload it would refuse
+    /// is refused at once, with the registry's reasons, rather than failing its tasks. A
+    /// registry that cannot be reached now does not stop the upload (its tasks wait for it).
+    fn check_schemas(
+        &self,
+        manifest: &Manifest,
+        description: &sluice_wire::Description,
+        binding: &crate::manifest::Binding,
+    ) -> Result<(), DeployCheckError> {
+        if description.formats.is_empty() {
+            return Ok(());
+        }
+        let formats =
+            crate::formats::TopologyFormats::new(description, &binding.sink_topics, &manifest.formats, usize::MAX)
+                .map_err(|e| DeployCheckError::Schema(format!("topology {}: {e}", manifest.name)))?;
+        let Some(client) = self.schemas.client() else {
+            return Err(DeployCheckError::Schema(format!(
+                "topology {} reads or writes records in the Confluent wire format, and this worker has no schema \
+                 registry: set schema.registry.url",
+                manifest.name
+            )));
+        };
+        let runtime = tokio::runtime::Handle::current();
+        for w in formats.writings() {
+            let schema = &w.declared.schema;
+            if !schema.imports.is_empty() {
+                // Its imports are registered as subjects of their own when the task first
+                // writes; the registry cannot judge the file without them.
+                continue;
+            }
+            let asked = runtime.block_on(async {
+                if manifest.formats.auto_register {
+                    client.compatible(&w.subject, schema.kind, &schema.text, &[]).await
+                } else {
+                    match client.lookup_version(&w.subject, schema.kind, &schema.text, &[]).await {
+                        Ok(_) => Ok(Ok(())),
+                        Err(e) if e.is_not_found() => Ok(Err(vec![format!(
+                            "it is not registered there, and the manifest says it must be (formats.auto-register = false)"
+                        )])),
+                        Err(e) => Err(e),
+                    }
+                }
+            });
+            match asked {
+                Ok(Ok(())) => {}
+                Ok(Err(reasons)) => {
+                    return Err(DeployCheckError::Schema(format!(
+                        "topology {}: the schema registry refuses its schema for subject {}: {}",
+                        manifest.name,
+                        w.subject,
+                        if reasons.is_empty() {
+                            "it is not compatible with the versions there".to_string()
+                        } else {
+                            reasons.join("; ")
+                        }
+                    )))
+                }
+                Err(e) if e.is_transient() => {
+                    tracing::warn!(topology = %manifest.name, subject = %w.subject, "not checking the schema against the registry now: {e}");
+                }
+                Err(e) => {
+                    return Err(DeployCheckError::Schema(format!(
+                        "topology {}: subject {}: {e}",
+                        manifest.name, w.subject
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The worker's live status (`GET /status`).
     pub fn status(&self) -> WorkerStatus {
         let mut status = self.board.snapshot();
@@ -170,6 +248,7 @@ impl WorkerHandle {
         counts.extend(internal);
         let stages = crate::topology::plan_stages(&manifest.name, description, &binding, &counts).map_err(refused)?;
         crate::topology::global_specs(description, &binding).map_err(refused)?;
+        self.check_schemas(manifest, description, &binding)?;
         Ok(DeployCheck {
             description: description.clone(),
             stages,

@@ -230,6 +230,7 @@ impl Worker {
             static_names: Arc::new(self.static_names.clone()),
             drain: self.config.cluster.as_ref().and_then(|c| c.drain.clone()),
             state_limit: self.config.state_limit,
+            schemas: self.schemas.clone(),
         }
     }
 

@@ -1038,3 +1038,65 @@ async fn sluice_produce_and_consume_speak_avro_protobuf_and_json_schema_with_con
     assert!(e.contains("--schema-registry-url"), "{e}");
     Ok(())
 }
+
+// --- Uploads ------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upload_whose_sink_schema_the_registry_would_refuse_is_refused_with_its_reasons() -> anyhow::Result<()> {
+    let url = registry();
+    let dir = TempDir::new("upload-schema");
+    let (input, output) = (unique_name("up-in"), unique_name("up-out"));
+    kafka().create_topic(&input, 1).await?;
+    kafka().create_topic(&output, 1).await?;
+    // The output's subject already holds an EnrichedOrder of other fields, and takes only
+    // versions that can read what is there (BACKWARD).
+    let subject = format!("{output}-value");
+    let existing =
+        r#"{"type":"record","name":"EnrichedOrder","namespace":"shop","fields":[{"name":"sku","type":"string"}]}"#;
+    client(url).register(&subject, SchemaKind::Avro, existing, &[]).await?;
+    let port: u16 = url
+        .split(':')
+        .nth(2)
+        .and_then(|p| p.split('/').next())
+        .unwrap()
+        .parse()?;
+    let path = format!(
+        "{}/config/{subject}",
+        url.splitn(4, '/').nth(3).map(|p| format!("/{p}")).unwrap()
+    );
+    let (status, body) = sluice_tests::http(
+        port,
+        "PUT",
+        &path,
+        &[("content-type", "application/vnd.schemaregistry.v1+json")],
+        br#"{"compatibility":"BACKWARD"}"#,
+    )?;
+    anyhow::ensure!(status == 200, "setting the subject's compatibility: {status} {body}");
+    let admin = free_port();
+    let cluster = unique_name("upc");
+    let mut worker = crate::registry::worker(&dir, &cluster, 0, admin, &["--schema-registry-url", url])?;
+    worker.wait_for_line(&[" assignment "], Duration::from_secs(60))?;
+    let name = unique_name("upenrich");
+    let m = dir.write(
+        "up.toml",
+        &crate::registry::manifest(&name, &[("orders", &input)], &[("enriched", &output)], ""),
+    );
+    let (ok, _, err) = crate::registry::deploy(admin, &guest("avro-enrich"), &m)?;
+    assert!(!ok, "refused");
+    assert!(err.contains("bad-schema") && err.contains(&subject), "{err}");
+    assert!(crate::registry::listed(admin)?.get(&name).is_none(), "nothing stored");
+    // Under a subject of its own the same upload goes through.
+    let m = dir.write(
+        "up2.toml",
+        &crate::registry::manifest(
+            &name,
+            &[("orders", &input)],
+            &[("enriched", &output)],
+            "[formats]\nsubject-name-strategy = \"topic-record\"\n",
+        ),
+    );
+    let (ok, out, err) = crate::registry::deploy(admin, &guest("avro-enrich"), &m)?;
+    assert!(ok, "{out}{err}\n{}", worker.log());
+    assert!(worker.terminate(Duration::from_secs(60))?.success(), "{}", worker.log());
+    Ok(())
+}
