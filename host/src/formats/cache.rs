@@ -99,12 +99,43 @@ struct Inner {
     counters: Counters,
 }
 
-/// What the registry client has done, for metrics.
-#[derive(Default)]
+/// What the registry client has done, as metrics (`sluice_schema_registry_*`).
+#[derive(Clone, Default)]
 pub struct Counters {
-    pub requests: std::sync::atomic::AtomicU64,
-    pub failures: std::sync::atomic::AtomicU64,
-    pub evictions: std::sync::atomic::AtomicU64,
+    /// Requests made to the registry (every schema fetched, reference, registration).
+    pub requests: prometheus_client::metrics::counter::Counter,
+    /// Requests that failed (unreachable, refused, malformed answers).
+    pub failures: prometheus_client::metrics::counter::Counter,
+    /// Schemas dropped from the cache to keep it within its bytes.
+    pub evictions: prometheus_client::metrics::counter::Counter,
+    /// Bytes the cached schemas are counted as.
+    pub cached_bytes: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl Counters {
+    /// Registers these under `registry` (the worker's metrics).
+    pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
+        registry.register(
+            "schema_registry_requests",
+            "Requests the worker made to the Schema Registry",
+            self.requests.clone(),
+        );
+        registry.register(
+            "schema_registry_failures",
+            "Requests to the Schema Registry that failed (unreachable, refused)",
+            self.failures.clone(),
+        );
+        registry.register(
+            "schema_cache_evictions",
+            "Schemas dropped from the worker's cache to keep it within schema.registry.cache.max.bytes",
+            self.evictions.clone(),
+        );
+        registry.register(
+            "schema_cache_bytes",
+            "Bytes of schemas the worker keeps",
+            self.cached_bytes.clone(),
+        );
+    }
 }
 
 /// The worker's schemas (cheap to clone: one cache behind).
@@ -134,13 +165,23 @@ impl Schemas {
     /// The schemas of a worker that talks to `client` (none: no registry configured, and a
     /// topology with formats cannot run) on `runtime`, keeping up to `budget` bytes.
     pub fn new(client: Option<RegistryClient>, runtime: tokio::runtime::Handle, budget: usize) -> Schemas {
+        Schemas::with_counters(client, runtime, budget, Counters::default())
+    }
+
+    /// As [`Schemas::new`], counting into `counters` (registered with the worker's metrics).
+    pub fn with_counters(
+        client: Option<RegistryClient>,
+        runtime: tokio::runtime::Handle,
+        budget: usize,
+        counters: Counters,
+    ) -> Schemas {
         Schemas {
             inner: Arc::new(Inner {
                 client,
                 runtime,
                 state: Mutex::new(State::default()),
                 budget,
-                counters: Counters::default(),
+                counters,
             }),
         }
     }
@@ -322,15 +363,19 @@ impl Inner {
     }
 
     fn count(&self, result: &Result<impl Sized, RegistryError>) {
-        use std::sync::atomic::Ordering::Relaxed;
-        self.counters.requests.fetch_add(1, Relaxed);
+        self.counters.requests.inc();
         if result.is_err() {
-            self.counters.failures.fetch_add(1, Relaxed);
+            self.counters.failures.inc();
         }
     }
 
     /// Keeps the ready entries within the budget, dropping the least recently used.
     fn evict(&self, state: &mut State) {
+        self.evict_over_budget(state);
+        self.counters.cached_bytes.set(state.bytes as i64);
+    }
+
+    fn evict_over_budget(&self, state: &mut State) {
         while state.bytes > self.budget {
             let Some((&id, _)) = state
                 .ids
@@ -345,9 +390,7 @@ impl Inner {
             };
             if let Some(IdEntry::Ready { schema, .. }) = state.ids.remove(&id) {
                 state.bytes -= schema.weight();
-                self.counters
-                    .evictions
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.counters.evictions.inc();
             }
         }
         if state.failed > MAX_FAILED {

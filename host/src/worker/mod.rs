@@ -129,7 +129,11 @@ impl Worker {
             .await
             .context("connecting to Kafka")?;
         let board_metrics = BoardMetrics::new();
-        let metrics = Metrics::with(|registry| board_metrics.register(registry));
+        let schema_counters = crate::formats::cache::Counters::default();
+        let metrics = Metrics::with(|registry| {
+            board_metrics.register(registry);
+            schema_counters.register(registry);
+        });
         // In a cluster, uploaded topologies come from its registry: read it all before starting.
         let registry = match &config.cluster {
             Some(cluster) => {
@@ -200,8 +204,12 @@ impl Worker {
             .map(crate::formats::RegistryClient::new)
             .transpose()
             .map_err(|e| anyhow::anyhow!("the schema registry: {e}"))?;
-        let schemas =
-            crate::formats::Schemas::new(client, tokio::runtime::Handle::current(), config.schema_cache_bytes);
+        let schemas = crate::formats::Schemas::with_counters(
+            client,
+            tokio::runtime::Handle::current(),
+            config.schema_cache_bytes,
+            schema_counters,
+        );
         Ok(Worker {
             schemas,
             config,
