@@ -1,6 +1,6 @@
-"""The component's exports, for componentize-py: ``exports_for(topology)`` gives the two
-classes a component's app module must define (``Processor`` and ``Introspection``), calling
-the topology's code and turning every exception into the task's error.
+"""The component's exports, for componentize-py: ``exports_for(topology)`` gives the three
+classes a component's app module must define (``Processor``, ``Introspection`` and
+``Formats``), calling the topology's code and turning every exception into the task's error.
 
 Only a component imports this module (it needs componentize-py's ``wit_world``). A
 topology's own modules must be imported at the top of its files, not inside functions: the
@@ -12,6 +12,7 @@ import gc
 
 from componentize_py_types import Err
 from wit_world import exports
+from wit_world.exports import formats as wit_formats
 from wit_world.imports import sluice_topology_types_0_1_0 as types1
 from wit_world.imports import sluice_topology_types_0_2_0 as types2
 
@@ -38,13 +39,31 @@ def _description(d) -> "types2.Description":
     )
 
 
+_KINDS = {
+    "avro": wit_formats.SchemaKind.AVRO,
+    "protobuf": wit_formats.SchemaKind.PROTOBUF,
+    "json-schema": wit_formats.SchemaKind.JSON_SCHEMA,
+}
+
+
+def _schema(s) -> "wit_formats.Schema":
+    return wit_formats.Schema(kind=_KINDS[s.kind], text=s.text, message=s.message,
+                              imports=[(path, text) for path, text in s.imports])
+
+
+def _formats(d) -> list:
+    return [wit_formats.TopicFormat(topic=f.topic, key=None if f.key is None else _schema(f.key),
+                                    value=None if f.value is None else _schema(f.value))
+            for f in d.formats]
+
+
 def _err(failure: GuestFailure) -> Err:
     return Err(types1.GuestError(record_index=failure.record_index, message=failure.message))
 
 
 def exports_for(topology):
-    """The ``Processor`` and ``Introspection`` export classes of a component running
-    ``topology`` (a :class:`sluice_guest.Processor` subclass, or a DSL topology)."""
+    """The ``Processor``, ``Introspection`` and ``Formats`` export classes of a component
+    running ``topology`` (a :class:`sluice_guest.Processor` subclass, or a DSL topology)."""
     state = {"task": None}
 
     def task() -> Task:
@@ -96,6 +115,12 @@ def exports_for(topology):
         def describe_operators(self):
             return [(name, list(lines)) for name, lines in topology.operators()]
 
+    class Formats(exports.Formats):
+        def describe_formats(self):
+            # Called once per component, after `describe`: the same description's formats
+            # (an exception traps, as in `describe`).
+            return _formats(topology.describe())
+
     # Every object alive now (the interpreter, the standard library, the topology's modules)
     # is in the component's memory image, which every task's instance shares copy-on-write.
     # The garbage collector writes to each object it looks at, so a full collection would
@@ -104,4 +129,4 @@ def exports_for(topology):
     # holds a few MiB of private pages all the same; see docs/python.md.)
     gc.collect()
     gc.freeze()
-    return Processor, Introspection
+    return Processor, Introspection, Formats

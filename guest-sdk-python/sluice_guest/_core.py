@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import traceback
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from . import _host
 from .codec import Codec, CodecError, Str
@@ -14,7 +14,8 @@ from .wire import (INHERIT_TIMESTAMP, NONE, WireError, Writer, _source_headers, 
 import struct as _struct
 
 __all__ = [
-    "Error", "Level", "Description", "Subtopology", "TaskInfo", "Record", "Context", "Processor",
+    "Error", "Level", "Description", "Subtopology", "TaskInfo", "Record", "Context", "Processor", "Schema",
+    "TopicFormat",
 ]
 
 
@@ -57,6 +58,72 @@ class Subtopology:
         return self
 
 
+#: The schema languages of a Schema Registry, as the WIT and ``sluice_wire::SchemaKind`` name them.
+SCHEMA_KINDS = ("avro", "protobuf", "json-schema")
+
+
+@dataclass(frozen=True)
+class Schema:
+    """A schema a topology reads or writes a topic's keys or values with, in the Confluent wire
+    format behind a Schema Registry (the Rust SDK's ``sluice_guest::formats::Schema``).
+
+    The host registers ``text`` as it is and fetches the writers' schemas itself, so it is
+    the schema's text, not a parsed form. The codecs of :mod:`sluice_guest.formats` carry
+    theirs (``Avro(...).schema``); a description takes either."""
+
+    #: ``"avro"``, ``"protobuf"`` or ``"json-schema"``.
+    kind: str
+    #: Avro's JSON, a ``.proto`` file, or a JSON Schema document.
+    text: str
+    #: Protobuf: the message the records are (its full name, ``package.Message``).
+    message: Optional[str] = None
+    #: Protobuf: the files ``text`` imports, as (import path, text), other than Google's
+    #: well-known types (the host knows those).
+    imports: Tuple[Tuple[str, str], ...] = ()
+
+    def __post_init__(self):
+        if self.kind not in SCHEMA_KINDS:
+            raise ValueError(f"a schema's kind is one of {', '.join(SCHEMA_KINDS)}, not {self.kind!r}")
+        if not isinstance(self.text, str):
+            raise TypeError(f"a schema's text is a str (the {self.kind} schema as the registry keeps it), "
+                            f"not {type(self.text).__name__}")
+        if (self.kind == "protobuf") != (self.message is not None):
+            raise ValueError("a Protobuf schema names its message (package.Message), and only a Protobuf one")
+        object.__setattr__(self, "imports", tuple((str(p), str(t)) for p, t in self.imports))
+
+    @classmethod
+    def avro(cls, text: str) -> "Schema":
+        return cls("avro", text)
+
+    @classmethod
+    def json_schema(cls, text: str) -> "Schema":
+        return cls("json-schema", text)
+
+    @classmethod
+    def protobuf(cls, text: str, message: str, imports=()) -> "Schema":
+        return cls("protobuf", text, message, tuple(imports))
+
+
+@dataclass
+class TopicFormat:
+    """What one source, sink or internal topic (by its logical name) holds: its key's schema
+    and its value's, each None for plain bytes."""
+
+    topic: str
+    key: Optional[Schema] = None
+    value: Optional[Schema] = None
+
+
+def _schema_of(what: str, topic: str, schema) -> Schema:
+    if isinstance(schema, Schema):
+        return schema
+    carried = getattr(schema, "schema", None)
+    if isinstance(carried, Schema):
+        return carried
+    raise TypeError(f"{what}({topic!r}, ...) takes a Schema or a codec that carries one (sluice_guest.formats: "
+                    f"Avro, JsonSchema, Protobuf), not {schema!r}")
+
+
 @dataclass
 class Description:
     """What a topology declares: everything it may touch (as the Rust SDK's ``Description``).
@@ -73,6 +140,8 @@ class Description:
     subtopologies: List[Subtopology] = field(default_factory=list)
     # (store name, logical topic)
     global_stores: List[tuple] = field(default_factory=list)
+    # Topics in the Confluent wire format, with their schemas (the WIT's `formats` export).
+    formats: List[TopicFormat] = field(default_factory=list)
 
     def source(self, name: str) -> "Description":
         self.sources.append(name)
@@ -101,6 +170,32 @@ class Description:
     def subtopology(self, subtopology: Subtopology) -> "Description":
         self.subtopologies.append(subtopology)
         return self
+
+    def key_format(self, topic: str, schema) -> "Description":
+        """Reads or writes the keys of ``topic`` (a declared source, sink or internal topic) in
+        the Confluent wire format with ``schema``: a :class:`Schema`, or a codec of
+        :mod:`sluice_guest.formats` (``Avro(ORDER_SCHEMA)``), whose schema it takes. The host
+        then hands the topology each key without its framing, in this schema."""
+        schema = _schema_of("key_format", topic, schema)
+        self._format(topic).key = schema
+        return self
+
+    def value_format(self, topic: str, schema) -> "Description":
+        """As :meth:`key_format`, for the values of ``topic``."""
+        schema = _schema_of("value_format", topic, schema)
+        self._format(topic).value = schema
+        return self
+
+    def format_of(self, topic: str) -> Optional[TopicFormat]:
+        """The format of ``topic``'s records, if it has one."""
+        return next((f for f in self.formats if f.topic == topic), None)
+
+    def _format(self, topic: str) -> TopicFormat:
+        found = self.format_of(topic)
+        if found is None:
+            found = TopicFormat(topic)
+            self.formats.append(found)
+        return found
 
 
 @dataclass

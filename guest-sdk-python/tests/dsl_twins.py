@@ -2,7 +2,8 @@
 ``python dsl_twins.py CASE.json`` runs a case's steps through the Python DSL's test driver and
 writes what the Rust test compares (description, operator lines, outputs per sink, stores).
 
-The first four twins are the examples in ``guests/python/``, imported as they ship."""
+The first five twins are the examples in ``guests/python/``, imported as they ship (the Avro
+one needs fastavro: run this with the venv of ``dev/setup-python``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from datetime import timedelta
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
-for example in ("dsl-word-count", "dsl-page-views", "dsl-enrich-orders", "dsl-orders-payments"):
+for example in ("dsl-word-count", "dsl-page-views", "dsl-enrich-orders", "dsl-orders-payments", "dsl-avro-orders"):
     sys.path.insert(0, os.path.join(ROOT, "guests", "python", example))
 
 from sluice_guest import I64, Str, U64  # noqa: E402
@@ -21,6 +22,7 @@ from sluice_guest.dsl import JoinWindows, SessionWindows, SlidingWindows, TimeWi
 from sluice_guest.dsl._graph import Topology  # noqa: E402
 from sluice_guest.dsl.testing import TestDriver  # noqa: E402
 
+from dsl_avro_orders import avro_orders  # noqa: E402
 from dsl_enrich_orders import enrich_orders  # noqa: E402
 from dsl_orders_payments import orders_payments  # noqa: E402
 from dsl_page_views import page_views  # noqa: E402
@@ -157,6 +159,7 @@ TWINS = {
     "dsl-page-views": page_views,
     "dsl-enrich-orders": enrich_orders,
     "dsl-orders-payments": orders_payments,
+    "dsl-avro-orders": avro_orders,
     "mixed": mixed,
     "windowed": windowed,
     "tables": tables,
@@ -164,6 +167,10 @@ TWINS = {
     "stream_joins": stream_joins,
     "sliding": sliding,
 }
+
+
+def schema(s):
+    return None if s is None else [s.kind, s.text, s.message, [list(i) for i in s.imports]]
 
 
 def hx(b):
@@ -196,6 +203,7 @@ def main(path):
             "internal_topics": [[n, p] for n, p in d.internal_topics],
             "subtopologies": [[s.name, s.sources, s.sinks, s.stores] for s in d.subtopologies],
             "global_stores": [[n, t] for n, t in d.global_stores],
+            "formats": [[f.topic, schema(f.key), schema(f.value)] for f in d.formats],
         },
         "operators": [[name, lines] for name, lines in compiled.operators()],
         "outputs": outputs,

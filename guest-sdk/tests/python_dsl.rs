@@ -5,10 +5,11 @@
 //! record each sends to each sink (key, value and timestamp bytes, in order) and every entry
 //! each leaves in each store (stored bytes, times and stream times included) must be equal.
 //!
-//! The first four are the examples `guests/dsl-word-count`, `guests/dsl-page-views`,
-//! `guests/dsl-enrich-orders` and `guests/dsl-orders-payments` (and their twins the Python
-//! examples in `guests/python/`); the others use the rest of the DSL's operators: every
-//! operator of the Rust DSL has its twin here.
+//! The first five are the examples `guests/dsl-word-count`, `guests/dsl-page-views`,
+//! `guests/dsl-enrich-orders`, `guests/dsl-orders-payments` and `guests/dsl-avro-orders` (and
+//! their twins the Python examples in `guests/python/`; the Avro one's orders are random Avro
+//! values, and its descriptions' formats are compared too); the others use the rest of the
+//! DSL's operators: every operator of the Rust DSL has its twin here.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -19,7 +20,9 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use sluice_guest::dsl::testing::TestDriver;
 use sluice_guest::dsl::{JoinWindows, SessionWindows, SlidingWindows, StreamsBuilder, TimeWindows, Topology, Windowed};
-use sluice_guest::Description;
+use sluice_guest::formats::{Avro, Schema};
+use sluice_guest::serde::{Deserialize, Serialize};
+use sluice_guest::{Description, Encode};
 
 fn word_count(b: &mut StreamsBuilder) {
     b.stream::<(), String>("lines")
@@ -85,6 +88,58 @@ fn orders_payments(b: &mut StreamsBuilder) {
                 .grace(Duration::from_secs(120)),
         )
         .to("paid");
+}
+
+/// `guests/dsl-avro-orders` (its code, and its types over its schema files).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(crate = "sluice_guest::serde")]
+struct Order {
+    id: String,
+    customer: String,
+    amount: f64,
+    quantity: i32,
+    placed: i64,
+    note: Option<String>,
+}
+
+sluice_guest::avro_schema!(Order, include_str!("../../guests/dsl-avro-orders/schemas/order.avsc"));
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(crate = "sluice_guest::serde")]
+struct CustomerTotal {
+    customer: String,
+    orders: i64,
+    items: i64,
+}
+
+sluice_guest::avro_schema!(
+    CustomerTotal,
+    include_str!("../../guests/dsl-avro-orders/schemas/customer_total.avsc")
+);
+
+fn avro_orders(b: &mut StreamsBuilder) {
+    b.stream::<Option<String>, Avro<Order>>("orders")
+        .group_by(|_, order| order.0.customer.clone())
+        .named("by_customer")
+        .aggregate(
+            || {
+                Avro(CustomerTotal {
+                    customer: String::new(),
+                    orders: 0,
+                    items: 0,
+                })
+            },
+            |customer: &String, order, Avro(total)| {
+                Avro(CustomerTotal {
+                    customer: customer.clone(),
+                    orders: total.orders + 1,
+                    items: total.items + i64::from(order.0.quantity),
+                })
+            },
+            "totals",
+        )
+        .to_stream()
+        .to("totals");
 }
 
 /// Split, merge, map, select-key, reduce, to-table after a key change, a stream-table join
@@ -295,6 +350,7 @@ const TWINS: &[(&str, TopologyFn)] = &[
     ("dsl-page-views", page_views),
     ("dsl-enrich-orders", enrich_orders),
     ("dsl-orders-payments", orders_payments),
+    ("dsl-avro-orders", avro_orders),
     ("mixed", mixed),
     ("windowed", windowed),
     ("tables", tables),
@@ -337,7 +393,14 @@ fn description(d: &Description) -> Value {
             .map(|s| json!([s.name, s.sources, s.sinks, s.stores]))
             .collect::<Vec<_>>(),
         "global_stores": d.global_stores.iter().map(|g| json!([g.name, g.topic])).collect::<Vec<_>>(),
+        "formats": d.formats.iter()
+            .map(|f| json!([f.topic, f.key.as_ref().map(schema), f.value.as_ref().map(schema)]))
+            .collect::<Vec<_>>(),
     })
+}
+
+fn schema(s: &Schema) -> Value {
+    json!([s.kind.name(), s.text, s.message, s.imports])
 }
 
 /// A small seeded generator (xorshift), so that a failure names a seed to run again.
@@ -359,10 +422,25 @@ impl Rng {
     }
 }
 
-/// Random steps: records into the sources (keys from a few, values of a few letters; a
-/// tenth of the table records are tombstones), timestamps moving on with some out of order
-/// and some late, and a punctuation now and then.
-fn steps(rng: &mut Rng, sources: &[String], n: usize) -> Vec<Value> {
+/// A random order of a few customers, as Avro (what the host hands the topology).
+fn avro_order(rng: &mut Rng) -> Vec<u8> {
+    let order = Order {
+        id: format!("o-{}", rng.below(1_000)),
+        customer: rng.word(),
+        amount: rng.below(100_000) as f64 / 100.0,
+        quantity: rng.below(20) as i32 - 2,
+        placed: 1_733_500_000_000 + rng.below(86_400_000) as i64,
+        note: (rng.below(3) == 0).then(|| rng.word()),
+    };
+    let mut bytes = Vec::new();
+    Avro(order).encode_into(&mut bytes).unwrap();
+    bytes
+}
+
+/// Random steps: records into the sources (keys from a few, values of a few letters, or
+/// Avro orders for the Avro twin; a tenth of the table records are tombstones), timestamps
+/// moving on with some out of order and some late, and a punctuation now and then.
+fn steps(rng: &mut Rng, twin: &str, sources: &[String], n: usize) -> Vec<Value> {
     let mut steps = Vec::new();
     let mut now: i64 = 1_000;
     let tables = ["names", "customers", "directory", "accounts", "statuses"];
@@ -393,14 +471,16 @@ fn steps(rng: &mut Rng, sources: &[String], n: usize) -> Vec<Value> {
         };
         let value = if tables.contains(&source) && rng.below(10) == 0 {
             None
+        } else if twin == "dsl-avro-orders" {
+            Some(avro_order(rng))
         } else if source == "lines" {
             let words: Vec<String> = (0..rng.below(5)).map(|_| rng.word().to_uppercase()).collect();
-            Some(words.join(" "))
+            Some(words.join(" ").into_bytes())
         } else {
-            Some(rng.word())
+            Some(rng.word().into_bytes())
         };
         steps.push(json!({
-            "pipe": [source, key.as_deref().map(|k| hex(k.as_bytes())), value.as_deref().map(|v| hex(v.as_bytes())), ts]
+            "pipe": [source, key.as_deref().map(|k| hex(k.as_bytes())), value.as_deref().map(hex), ts]
         }));
     }
     steps.push(json!({ "punctuate": true }));
@@ -465,8 +545,17 @@ fn run_rust(name: &str, topology: fn(&mut StreamsBuilder), sinks: &[String], ste
     })
 }
 
+/// `$SLUICE_PYTHON`, else the venv of `dev/setup-python` (`$SLUICE_PYTHON_VENV`, which
+/// `dev/env.sh` sets: it has fastavro, which the Avro twin needs), else `python3`.
 fn python() -> String {
-    std::env::var("SLUICE_PYTHON").unwrap_or_else(|_| "python3".to_string())
+    if let Ok(python) = std::env::var("SLUICE_PYTHON") {
+        return python;
+    }
+    std::env::var("SLUICE_PYTHON_VENV")
+        .map(|venv| PathBuf::from(venv).join("bin/python"))
+        .ok()
+        .filter(|p| p.exists())
+        .map_or_else(|| "python3".to_string(), |p| p.display().to_string())
 }
 
 fn run_python(case: &Value) -> Value {
@@ -480,7 +569,7 @@ fn run_python(case: &Value) -> Value {
         .arg(&file)
         .env("PYTHONPATH", root.join("guest-sdk-python"))
         .output()
-        .expect("running python3 (set SLUICE_PYTHON to another interpreter)");
+        .expect("running Python (dev/setup-python makes its venv; or set SLUICE_PYTHON)");
     assert!(
         out.status.success(),
         "the Python twin failed:\n{}{}",
@@ -534,7 +623,7 @@ fn python_dsl_topologies_compile_and_run_as_their_rust_twins_record_for_record()
         for (name, topology) in TWINS {
             let (sources, sinks) = ends(name, *topology);
             let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ seed.wrapping_mul(0x1000_0001));
-            let steps = steps(&mut rng, &sources, 400);
+            let steps = steps(&mut rng, name, &sources, 400);
             let rust = run_rust(name, *topology, &sinks, &steps);
             records += rust["outputs"]
                 .as_object()

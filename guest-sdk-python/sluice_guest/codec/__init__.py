@@ -45,6 +45,11 @@ class Codec:
     """Turns values into bytes (``encode``) and back (``decode``)."""
 
     name = "codec"
+    #: The schema (a :class:`sluice_guest.Schema`) a topic of these keys or values carries in
+    #: the Confluent wire format: set by the codecs of :mod:`sluice_guest.formats`, so that a
+    #: DSL stream of them declares its topics' formats by itself; None (plain bytes) for the
+    #: others (the Rust SDK's ``Encode::schema``).
+    schema = None
 
     def encode(self, value) -> bytes:
         raise NotImplementedError

@@ -24,7 +24,8 @@ def q(name) -> str:
 class Node:
     """One operator of the graph, as ``describe`` sees it."""
 
-    __slots__ = ("name", "parents", "source", "sink", "stores", "reads", "internal_io", "build", "is_source")
+    __slots__ = ("name", "parents", "source", "sink", "stores", "reads", "internal_io", "build", "is_source",
+                 "formats")
 
     def __init__(self, name: str, parents: List[int], build: Callable, *, is_source: bool = False):
         self.name = name
@@ -37,6 +38,19 @@ class Node:
         # build(cx, children) -> the runtime operator (a source: with process_raw)
         self.build = build
         self.is_source = is_source
+        # The schemas of the keys and values of the topic it reads or writes, when they are in
+        # the Confluent wire format (its codecs' ``schema``): (key, value), None for bytes.
+        self.formats = (None, None)
+
+    def with_formats(self, key_codec, value_codec) -> "Node":
+        """Records the codecs' schemas as those of the topic this node reads or writes."""
+        self.formats = formats_of(key_codec, value_codec)
+        return self
+
+
+def formats_of(key_codec, value_codec) -> tuple:
+    """(key schema, value schema) of a topic of these codecs (the Rust SDK's ``Data::schema``)."""
+    return getattr(key_codec, "schema", None), getattr(value_codec, "schema", None)
 
 
 class Graph:
@@ -46,6 +60,7 @@ class Graph:
         self.nodes: List[Node] = []
         self.internal_topics: List[tuple] = []  # (name, partitions or None)
         self.global_stores: List[tuple] = []  # (store, topic)
+        self.global_formats: List[tuple] = []  # (topic, (key schema, value schema))
         self.join_repartitions: Dict[int, int] = {}
         self.cache_max_bytes: Optional[int] = None
         self.errors: List[str] = []
@@ -221,6 +236,18 @@ class Topology:
             d.subtopology(Subtopology(p.name, list(p.sources), list(p.sinks), list(p.stores)))
         for store, topic in g.global_stores:
             d.global_store(store, topic)
+        # Formats: each topic's, from the operators that read or write it (the two ends of a
+        # repartition topic have the same codecs), in the Rust SDK's order.
+        topics = [(t, n.formats) for n in g.nodes for t in (n.source, n.sink) if t is not None]
+        declared = set()
+        for topic, (key, value) in topics + g.global_formats:
+            if (key is None and value is None) or topic in declared:
+                continue
+            declared.add(topic)
+            if key is not None:
+                d.key_format(topic, key)
+            if value is not None:
+                d.value_format(topic, value)
         return d
 
     def operators(self) -> List[tuple]:

@@ -12,7 +12,7 @@ from typing import Callable, List, NamedTuple, Optional
 from .._core import Error
 from ..codec import Bytes, Codec, CodecError, U64
 from ..codec import ordered as _ordered
-from ._graph import Graph, Node, Punctuator, check_store_like, decode, encode, q
+from ._graph import Graph, Node, Punctuator, check_store_like, decode, encode, formats_of, q
 
 __all__ = [
     "StreamsBuilder", "KStream", "KTable", "GlobalKTable", "KGroupedStream", "KGroupedTable", "TimeWindows",
@@ -282,7 +282,7 @@ class StreamsBuilder:
         keys and values read with the codecs given (``Unit`` for a key nobody reads)."""
         g = self._graph
         name = g.next_name("source")
-        node = Node(name, [], _stream_source(name, source, key, value), is_source=True)
+        node = Node(name, [], _stream_source(name, source, key, value), is_source=True).with_formats(key, value)
         node.source = source
         return KStream(g, g.add(node), False, key, value)
 
@@ -310,7 +310,7 @@ class StreamsBuilder:
 
             return _Source
 
-        node = Node(name, [], build, is_source=True)
+        node = Node(name, [], build, is_source=True).with_formats(key, value)
         node.source = source
         node.stores.append(store)
         return KTable(g, g.add(node), _store_getter(store, key, value), [store], key, value)
@@ -324,6 +324,7 @@ class StreamsBuilder:
         if any(t == topic for _, t in g.global_stores):
             g.error(f"the topic {q(topic)} fills two global tables: read it once")
         g.global_stores.append((store, topic))
+        g.global_formats.append((topic, formats_of(key, value)))
         return GlobalKTable(store, key, value)
 
 
@@ -395,7 +396,7 @@ def _add_sink(g: Graph, parent: int, kind: str, sink: str, internal: bool, kc, v
             cx.out.emit(sink, k, v, ts)
         return _FnNode(process)
 
-    node = Node(name, [parent], build)
+    node = Node(name, [parent], build).with_formats(kc, vc)
     node.sink = sink
     node.internal_io = internal
     return g.add(node)
@@ -415,7 +416,8 @@ def _repartition(stream: "KStream", topic: str, partitions) -> "KStream":
     _add_internal_topic(g, topic, partitions)
     _add_sink(g, stream._node, "repartition", topic, True, stream.key_codec, stream.value_codec)
     name = g.next_name("repartition_source")
-    node = Node(name, [], _stream_source(name, topic, stream.key_codec, stream.value_codec), is_source=True)
+    node = Node(name, [], _stream_source(name, topic, stream.key_codec, stream.value_codec),
+                is_source=True).with_formats(stream.key_codec, stream.value_codec)
     node.source = topic
     node.internal_io = True
     return KStream(g, g.add(node), False, stream.key_codec, stream.value_codec)

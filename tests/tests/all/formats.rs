@@ -740,6 +740,8 @@ async fn records_of_confluents_avro_protobuf_and_json_serializers_read_and_writt
         &manifest(&name, &guest("formats-echo"), &sources, &sinks, ""),
     );
     let state = dir.path().join("state");
+    let metrics = free_port();
+    let metrics_at = format!("127.0.0.1:{metrics}");
     let mut worker = WorkerProcess::start(
         kafka().bootstrap(),
         dir.path(),
@@ -750,6 +752,8 @@ async fn records_of_confluents_avro_protobuf_and_json_serializers_read_and_writt
             state.to_str().unwrap(),
             "--schema-registry-url",
             url,
+            "--metrics",
+            &metrics_at,
         ],
     )?;
     for (i, n) in [(0, every.len()), (1, protos.len()), (2, jsons.len())] {
@@ -758,6 +762,14 @@ async fn records_of_confluents_avro_protobuf_and_json_serializers_read_and_writt
             .await
             .map_err(|e| anyhow::anyhow!("{}: {e}\n{}", names[3 + i], worker.log()))?;
     }
+    // Each schema once per worker: three writer schemas fetched, three sink schemas
+    // registered, for 500 records on six tasks (two partitions of each source).
+    let text = http_get(metrics, "/metrics")?;
+    let requests = text
+        .lines()
+        .find(|l| l.starts_with("sluice_schema_registry_requests_total"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+    assert_eq!(requests, Some(6.0), "requests to the registry:\n{text}");
     assert!(worker.terminate(Duration::from_secs(60))?.success(), "{}", worker.log());
     // Each topic read back by confluent-kafka's deserializer of its format, in and out.
     let by_key = |records: Vec<Value>| -> BTreeMap<String, Value> {
@@ -1084,7 +1096,7 @@ async fn an_upload_whose_sink_schema_the_registry_would_refuse_is_refused_with_i
     let (ok, _, err) = crate::registry::deploy(admin, &guest("avro-enrich"), &m)?;
     assert!(!ok, "refused");
     assert!(err.contains("bad-schema") && err.contains(&subject), "{err}");
-    assert!(crate::registry::listed(admin)?.get(&name).is_none(), "nothing stored");
+    assert!(!crate::registry::listed(admin)?.contains_key(&name), "nothing stored");
     // Under a subject of its own the same upload goes through.
     let m = dir.write(
         "up2.toml",
