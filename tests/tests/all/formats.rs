@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use sluice::formats::{RegistryClient, RegistrySettings};
 use sluice_tests::registry::{consume_with_confluent, produce_with_confluent, registry, PrivateRegistry};
-use sluice_tests::worker::{guest, manifest, TempDir, WorkerProcess};
+use sluice_tests::worker::{guest, manifest, shared_compile_cache, TempDir, WorkerProcess};
 use sluice_tests::{free_port, http_get, kafka, repo_root, unique_name, Received};
 use sluice_wire::SchemaKind;
 
@@ -68,23 +68,26 @@ fn truth(orders: &[Value]) -> BTreeMap<String, (i64, i64)> {
     t
 }
 
-/// The Avro orders example (`guests/dsl-avro-orders`) on two workers, the first SIGKILLed
-/// midway: every customer's last total, read back with confluent-kafka's
-/// `AvroDeserializer`, is the truth.
-async fn avro_orders_through_a_kill(guarantee: &'static str) -> anyhow::Result<()> {
+/// The Avro orders example (`guests/dsl-avro-orders`, or its Python twin
+/// `guests/python/dsl-avro-orders`) on two workers, the first SIGKILLed midway: every
+/// customer's last total, read back with confluent-kafka's `AvroDeserializer`, is the truth.
+async fn avro_orders_through_a_kill(component: &str, guarantee: &'static str) -> anyhow::Result<()> {
     let url = registry();
     let (input, output) = (unique_name("avro-orders"), unique_name("avro-totals"));
     kafka().create_topic(&input, 3).await?;
     kafka().create_topic(&output, 2).await?;
     let all = orders(0..1_500, 40);
-    let mut ex = Example::new(
-        "avroorders",
-        "dsl-avro-orders",
-        &[("orders", &input)],
-        &[("totals", &output)],
-    )
-    .under(guarantee)
-    .with_args(&registry_args(url));
+    let mut ex = Example::new("avroorders", component, &[("orders", &input)], &[("totals", &output)])
+        .under(guarantee)
+        .with_args(&registry_args(url));
+    if component.starts_with("python/") {
+        // Python components compile once per test run, into a cache the workers share.
+        let cache: Vec<&'static str> = shared_compile_cache()
+            .into_iter()
+            .map(|s| &*Box::leak(s.into_boxed_str()))
+            .collect();
+        ex = ex.with_args(&cache);
+    }
     ex.start_worker()?;
     ex.start_worker()?;
     produce_with_confluent(url, &input, "avro", &schema_file("order.avsc"), &[], &all[..700])?;
@@ -133,7 +136,7 @@ async fn avro_orders_through_a_kill(guarantee: &'static str) -> anyhow::Result<(
             .map(|(k, v)| format!("{k}: {:?} instead of {v:?}", got.get(k)))
             .collect();
         panic!(
-            "last totals per customer ({guarantee}) differ: {}; topics {input} {output}; the workers:\n{}",
+            "last totals per customer ({component}, {guarantee}) differ: {}; topics {input} {output}; the workers:\n{}",
             wrong.join(", "),
             ex.logs()
         );
@@ -143,12 +146,23 @@ async fn avro_orders_through_a_kill(guarantee: &'static str) -> anyhow::Result<(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn avro_orders_are_counted_per_customer_exactly_through_a_kill_under_exactly_once() -> anyhow::Result<()> {
-    avro_orders_through_a_kill("exactly-once").await
+    avro_orders_through_a_kill("dsl-avro-orders", "exactly-once").await
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn avro_orders_are_counted_per_customer_exactly_through_a_kill_at_least_once() -> anyhow::Result<()> {
-    avro_orders_through_a_kill("at-least-once").await
+    avro_orders_through_a_kill("dsl-avro-orders", "at-least-once").await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_python_avro_orders_are_counted_per_customer_exactly_through_a_kill_under_exactly_once(
+) -> anyhow::Result<()> {
+    avro_orders_through_a_kill("python/dsl-avro-orders", "exactly-once").await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_python_avro_orders_are_counted_per_customer_exactly_through_a_kill_at_least_once() -> anyhow::Result<()> {
+    avro_orders_through_a_kill("python/dsl-avro-orders", "at-least-once").await
 }
 
 // --- Bad records ---------------------------------------------------------------------------
@@ -688,6 +702,19 @@ fn json_orders(n: usize) -> Vec<Value> {
 #[tokio::test(flavor = "multi_thread")]
 async fn records_of_confluents_avro_protobuf_and_json_serializers_read_and_written_by_a_rust_topology_read_back_equal(
 ) -> anyhow::Result<()> {
+    echoed_as_confluent_wrote_them("formats-echo").await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn records_of_confluents_avro_protobuf_and_json_serializers_read_and_written_by_a_python_topology_read_back_equal(
+) -> anyhow::Result<()> {
+    echoed_as_confluent_wrote_them("python/formats-echo").await
+}
+
+/// Records of every Avro type, Protobuf and JSON Schema orders written by confluent-kafka's
+/// serializers, through the echo topology `component` (`guests/formats-echo` or its Python
+/// twin), read back by confluent-kafka's deserializers: equal, value for value.
+async fn echoed_as_confluent_wrote_them(component: &str) -> anyhow::Result<()> {
     let url = registry();
     let dir = TempDir::new("interop");
     let names = ["every_in", "proto_in", "json_in", "every_out", "proto_out", "json_out"];
@@ -735,27 +762,26 @@ async fn records_of_confluents_avro_protobuf_and_json_serializers_read_and_writt
         .copied()
         .zip(topics[3..].iter().map(String::as_str))
         .collect();
-    let m = dir.write(
-        "echo.toml",
-        &manifest(&name, &guest("formats-echo"), &sources, &sinks, ""),
-    );
+    let m = dir.write("echo.toml", &manifest(&name, &guest(component), &sources, &sinks, ""));
     let state = dir.path().join("state");
     let metrics = free_port();
     let metrics_at = format!("127.0.0.1:{metrics}");
-    let mut worker = WorkerProcess::start(
-        kafka().bootstrap(),
-        dir.path(),
-        &[
-            "--topology",
-            m.to_str().unwrap(),
-            "--state-dir",
-            state.to_str().unwrap(),
-            "--schema-registry-url",
-            url,
-            "--metrics",
-            &metrics_at,
-        ],
-    )?;
+    let mut args = vec![
+        "--topology".to_string(),
+        m.display().to_string(),
+        "--state-dir".to_string(),
+        state.display().to_string(),
+        "--schema-registry-url".to_string(),
+        url.to_string(),
+        "--metrics".to_string(),
+        metrics_at,
+    ];
+    if component.starts_with("python/") {
+        // Python components compile once per test run, into a cache the workers share.
+        args.extend(shared_compile_cache());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut worker = WorkerProcess::start(kafka().bootstrap(), dir.path(), &args)?;
     for (i, n) in [(0, every.len()), (1, protos.len()), (2, jsons.len())] {
         kafka()
             .consume(&topics[3 + i], n, Duration::from_secs(120))
@@ -795,7 +821,7 @@ async fn records_of_confluents_avro_protobuf_and_json_serializers_read_and_writt
             assert_eq!(
                 read.get(key),
                 Some(value),
-                "{format} record {key}: what Sluice wrote differs from what it read"
+                "{format} record {key}: what {component} wrote differs from what it read"
             );
         }
     }
@@ -804,7 +830,7 @@ async fn records_of_confluents_avro_protobuf_and_json_serializers_read_and_writt
     let wrote = by_key(consume_with_confluent(url, &topics[3], "avro", generated.len(), &[])?);
     assert_eq!(
         wrote, generated,
-        "the records of every Avro type, through Sluice, as generated"
+        "the records of every Avro type, through {component}, as generated"
     );
     Ok(())
 }
