@@ -6,6 +6,7 @@
 //! guest's `serde_avro_fast` (with the enrichment and the boundary), Java's
 //! `GenericDatumReader`/`GenericDatumWriter`.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -136,7 +137,7 @@ pub async fn run(args: AvroArgs) -> anyhow::Result<()> {
             0,
         ));
     }
-    tokio::task::block_in_place(|| {
+    let outputs = tokio::task::block_in_place(|| {
         compare(
             &args.bootstrap,
             &input,
@@ -147,10 +148,105 @@ pub async fn run(args: AvroArgs) -> anyhow::Result<()> {
             &[("sluice", "kafka streams")],
         )
     })?;
+    // The figures count only if every run wrote the same records: each key's Avro payloads
+    // after the framing (Avro binary is one encoding per value), the first run's the truth.
+    let mut truth: Option<(String, Written)> = None;
+    for (system, topic) in &outputs {
+        let written = tokio::task::block_in_place(|| written(&args.bootstrap, topic))?;
+        match &truth {
+            None => truth = Some((format!("{system} ({topic})"), written)),
+            Some((first, want)) => {
+                if let Some(difference) = differ(want, &written) {
+                    anyhow::bail!("{system} ({topic}) wrote other records than {first}: {difference}");
+                }
+            }
+        }
+    }
+    if let Some((_, want)) = &truth {
+        println!(
+            "  outputs: each of the {} runs wrote the same {} records (keys and Avro payloads, record for record)",
+            outputs.len(),
+            want.values().map(Vec::len).sum::<usize>()
+        );
+    }
     if let Some(cp) = &args.kafka_streams_classpath {
         java_costs(&args, cp, &framed, &reader_arg, &enriched_arg)?;
     }
     Ok(())
+}
+
+/// What a run wrote: each key's payloads (the bytes after the Confluent framing), sorted.
+type Written = BTreeMap<Vec<u8>, Vec<Vec<u8>>>;
+
+/// Reads `topic` from its start to its end.
+fn written(bootstrap: &str, topic: &str) -> anyhow::Result<Written> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", format!("bench-avro-check-{topic}"))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()?;
+    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    let partitions = metadata.topics().first().map_or(0, |t| t.partitions().len() as i32);
+    let mut assignment = TopicPartitionList::new();
+    let mut ends = BTreeMap::new();
+    for p in 0..partitions {
+        let (low, high) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10))?;
+        if high > low {
+            assignment.add_partition_offset(topic, p, Offset::Beginning)?;
+            ends.insert(p, high);
+        }
+    }
+    consumer.assign(&assignment)?;
+    let mut out = Written::new();
+    let check = crate::deadline("reading an output back", Duration::from_secs(300));
+    while !ends.is_empty() {
+        check()?;
+        let Some(message) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let message = message?;
+        let value = message.payload().unwrap_or_default();
+        anyhow::ensure!(
+            value.len() >= 5 && value[0] == 0,
+            "{topic}/{}@{}: not in the Confluent wire format",
+            message.partition(),
+            message.offset()
+        );
+        out.entry(message.key().unwrap_or_default().to_vec())
+            .or_default()
+            .push(value[5..].to_vec());
+        if ends
+            .get(&message.partition())
+            .is_some_and(|end| message.offset() + 1 >= *end)
+        {
+            ends.remove(&message.partition());
+        }
+    }
+    for payloads in out.values_mut() {
+        payloads.sort();
+    }
+    Ok(out)
+}
+
+/// The first key whose records differ between `want` and `got`, said.
+fn differ(want: &Written, got: &Written) -> Option<String> {
+    let count = |w: &Written| w.values().map(Vec::len).sum::<usize>();
+    if count(want) != count(got) {
+        return Some(format!("{} records instead of {}", count(got), count(want)));
+    }
+    want.iter().chain(got.iter()).find_map(|(key, _)| {
+        (want.get(key) != got.get(key)).then(|| {
+            format!(
+                "key {:?}: {} record(s) instead of {}, or other bytes",
+                String::from_utf8_lossy(key),
+                got.get(key).map_or(0, Vec::len),
+                want.get(key).map_or(0, Vec::len)
+            )
+        })
+    })
 }
 
 /// Decode and encode on their own, per record: the host's plan over the framed payloads,

@@ -319,7 +319,8 @@ pub async fn windowed_count(args: WindowedCountArgs) -> anyhow::Result<()> {
         args.rounds,
         &systems,
         &[("sluice dsl", "streams dsl")],
-    )
+    )?;
+    Ok(())
 }
 
 /// A system under test: Sluice running a component, or a Kafka Streams application.
@@ -383,7 +384,8 @@ impl Contender {
 /// source) until its group has committed all of its `records` (and all of its repartition
 /// topic), and prints each run's rate of `items` (`unit`: words, events), CPU per item and
 /// peak RSS, the medians, and the ratio of each pair `(ours, peer)` that ran. Sluice's
-/// workers share a compile cache, filled before the first round.
+/// workers share a compile cache, filled before the first round. Returns each run's
+/// (system, output topic), for a caller that checks what they wrote.
 pub(crate) fn compare(
     bootstrap: &str,
     input: &str,
@@ -392,7 +394,7 @@ pub(crate) fn compare(
     rounds: usize,
     systems: &[Contender],
     pairs: &[(&str, &str)],
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<(String, String)>> {
     let id = uuid::Uuid::new_v4().simple().to_string();
     let dir = std::env::temp_dir().join(format!("sluice-bench-cmp-{id}"));
     std::fs::create_dir_all(&dir)?;
@@ -418,6 +420,7 @@ pub(crate) fn compare(
     }
     let runtime = tokio::runtime::Handle::current();
     let mut results: Vec<(&str, f64, u64, f64)> = Vec::new();
+    let mut outputs = Vec::new();
     for round in 0..rounds.max(1) {
         for system in systems {
             let run = format!("{}-{round}-{id}", system.name.replace(' ', "-"));
@@ -486,6 +489,7 @@ pub(crate) fn compare(
                 unit.trim_end_matches('s'),
             );
             results.push((system.name, s, rss, cpu));
+            outputs.push((system.name.to_string(), output));
         }
     }
     let mut medians = BTreeMap::new();
@@ -513,7 +517,7 @@ pub(crate) fn compare(
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
-    Ok(())
+    Ok(outputs)
 }
 
 /// Runs the two-stage word count over `lines` × 5 words and samples its repartition topic
