@@ -1,7 +1,8 @@
 //! Test topology: for each format of a Schema Registry, records decoded into Rust types with
 //! the SDK's codecs and written again — Avro (`every_in` → `every_out`, a record of every
 //! Avro type, `schemas/every.avsc`), Protobuf (`proto_in` → `proto_out`, `schemas/order.proto`)
-//! and JSON Schema (`json_in` → `json_out`, `schemas/order.json`). What comes out must equal
+//! and JSON Schema (`json_in` → `json_out`, `schemas/order.json`), and JSON orders keyed by an
+//! Avro record (`keyed_in` → `keyed_out`, `schemas/order-key.avsc`). What comes out must equal
 //! what went in, read by another client (the interop tests read it with confluent-kafka).
 
 use std::collections::BTreeMap;
@@ -135,6 +136,16 @@ impl ProtoSchema for ProtoOrder {
     const MESSAGE: &'static str = "interop.Order";
 }
 
+/// `schemas/order-key.avsc`: a composite key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(crate = "sluice_guest::serde")]
+pub struct OrderKey {
+    pub id: String,
+    pub shard: i32,
+}
+
+sluice_guest::avro_schema!(OrderKey, include_str!("../schemas/order-key.avsc"));
+
 /// `schemas/order.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(crate = "sluice_guest::serde", deny_unknown_fields)]
@@ -165,15 +176,21 @@ impl Processor for FormatsEcho {
             .source("every_in")
             .source("proto_in")
             .source("json_in")
+            .source("keyed_in")
             .sink("every_out")
             .sink("proto_out")
             .sink("json_out")
+            .sink("keyed_out")
             .value_format("every_in", Avro::<Every>::schema())
             .value_format("every_out", Avro::<Every>::schema())
             .value_format("proto_in", Protobuf::<ProtoOrder>::schema())
             .value_format("proto_out", Protobuf::<ProtoOrder>::schema())
             .value_format("json_in", JsonSchema::<JsonOrder>::schema())
             .value_format("json_out", JsonSchema::<JsonOrder>::schema())
+            .key_format("keyed_in", Avro::<OrderKey>::schema())
+            .key_format("keyed_out", Avro::<OrderKey>::schema())
+            .value_format("keyed_in", JsonSchema::<JsonOrder>::schema())
+            .value_format("keyed_out", JsonSchema::<JsonOrder>::schema())
     }
 
     fn init(_task: &TaskInfo) -> Result<Self, Error> {
@@ -189,6 +206,11 @@ impl Processor for FormatsEcho {
             "proto_in" => {
                 let order: Protobuf<ProtoOrder> = record.value_as()?;
                 ctx.emit("proto_out", record.key(), &order)
+            }
+            "keyed_in" => {
+                let key: Avro<OrderKey> = record.key_as()?;
+                let order: JsonSchema<JsonOrder> = record.value_as()?;
+                ctx.emit("keyed_out", Some(&key), &order)
             }
             _ => {
                 let order: JsonSchema<JsonOrder> = record.value_as()?;

@@ -1,8 +1,8 @@
 """Test topology: the Python twin of `guests/formats-echo`. For each format of a Schema
 Registry, records are decoded with the SDK's codecs and written again — Avro (`every_in` →
 `every_out`, a record of every Avro type, as fastavro reads it), Protobuf (`proto_in` →
-`proto_out`, `interop.Order`) and JSON Schema (`json_in` → `json_out`) — from the Rust
-guest's schema files. What comes out must equal what went in, read by another client (the
+`proto_out`, `interop.Order`) and JSON Schema (`json_in` → `json_out`), and JSON orders keyed
+by an Avro record (`keyed_in` → `keyed_out`) — from the Rust guest's schema files. What comes out must equal what went in, read by another client (the
 interop tests read it with confluent-kafka)."""
 
 import os
@@ -64,6 +64,7 @@ def _order_class():
 EVERY = Avro(_schema("every.avsc"))
 ORDER_PROTO = Protobuf(_order_class(), _schema("order.proto"))
 ORDER_JSON = JsonSchema(_schema("order.json"))
+ORDER_KEY = Avro(_schema("order-key.avsc"))
 
 _ECHO = {"every_in": ("every_out", EVERY), "proto_in": ("proto_out", ORDER_PROTO),
          "json_in": ("json_out", ORDER_JSON)}
@@ -75,11 +76,17 @@ class FormatsEcho(Processor):
         d = Description("formats-echo")
         for source, (sink, codec) in _ECHO.items():
             d = d.source(source).sink(sink).value_format(source, codec).value_format(sink, codec)
-        return d
+        return (d.source("keyed_in").sink("keyed_out")
+                .key_format("keyed_in", ORDER_KEY).key_format("keyed_out", ORDER_KEY)
+                .value_format("keyed_in", ORDER_JSON).value_format("keyed_out", ORDER_JSON))
 
     def init(self, task):
         pass
 
     def process(self, record, ctx):
+        if record.source == "keyed_in":
+            ctx.emit("keyed_out", record.key_as(ORDER_KEY), record.value_as(ORDER_JSON), key_codec=ORDER_KEY,
+                     value_codec=ORDER_JSON)
+            return
         sink, codec = _ECHO[record.source]
         ctx.emit(sink, record.key, record.value_as(codec), value_codec=codec)

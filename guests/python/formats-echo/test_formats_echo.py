@@ -5,7 +5,7 @@ import uuid
 
 from sluice_guest.testing import TestDriver
 
-from formats_echo import EVERY, ORDER_JSON, ORDER_PROTO, FormatsEcho, _schema
+from formats_echo import EVERY, ORDER_JSON, ORDER_KEY, ORDER_PROTO, FormatsEcho, _schema
 
 
 def test_the_order_class_has_the_fields_of_order_proto():
@@ -44,3 +44,6 @@ def test_each_format_comes_out_as_it_went_in():
     assert [v for _, v, _ in driver.read("every_out", value_codec=EVERY)] == [every]
     assert [v for _, v, _ in driver.read("proto_out", value_codec=ORDER_PROTO)] == [order]
     assert [v for _, v, _ in driver.read("json_out", value_codec=ORDER_JSON)] == [json_order]
+    driver.pipe("keyed_in", {"id": "j-1", "shard": 3}, json_order, key_codec=ORDER_KEY, value_codec=ORDER_JSON)
+    assert [(k, v) for k, v, _ in driver.read("keyed_out", ORDER_KEY, ORDER_JSON)] == [({"id": "j-1", "shard": 3},
+                                                                                       json_order)]

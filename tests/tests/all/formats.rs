@@ -722,6 +722,11 @@ async fn echoed_as_confluent_wrote_them(component: &str) -> anyhow::Result<()> {
     for t in &topics {
         kafka().create_topic(t, 2).await?;
     }
+    // JSON orders keyed by an Avro record, out to five partitions: where Java's default
+    // partitioner puts a framed key is where Sluice must put it.
+    let (keyed_in, keyed_out) = (unique_name("interop-keyed-in"), unique_name("interop-keyed-out"));
+    kafka().create_topic(&keyed_in, 2).await?;
+    kafka().create_topic(&keyed_out, 5).await?;
     let descriptors = proto_descriptor_set(&dir)?;
     let descriptors_arg = descriptors.display().to_string();
     // 300 random records of every Avro type, 100 Protobuf orders, 100 JSON orders.
@@ -750,18 +755,31 @@ async fn echoed_as_confluent_wrote_them(component: &str) -> anyhow::Result<()> {
     )?;
     let jsons = json_orders(100);
     produce_with_confluent(url, &topics[2], "json", &echo_schema("order.json"), &[], &jsons)?;
+    let keyed: Vec<Value> = json_orders(200)
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut r)| {
+            r["key"] = json!({"id": format!("j-{i}"), "shard": (i % 7) as i64 - 3});
+            r
+        })
+        .collect();
+    let key_schema = echo_schema("order-key.avsc").display().to_string();
+    let keyed_args = ["--key-format", "avro", "--key-schema", key_schema.as_str()];
+    produce_with_confluent(url, &keyed_in, "json", &echo_schema("order.json"), &keyed_args, &keyed)?;
 
     let name = unique_name("echo");
-    let sources: Vec<(&str, &str)> = names[..3]
+    let mut sources: Vec<(&str, &str)> = names[..3]
         .iter()
         .copied()
         .zip(topics[..3].iter().map(String::as_str))
         .collect();
-    let sinks: Vec<(&str, &str)> = names[3..]
+    sources.push(("keyed_in", &keyed_in));
+    let mut sinks: Vec<(&str, &str)> = names[3..]
         .iter()
         .copied()
         .zip(topics[3..].iter().map(String::as_str))
         .collect();
+    sinks.push(("keyed_out", &keyed_out));
     let m = dir.write("echo.toml", &manifest(&name, &guest(component), &sources, &sinks, ""));
     let state = dir.path().join("state");
     let metrics = free_port();
@@ -788,14 +806,32 @@ async fn echoed_as_confluent_wrote_them(component: &str) -> anyhow::Result<()> {
             .await
             .map_err(|e| anyhow::anyhow!("{}: {e}\n{}", names[3 + i], worker.log()))?;
     }
-    // Each schema once per worker: three writer schemas fetched, three sink schemas
-    // registered, for 500 records on six tasks (two partitions of each source).
+    let keyed_framed = kafka()
+        .consume(&keyed_out, keyed.len(), Duration::from_secs(120))
+        .await
+        .map_err(|e| anyhow::anyhow!("keyed_out: {e}\n{}", worker.log()))?;
+    // Each schema once per worker: each writer schema id the inputs carry fetched, each of
+    // the five sink subjects registered, for 700 records on eight tasks.
+    let mut ids = std::collections::BTreeSet::new();
+    for topic in topics[..3].iter().chain([&keyed_in]) {
+        for r in kafka().read_all(topic, Duration::from_secs(30))? {
+            for framed in [r.key.as_deref(), r.value.as_deref()].into_iter().flatten() {
+                if framed.first() == Some(&0) && framed.len() >= 5 {
+                    ids.insert(u32::from_be_bytes(framed[1..5].try_into().unwrap()));
+                }
+            }
+        }
+    }
     let text = http_get(metrics, "/metrics")?;
     let requests = text
         .lines()
         .find(|l| l.starts_with("sluice_schema_registry_requests_total"))
         .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
-    assert_eq!(requests, Some(6.0), "requests to the registry:\n{text}");
+    assert_eq!(
+        requests,
+        Some((ids.len() + 5) as f64),
+        "requests to the registry for the writer ids {ids:?} and five sink subjects:\n{text}"
+    );
     assert!(worker.terminate(Duration::from_secs(60))?.success(), "{}", worker.log());
     // Each topic read back by confluent-kafka's deserializer of its format, in and out.
     let by_key = |records: Vec<Value>| -> BTreeMap<String, Value> {
@@ -824,6 +860,33 @@ async fn echoed_as_confluent_wrote_them(component: &str) -> anyhow::Result<()> {
                 "{format} record {key}: what {component} wrote differs from what it read"
             );
         }
+    }
+    // Avro keys: read back as they were written, each on the partition Java's producer picks
+    // for its framed bytes.
+    let args = ["--key-format", "avro"];
+    let read: BTreeMap<String, Value> = consume_with_confluent(url, &keyed_out, "json", keyed.len(), &args)?
+        .into_iter()
+        .map(|r| (r["key"].to_string(), r["value"].clone()))
+        .collect();
+    let want: BTreeMap<String, Value> = keyed
+        .iter()
+        .map(|r| (r["key"].to_string(), r["value"].clone()))
+        .collect();
+    assert_eq!(read, want, "JSON orders with Avro keys, through {component}");
+    let framed_keys: Vec<Vec<u8>> = keyed_framed.iter().map(|r| r.key.clone().unwrap()).collect();
+    let reference = unique_name("interop-keyed-java");
+    kafka().create_topic(&reference, 5).await?;
+    let java = kafka().produce_with_java(&reference, &framed_keys)?;
+    let used: std::collections::BTreeSet<i32> = keyed_framed.iter().map(|r| r.partition).collect();
+    assert_eq!(used.len(), 5, "the keys cover every partition of {keyed_out}: {used:?}");
+    for r in &keyed_framed {
+        assert_eq!(
+            java.get(r.key.as_ref().unwrap()),
+            Some(&r.partition),
+            "the framed Avro key {:02x?} is on partition {}, not where Java's partitioner puts it",
+            r.key,
+            r.partition
+        );
     }
     // What confluent-kafka wrote for Avro is what the test generated, value for value.
     let generated = by_key(every);
