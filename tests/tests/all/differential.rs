@@ -74,7 +74,7 @@ fn peer_classpath() -> anyhow::Result<String> {
 }
 
 /// A Kafka Streams application running one of the example topologies.
-struct Peer {
+pub(crate) struct Peer {
     child: Child,
     log: PathBuf,
     app: String,
@@ -82,15 +82,25 @@ struct Peer {
 
 impl Peer {
     fn start(app: &str, guarantee: &str, topology: &str, roles: &[(&str, &str)]) -> anyhow::Result<Peer> {
+        // Kafka Streams' default record cache (10 MiB), as its users run it.
+        let mut args: Vec<String> = [kafka().bootstrap(), app, guarantee, "10485760", topology]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        args.extend(roles.iter().map(|(role, topic)| format!("{role}={topic}")));
+        Peer::spawn(app, "Dsl", &args)
+    }
+
+    /// Starts `dev.sluice.bench.CLASS ARGS` of `bench/kafka-streams` and waits until it prints
+    /// `RUNNING` (Kafka Streams' state).
+    pub(crate) fn spawn(app: &str, class: &str, args: &[String]) -> anyhow::Result<Peer> {
         let classpath = peer_classpath()?;
         let log = std::env::temp_dir().join(format!("{app}.log"));
         let mut child = Command::new("java")
             .args(["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp"])
             .arg(&classpath)
-            .arg("dev.sluice.bench.Dsl")
-            // Kafka Streams' default record cache (10 MiB), as its users run it.
-            .args([kafka().bootstrap(), app, guarantee, "10485760", topology])
-            .args(roles.iter().map(|(role, topic)| format!("{role}={topic}")))
+            .arg(format!("dev.sluice.bench.{class}"))
+            .args(args)
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log)?)
             .spawn()?;
@@ -122,14 +132,17 @@ impl Peer {
         }
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(60)..].join("\n")
     }
 
     /// SIGTERM (Kafka Streams closes), then SIGKILL if it has not exited in 30 s.
-    fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
         let _ = Command::new("kill").arg(self.child.id().to_string()).status();
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {

@@ -15,7 +15,7 @@ use sluice_tests::worker::{guest, manifest, shared_compile_cache, TempDir, Worke
 use sluice_tests::{free_port, http_get, kafka, repo_root, unique_name, Received};
 use sluice_wire::SchemaKind;
 
-use crate::differential::caught_up_internally;
+use crate::differential::{caught_up_internally, Peer};
 use crate::dsl_examples::{committed, Example};
 
 /// A file of the Avro orders example (`guests/dsl-avro-orders/schemas/`).
@@ -631,6 +631,144 @@ async fn records_of_version_1_writers_read_with_the_default_then_version_2_write
     assert_eq!(
         channels, want,
         "version 1 records take the reader's default, version 2 ones their own"
+    );
+    Ok(())
+}
+
+/// A third writer of orders, as a team with its own ideas writes them: fields in another
+/// order, `id` as bytes, `amount` as a float, `note` without its union, a field the reader
+/// lacks (`coupon`) and no `channel`. Avro resolves each of these (bytes → string, float →
+/// double, a branch of the reader's union, a skipped field, a default).
+const ORDER_V3: &str = r#"{"type": "record", "name": "Order", "namespace": "shop", "fields": [
+  {"name": "placed", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+  {"name": "quantity", "type": "int"},
+  {"name": "coupon", "type": {"type": "array", "items": "string"}},
+  {"name": "customer", "type": "string"},
+  {"name": "amount", "type": "float"},
+  {"name": "note", "type": "string"},
+  {"name": "id", "type": "bytes"}]}"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn three_writer_versions_resolved_by_sluice_agree_with_kafka_streams_and_avros_java_library() -> anyhow::Result<()>
+{
+    let url = registry();
+    let dir = TempDir::new("avro-diff");
+    let (input, ours, theirs) = (
+        unique_name("avro-diff-in"),
+        unique_name("avro-diff-sluice"),
+        unique_name("avro-diff-streams"),
+    );
+    kafka().create_topic(&input, 3).await?;
+    kafka().create_topic(&ours, 3).await?;
+    kafka().create_topic(&theirs, 3).await?;
+    let v3 = dir.write("order-v3.avsc", ORDER_V3);
+    let placed = |i: usize| json!({"$timestamp_ms": 1_733_500_000_000i64 + (i * 997) as i64});
+    // Amounts that are not exact in binary, quantities 0 to 4 (the zeros are dropped), writers
+    // interleaved: version 1, 2, 3, then 1 again.
+    let v1: Vec<Value> = (0..300)
+        .map(|i| {
+            let note = if i % 2 == 0 {
+                Value::Null
+            } else {
+                json!(format!("n{i}"))
+            };
+            json!({"key": format!("a-{i}"), "value": {"id": format!("a-{i}"), "customer": format!("c{}", i % 17),
+                "amount": i as f64 * 0.37, "quantity": (i % 5) as i64, "placed": placed(i), "note": note}})
+        })
+        .collect();
+    const CHANNELS: [&str; 3] = ["app", "store", "web"];
+    let v2: Vec<Value> = (0..300)
+        .map(|i| {
+            json!({"key": format!("b-{i}"), "value": {"id": format!("b-{i}"), "customer": format!("c{}", i % 13),
+                "amount": 1e-3 * i as f64 + 271.0, "quantity": (i % 5) as i64, "placed": placed(i), "note": null,
+                "channel": CHANNELS[i % 3]}})
+        })
+        .collect();
+    let v3_orders: Vec<Value> = (0..300)
+        .map(|i| {
+            let id: String = format!("c-{i}").bytes().map(|b| format!("{b:02x}")).collect();
+            json!({"key": format!("c-{i}"), "value": {"placed": placed(i), "quantity": (i % 5) as i64,
+                "coupon": [format!("x{i}")], "customer": format!("c{}", i % 11), "amount": 0.1 + i as f64 * 0.77,
+                "note": format!("é{i}"), "id": {"$bytes": id}}})
+        })
+        .collect();
+    produce_with_confluent(url, &input, "avro", &schema_file("order.avsc"), &[], &v1[..150])?;
+    produce_with_confluent(url, &input, "avro", &enrich_schema("order-v2.avsc"), &[], &v2)?;
+    produce_with_confluent(url, &input, "avro", &v3, &[], &v3_orders)?;
+    produce_with_confluent(url, &input, "avro", &schema_file("order.avsc"), &[], &v1[150..])?;
+    let kept = [&v1, &v2, &v3_orders]
+        .iter()
+        .flat_map(|orders| orders.iter())
+        .filter(|o| o["value"]["quantity"] != json!(0))
+        .count();
+
+    let (_, path) = enrich_manifest(&dir, &input, &ours, "");
+    let mut worker = start_enrich(&dir, &path, url, &[])?;
+    let app = unique_name("avro-diff-app");
+    let peer_args: Vec<String> = [
+        kafka().bootstrap(),
+        input.as_str(),
+        theirs.as_str(),
+        app.as_str(),
+        "2",
+        url,
+        &enrich_schema("order-v2.avsc").display().to_string(),
+        &enrich_schema("enriched-order.avsc").display().to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut peer = Peer::spawn(&app, "AvroEnrich", &peer_args)?;
+    let our_records = kafka()
+        .consume(&ours, kept, Duration::from_secs(120))
+        .await
+        .map_err(|e| anyhow::anyhow!("Sluice's output: {e}\n{}", worker.log()))?;
+    let their_records = kafka()
+        .consume(&theirs, kept, Duration::from_secs(120))
+        .await
+        .map_err(|e| anyhow::anyhow!("Kafka Streams' output: {e}\n{}", peer.log()))?;
+    assert!(worker.terminate(Duration::from_secs(60))?.success(), "{}", worker.log());
+    peer.stop();
+
+    // Record for record: each key's value, decoded by confluent-kafka, and its Avro bytes.
+    let decoded = |topic: &str| -> anyhow::Result<BTreeMap<String, Value>> {
+        Ok(consume_with_confluent(url, topic, "avro", kept, &[])?
+            .into_iter()
+            .map(|r| (r["key"].as_str().unwrap().to_string(), r["value"].clone()))
+            .collect())
+    };
+    let (ours_decoded, theirs_decoded) = (decoded(&ours)?, decoded(&theirs)?);
+    assert_eq!(theirs_decoded.len(), kept, "Kafka Streams: one result per order kept");
+    let differ: Vec<String> = theirs_decoded
+        .iter()
+        .filter(|(k, v)| ours_decoded.get(*k) != Some(v))
+        .take(5)
+        .map(|(k, v)| format!("{k}: Sluice {:?}, Kafka Streams {v}", ours_decoded.get(k)))
+        .collect();
+    assert!(
+        differ.is_empty() && ours_decoded.len() == kept,
+        "{} results of Sluice's, {kept} of Kafka Streams'; differing: {}",
+        ours_decoded.len(),
+        differ.join("; ")
+    );
+    let payloads = |records: &[Received]| -> BTreeMap<Vec<u8>, Vec<u8>> {
+        records
+            .iter()
+            .map(|r| (r.key.clone().unwrap(), r.value.as_ref().unwrap()[5..].to_vec()))
+            .collect()
+    };
+    assert!(
+        payloads(&our_records) == payloads(&their_records),
+        "the same values, but other Avro bytes"
+    );
+    // The third writer's orders are among them, read through every resolution it needs.
+    let v3_seen = theirs_decoded
+        .values()
+        .filter(|v| v["id"].as_str().is_some_and(|id| id.starts_with("c-")))
+        .count();
+    assert_eq!(
+        v3_seen,
+        v3_orders.iter().filter(|o| o["value"]["quantity"] != json!(0)).count()
     );
     Ok(())
 }

@@ -14,6 +14,7 @@ import java.util.Map;
 import java.util.Properties;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 
@@ -42,7 +43,8 @@ import org.apache.kafka.streams.kstream.Produced;
  * id in each record, fetched once and cached) resolved against the reader schema (one
  * GenericDatumReader per writer id, which resolves the pair once, as Confluent's
  * KafkaAvroDeserializer does), enriched with their total, orders of quantity 0 dropped, and
- * written as Avro under the output topic's subject, registered once. Runs until SIGTERM.
+ * written as Avro under the output topic's subject, registered once. Prints `RUNNING` to stdout
+ * once running; runs until SIGTERM.
  *
  * <p>With {@code --micro RECORDS}, it times decoding and encoding alone instead (JIT warmed).
  */
@@ -82,6 +84,13 @@ public final class AvroEnrich {
                 .to(args[2], Produced.with(Serdes.ByteArray(), out));
 
         KafkaStreams streams = new KafkaStreams(builder.build(), props);
+        AtomicBoolean announced = new AtomicBoolean();
+        streams.setStateListener((now, before) -> {
+            if (now == KafkaStreams.State.RUNNING && announced.compareAndSet(false, true)) {
+                System.out.println("RUNNING");
+                System.out.flush();
+            }
+        });
         CountDownLatch done = new CountDownLatch(1);
         Runtime.getRuntime().addShutdownHook(new Thread(() -> {
             streams.close();
