@@ -1,6 +1,7 @@
 //! Fuzzing of everything that decodes bytes it did not write: the record wire format
 //! (guest output is hostile), member metadata and assignments (any group member can send
-//! them) and manifests (a tenant writes them).
+//! them), manifests (a tenant writes them), and records and schemas of a Schema Registry
+//! (a tenant writes records, whoever may register one writes schemas).
 //!
 //! Each property runs `SLUICE_FUZZ_CASES` cases (default 20,000: about a second, as CI runs
 //! it); `dev/fuzz` runs a longer budget and prints the figures. A decoder must return an
@@ -251,6 +252,179 @@ fn the_manifest_parser_survives_any_text() {
             // Only errors and manifests; an error names the file.
             if let Err(e) = Manifest::parse(&text, "fuzz.toml", Path::new("/deploy")) {
                 prop_assert!(e.to_string().contains("fuzz.toml"), "{}", e);
+            }
+            Ok(())
+        })
+        .unwrap();
+}
+
+// --- Records and schemas of a Schema Registry ---------------------------------------------
+
+/// A record of every Avro type, and a reader of it evolved every way Avro resolves whatever
+/// the writer wrote (not bytes to string: bytes that are not UTF-8 fail that one).
+const AVRO_WRITER: &str = r#"{"type":"record","name":"Every","namespace":"t","fields":[
+    {"name":"n","type":"null"}, {"name":"b","type":"boolean"}, {"name":"i","type":"int"},
+    {"name":"l","type":"long"}, {"name":"f","type":"float"}, {"name":"d","type":"double"},
+    {"name":"by","type":"bytes"}, {"name":"s","type":"string"},
+    {"name":"fx","type":{"type":"fixed","name":"Four","size":4}},
+    {"name":"e","type":{"type":"enum","name":"Suit","symbols":["CLUBS","DIAMONDS","HEARTS","SPADES"]}},
+    {"name":"a","type":{"type":"array","items":"long"}},
+    {"name":"m","type":{"type":"map","values":"string"}},
+    {"name":"u","type":["null","string","long"]},
+    {"name":"r","type":{"type":"record","name":"Inner","fields":[{"name":"x","type":"int"},
+        {"name":"next","type":["null","Inner"],"default":null}]}},
+    {"name":"dec","type":{"type":"bytes","logicalType":"decimal","precision":6,"scale":2}}]}"#;
+const AVRO_READER: &str = r#"{"type":"record","name":"Every","namespace":"t","fields":[
+    {"name":"s","type":"bytes"}, {"name":"i","type":"double"}, {"name":"l","type":"float"},
+    {"name":"by","type":"bytes"}, {"name":"added","type":{"type":"array","items":"int"},"default":[1,2]},
+    {"name":"e","type":{"type":"enum","name":"Suit","symbols":["SPADES","HEARTS","DIAMONDS","CLUBS"]}},
+    {"name":"a","type":{"type":"array","items":"double"}},
+    {"name":"u","type":["string","null","double"]},
+    {"name":"r","type":{"type":"record","name":"Inner","fields":[{"name":"y","type":"int","default":7},
+        {"name":"x","type":"long"},{"name":"next","type":["null","Inner"],"default":null}]}},
+    {"name":"dec","type":{"type":"bytes","logicalType":"decimal","precision":6,"scale":2}}]}"#;
+const PROTO: &str = r#"syntax = "proto3";
+package fuzz;
+message Order {
+  string id = 1;
+  int32 quantity = 2;
+  double price = 3;
+  repeated string tags = 4;
+  message Line { string sku = 1; sint64 count = 2; fixed32 f = 3; }
+  repeated Line lines = 5;
+  enum Status { NEW = 0; PAID = 1; }
+  Status status = 6;
+  map<string, int64> counters = 7;
+  bytes blob = 8;
+  oneof pick { bool gift = 9; float weight = 10; }
+}"#;
+const JSON_SCHEMA: &str = r#"{"$schema":"http://json-schema.org/draft-07/schema#","type":"object",
+    "properties":{"id":{"type":"string"},"amount":{"type":"number"},"tags":{"type":"array","items":{"type":"string"}}},
+    "required":["id"],"additionalProperties":false}"#;
+
+/// A value of [`AVRO_WRITER`] with `n` shaping its sizes (as `sluice produce` takes it).
+fn avro_value(n: usize) -> serde_json::Value {
+    let inner = if n.is_multiple_of(2) {
+        serde_json::json!({"x": n, "next": {"x": 1, "next": null}})
+    } else {
+        serde_json::json!({"x": -(n as i64), "next": null})
+    };
+    let suit = ["CLUBS", "DIAMONDS", "HEARTS", "SPADES"][n % 4];
+    let union = [serde_json::Value::Null, serde_json::json!("text"), serde_json::json!(n)][n % 3].clone();
+    serde_json::json!({
+        "n": null, "b": n % 2 == 1, "i": n as i64 * 1001 - 5000, "l": (n as i64) << 40, "f": n as f64 * 0.5,
+        "d": -(n as f64) * 1.25, "by": "\u{0}\u{ff}".repeat(n % 4), "s": "é".repeat(n % 5), "fx": "abcd",
+        "e": suit, "a": (0..n % 6).map(|i| i as i64 - 2).collect::<Vec<_>>(),
+        "m": (0..n % 3).map(|i| (format!("k{i}"), serde_json::json!(format!("v{i}")))).collect::<serde_json::Map<_, _>>(),
+        "u": union,
+        "r": inner, "dec": format!("{}.{:02}", n * 7, n % 100),
+    })
+}
+
+#[test]
+fn records_and_schemas_of_a_schema_registry_survive_any_bytes() {
+    use sluice::formats::avro::{AvroSchema, Limits, Plan};
+    use sluice::formats::{framing, json_io, protobuf, Declared, Parsed, WriterSchema};
+    use sluice_wire::{Schema, SchemaKind};
+
+    let writer = AvroSchema::parse(AVRO_WRITER).unwrap();
+    let reader = AvroSchema::parse(AVRO_READER).unwrap();
+    let resolve = Plan::compile(&writer, &reader).unwrap();
+    let (check_writer, check_reader) = (Plan::check(&writer), Plan::check(&reader));
+    let limits = Limits::default();
+    let declared = Declared::parse(&Schema::avro(AVRO_WRITER)).unwrap();
+    let proto = Declared::parse(&Schema::protobuf(PROTO, "fuzz.Order")).unwrap();
+    let message = proto.message.clone().unwrap();
+    let json = Declared::parse(&Schema::json_schema(JSON_SCHEMA)).unwrap();
+    let Parsed::Json(json_schema) = &json.parsed else {
+        unreachable!()
+    };
+    let as_writer = |kind: SchemaKind, text: &str| WriterSchema {
+        id: 1,
+        kind,
+        text: text.to_string(),
+        imports: vec![],
+        parsed: Parsed::parse(kind, text, &[]).unwrap(),
+    };
+    let writers = [
+        as_writer(SchemaKind::Avro, AVRO_WRITER),
+        as_writer(SchemaKind::Protobuf, PROTO),
+        as_writer(SchemaKind::JsonSchema, JSON_SCHEMA),
+    ];
+
+    // Valid records of each kind (payloads, framed ones, protobuf with message indexes).
+    let mut valid: Vec<Vec<u8>> = (0..40)
+        .map(|n| json_io::from_json(&declared, &avro_value(n)).unwrap())
+        .collect();
+    for n in 0..20 {
+        let order = serde_json::json!({"id": format!("o{n}"), "quantity": n, "price": n as f64 / 3.0,
+            "tags": ["a", "b"], "lines": [{"sku": "s", "count": -(n as i64), "f": 7}], "status": "PAID",
+            "counters": {"x": n}, "blob": "AAE=", "weight": 1.5});
+        valid.push(json_io::from_json(&proto, &order).unwrap());
+        valid.push(format!(r#"{{"id":"j{n}","amount":{n}.5,"tags":["t"]}}"#).into_bytes());
+    }
+    let framed: Vec<Vec<u8>> = valid
+        .iter()
+        .map(|p| {
+            let mut out = Vec::new();
+            framing::write_header(7, &mut out);
+            framing::write_message_indexes(&[0], &mut out);
+            out.extend_from_slice(p);
+            out
+        })
+        .collect();
+    valid.extend(framed);
+    runner()
+        .run(&bytes_or_arbitrary(valid), |bytes| {
+            let mut out = Vec::new();
+            if let Ok(framed) = framing::split(&bytes) {
+                let _ = framing::message_indexes(framed.rest);
+            }
+            let _ = framing::message_indexes(&bytes);
+            // What the writer's schema accepts resolves, and the resolution is the reader's.
+            let fits = check_writer.check_bytes(&bytes, &limits).is_ok();
+            match resolve.run(&bytes, &mut out, &limits) {
+                Ok(resolved) => {
+                    let resolved = resolved.to_vec();
+                    prop_assert!(fits, "resolved what the writer's schema refuses: {:02x?}", bytes);
+                    prop_assert!(
+                        check_reader.check_bytes(&resolved, &limits).is_ok(),
+                        "the resolution of {:02x?} is not the reader's",
+                        bytes
+                    );
+                }
+                Err(e) => prop_assert!(
+                    !fits,
+                    "the writer's schema takes {:02x?}, its resolution fails: {}",
+                    bytes,
+                    e
+                ),
+            }
+            let _ = protobuf::check(&message, &bytes);
+            let _ = json_schema.check(&bytes, true);
+            // What `sluice consume` prints: any bytes, under any writer's schema.
+            for w in &writers {
+                let _ = json_io::to_json(w, &bytes);
+            }
+            Ok(())
+        })
+        .unwrap();
+
+    // Schemas are what anyone who may register one wrote: their texts damaged every way.
+    let texts: Vec<Vec<u8>> = [AVRO_WRITER, AVRO_READER, PROTO, JSON_SCHEMA]
+        .iter()
+        .map(|t| t.as_bytes().to_vec())
+        .collect();
+    let mut schemas = runner();
+    schemas
+        .run(&(bytes_or_arbitrary(texts), 0usize..3), |(bytes, kind)| {
+            let text = String::from_utf8_lossy(&bytes);
+            let kind = [SchemaKind::Avro, SchemaKind::Protobuf, SchemaKind::JsonSchema][kind];
+            if let Ok(Parsed::Avro(s)) = Parsed::parse(kind, &text, &[]) {
+                // A schema that parses compiles against itself and against the reader.
+                let _ = Plan::check(&s);
+                let _ = Plan::compile(&s, &reader);
+                let _ = Plan::compile(&writer, &s);
             }
             Ok(())
         })
