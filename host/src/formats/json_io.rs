@@ -19,6 +19,16 @@ use super::{framing, Declared, Parsed, WriterSchema};
 pub fn to_json(writer: &WriterSchema, rest: &[u8]) -> Result<Json, String> {
     match &writer.parsed {
         Parsed::Avro(schema) => {
+            // Anyone who may write to the topic wrote these bytes: they are checked first, by
+            // what they hold, so that apache-avro never builds what a count only claims (a
+            // million nulls take no bytes).
+            let limits = super::avro::Limits {
+                max_items: 1 << 20,
+                ..Default::default()
+            };
+            super::avro::Plan::check(schema)
+                .check_bytes(rest, &limits)
+                .map_err(|e| format!("it does not read as Avro under schema id {}: {e}", writer.id))?;
             let mut bytes = rest;
             #[allow(deprecated)]
             let value = apache_avro::from_avro_datum(schema.schema(), &mut bytes, None)
@@ -410,5 +420,36 @@ mod tests {
         assert!(from_json(&declared, &wrong)
             .unwrap_err()
             .contains("does not fit the schema"));
+    }
+
+    /// A record anyone with write access to the topic wrote: `sluice consume` must not build
+    /// what its counts claim before it knows the bytes hold it (two million nulls take no
+    /// bytes each in Avro, and half a gigabyte as decoded values).
+    #[test]
+    fn a_hostile_avro_record_is_refused_before_it_is_decoded() {
+        let text = r#"{"type":"record","name":"R","fields":[{"name":"a","type":{"type":"array","items":"null"}}]}"#;
+        let writer = WriterSchema {
+            id: 9,
+            kind: sluice_wire::SchemaKind::Avro,
+            text: text.into(),
+            imports: Vec::new(),
+            parsed: Parsed::parse(sluice_wire::SchemaKind::Avro, text, &[]).unwrap(),
+        };
+        let mut payload = Vec::new();
+        crate::formats::avro::default::write_long(2_000_000, &mut payload);
+        payload.push(0);
+        let e = to_json(&writer, &payload).unwrap_err();
+        assert!(e.contains("schema id 9") && e.contains("field a"), "{e}");
+        // A string longer than the record: named, not read.
+        let text = r#"{"type":"record","name":"S","fields":[{"name":"s","type":"string"}]}"#;
+        let writer = WriterSchema {
+            text: text.into(),
+            parsed: Parsed::parse(sluice_wire::SchemaKind::Avro, text, &[]).unwrap(),
+            ..writer
+        };
+        let mut payload = Vec::new();
+        crate::formats::avro::default::write_long(400 << 20, &mut payload);
+        let e = to_json(&writer, &payload).unwrap_err();
+        assert!(e.contains("field s"), "{e}");
     }
 }

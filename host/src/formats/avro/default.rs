@@ -213,7 +213,7 @@ fn code_points(v: &Value) -> Result<Vec<u8>, String> {
 }
 
 /// Avro's long: zig-zag, then a varint.
-pub(super) fn write_long(n: i64, out: &mut Vec<u8>) {
+pub(crate) fn write_long(n: i64, out: &mut Vec<u8>) {
     let mut v = ((n << 1) ^ (n >> 63)) as u64;
     while v >= 0x80 {
         out.push((v as u8 & 0x7f) | 0x80);

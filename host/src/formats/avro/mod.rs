@@ -10,7 +10,7 @@
 //! checked against what is left, nesting and the output are bounded, and each error names
 //! the field.
 
-mod default;
+pub(crate) mod default;
 mod plan;
 mod run;
 
