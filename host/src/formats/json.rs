@@ -134,6 +134,29 @@ mod tests {
         assert!(s.check(b"{} {}", false).is_err(), "one JSON text, not two");
     }
 
+    /// Anyone who may register a schema writes its patterns: one that backtracks
+    /// exponentially (a back-reference makes the engine a backtracking one) over a record
+    /// built for it stops at the engine's step limit, as an error, instead of holding the
+    /// thread.
+    #[test]
+    fn a_pattern_that_backtracks_without_end_is_an_error_not_a_hung_thread() {
+        let schema = JsonSchema::parse(
+            r#"{"$schema":"http://json-schema.org/draft-07/schema#","type":"string","pattern":"^(a|aa)+\\1$"}"#,
+            &[],
+        )
+        .unwrap();
+        let record = format!("\"{}c\"", "a".repeat(40));
+        let started = std::time::Instant::now();
+        let e = schema.check(record.as_bytes(), true).unwrap_err();
+        assert!(e.contains("does not match") && e.contains("backtracking"), "{e}");
+        // 2^40 steps would take hours; the limit is a million.
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
     #[test]
     fn a_ref_outside_the_references_is_not_fetched() {
         let schema = r#"{"type":"object","properties":{"x":{"$ref":"https://example.com/evil.json"}}}"#;
