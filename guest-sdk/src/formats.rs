@@ -47,6 +47,9 @@ use serde::Serialize;
 use crate::codec::{CodecError, Decode, Encode};
 pub use sluice_wire::{Schema, SchemaKind};
 
+mod generic;
+pub use generic::{AvroValue, GenericAvro};
+
 /// A type read and written as Avro with the schema `SCHEMA` (Avro's JSON): implement it for
 /// a serde type, or use [`avro_schema!`](crate::avro_schema) with an `.avsc` file.
 ///
@@ -99,28 +102,36 @@ impl<T: AvroSchema> Avro<T> {
     }
 }
 
+/// Reads `bytes` as Avro of the schema `text` into a `T`.
+fn avro_decode<T: DeserializeOwned>(text: &'static str, bytes: &[u8]) -> Result<T, CodecError> {
+    let schema = avro_schema(text)?;
+    serde_avro_fast::from_datum_slice(bytes, schema).map_err(|e| CodecError {
+        codec: "avro",
+        message: e.to_string(),
+    })
+}
+
+/// Writes `value` as Avro of the schema `text` to `out`.
+fn avro_encode<T: Serialize + ?Sized>(text: &'static str, value: &T, out: &mut Vec<u8>) -> Result<(), CodecError> {
+    let schema = avro_schema(text)?;
+    let mut config = serde_avro_fast::ser::SerializerConfig::new(schema);
+    serde_avro_fast::to_datum(value, out, &mut config)
+        .map(|_| ())
+        .map_err(|e| CodecError {
+            codec: "avro",
+            message: e.to_string(),
+        })
+}
+
 impl<'a, T: AvroSchema + DeserializeOwned> Decode<'a> for Avro<T> {
     fn decode(bytes: &'a [u8]) -> Result<Self, CodecError> {
-        let schema = avro_schema(T::SCHEMA)?;
-        serde_avro_fast::from_datum_slice(bytes, schema)
-            .map(Avro)
-            .map_err(|e| CodecError {
-                codec: "avro",
-                message: e.to_string(),
-            })
+        avro_decode(T::SCHEMA, bytes).map(Avro)
     }
 }
 
 impl<T: AvroSchema + Serialize> Encode for Avro<T> {
     fn encode_into(&self, out: &mut Vec<u8>) -> Result<(), CodecError> {
-        let schema = avro_schema(T::SCHEMA)?;
-        let mut config = serde_avro_fast::ser::SerializerConfig::new(schema);
-        serde_avro_fast::to_datum(&self.0, out, &mut config)
-            .map(|_| ())
-            .map_err(|e| CodecError {
-                codec: "avro",
-                message: e.to_string(),
-            })
+        avro_encode(T::SCHEMA, &self.0, out)
     }
 
     fn schema() -> Option<Schema> {
