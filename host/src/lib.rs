@@ -23,6 +23,7 @@ pub mod group;
 pub mod kafka;
 pub mod manifest;
 pub mod metrics;
+pub mod oidc;
 pub mod registry;
 pub mod runtime;
 pub mod secret;
@@ -31,6 +32,7 @@ pub mod task;
 pub mod threads;
 pub mod tls;
 pub mod topology;
+pub mod web;
 pub mod worker;
 
 /// The version of this build, as printed by `sluice --version`.

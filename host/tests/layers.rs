@@ -10,6 +10,8 @@ const LAYERS: &[(&str, u32)] = &[
     ("kafka", 1),
     ("secret", 1),
     ("tls", 1),
+    ("web", 1),
+    ("oidc", 1),
     ("manifest", 1),
     ("group", 1),
     ("state", 1),

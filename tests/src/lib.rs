@@ -10,6 +10,7 @@
 //! and [`eventually`], in [`scenario`].
 
 pub mod cluster;
+pub mod oidc;
 pub mod registry;
 pub mod scenario;
 pub mod worker;

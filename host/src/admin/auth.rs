@@ -1,6 +1,8 @@
 //! Who calls the admin API, decided before anything else of a request is read: the bearer
 //! token, checked against the token hashes of the configuration file's tenants and those
-//! created through the API; or another worker's request signed with the cluster secret.
+//! created through the API, or verified as a JWT of the configured OpenID Connect provider
+//! (`admin.jwt.*`, [`super::jwt`]); or another worker's request signed with the cluster
+//! secret.
 //!
 //! Every route says who may call it ([`Access`]); [`gate`] answers 401 or 403 before the
 //! route's handler (and so before its body is read), and hands the handler the [`Caller`].
@@ -50,6 +52,8 @@ pub struct Gate {
     /// Other workers sign their requests with it.
     secret: Option<ClusterSecret>,
     metrics_public: bool,
+    /// JWTs of the configured provider, beside the static tokens.
+    jwt: Option<super::jwt::Jwt>,
 }
 
 impl Gate {
@@ -58,13 +62,20 @@ impl Gate {
         registry: Option<Arc<Watcher>>,
         secret: Option<ClusterSecret>,
         metrics_public: bool,
+        jwt: Option<super::jwt::Jwt>,
     ) -> Gate {
         Gate {
             tenancy,
             registry,
             secret,
             metrics_public,
+            jwt,
         }
+    }
+
+    /// Whether callers must prove who they are (static tokens or JWTs are configured).
+    pub fn enforced(&self) -> bool {
+        self.jwt.is_some() || self.tenancy().enforced()
     }
 
     /// The tenants now: the configuration file's and those an admin created through the API.
@@ -82,9 +93,9 @@ impl Gate {
     }
 
     /// Who sends a request (`method` on `path_and_query`, with `headers`).
-    fn identify(&self, method: &Method, path_and_query: &str, headers: &HeaderMap) -> Result<Caller, ApiError> {
+    async fn identify(&self, method: &Method, path_and_query: &str, headers: &HeaderMap) -> Result<Caller, ApiError> {
         let tenancy = self.tenancy();
-        if !tenancy.enforced() {
+        if !tenancy.enforced() && self.jwt.is_none() {
             return Ok(Caller::Admin);
         }
         if let (Some(secret), Some(signed)) = (&self.secret, headers.get(WORKER_HEADER)) {
@@ -103,14 +114,23 @@ impl Gate {
             };
         }
         let token = bearer(headers);
-        tenancy.caller(token).ok_or_else(|| {
-            let why = if token.is_some() {
-                "the token is not one this cluster knows"
-            } else {
-                "this cluster requires a token: pass --token (or set SLUICE_TOKEN)"
-            };
-            ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", why)
-        })
+        if let Some(caller) = token
+            .and_then(|t| tenancy.caller(Some(t)))
+            .filter(|_| tenancy.enforced())
+        {
+            return Ok(caller);
+        }
+        if let (Some(jwt), Some(token)) = (&self.jwt, token) {
+            if crate::oidc::jwt::Verifier::looks_like_jwt(token) {
+                return jwt.caller(token, &tenancy).await;
+            }
+        }
+        let why = match (token, &self.jwt) {
+            (Some(_), None) => "the token is not one this cluster knows",
+            (Some(_), Some(_)) => "the token is not one this cluster knows (neither a static token nor a JWT)",
+            (None, _) => "this cluster requires a token: pass --token (or set SLUICE_TOKEN)",
+        };
+        Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", why))
     }
 }
 
@@ -128,12 +148,12 @@ pub async fn gate(State((gate, access)): State<(Arc<Gate>, Access)>, mut request
         // Public metrics: anyone gets an answer (a scraper with a stale token too), and a
         // caller who proves who it is gets its own topologies' series; the handler shows
         // a request with no caller the worker-level series only.
-        if let Ok(who) = gate.identify(request.method(), &path, request.headers()) {
+        if let Ok(who) = gate.identify(request.method(), &path, request.headers()).await {
             request.extensions_mut().insert(who);
         }
         return next.run(request).await;
     }
-    let who = match gate.identify(request.method(), &path, request.headers()) {
+    let who = match gate.identify(request.method(), &path, request.headers()).await {
         Ok(who) => who,
         Err(e) => return e.into_response(),
     };
@@ -146,9 +166,20 @@ pub async fn gate(State((gate, access)): State<(Arc<Gate>, Access)>, mut request
 
 /// Whether `who` may make a request of `access`.
 fn allowed(access: Access, who: &Caller, method: &Method, headers: &HeaderMap, gate: &Gate) -> Result<(), ApiError> {
+    let changes = !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
     match (access, who) {
         (Access::Admin, Caller::Admin) => {}
+        // An operator drains workers: the admin-only route that changes no tenant's things.
+        (Access::Admin, Caller::Operator) => {}
         (Access::Admin, _) => return Err(admin_only(who).unwrap_err()),
+        (Access::Callers, Caller::Operator) if changes => {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "operator-read-only",
+                "an operator reads the cluster's topologies, tenants and status, and drains workers; it deploys, \
+                 deletes and creates nothing",
+            ))
+        }
         (Access::Callers, Caller::Worker) => {
             return Err(ApiError::new(
                 StatusCode::FORBIDDEN,
@@ -160,8 +191,7 @@ fn allowed(access: Access, who: &Caller, method: &Method, headers: &HeaderMap, g
     }
     // An open API: a request that changes something must come from a program, not from a
     // page of another site in a browser.
-    let open = !gate.tenancy().enforced();
-    let changes = !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
+    let open = !gate.enforced();
     if open && changes {
         let json = headers
             .get("content-type")
@@ -203,6 +233,11 @@ pub(super) fn admin_only(who: &Caller) -> Result<(), ApiError> {
             StatusCode::FORBIDDEN,
             "admin-only",
             "only the admin may do this (this is another worker's request)",
+        )),
+        Caller::Operator => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "admin-only",
+            "only the admin may do this (the token is an operator's)",
         )),
     }
 }

@@ -25,6 +25,7 @@
 mod auth;
 pub mod client;
 mod connections;
+pub mod jwt;
 mod queries;
 mod server;
 mod tenants;
@@ -79,9 +80,16 @@ pub struct AdminConfig {
     pub request_timeout: Duration,
     /// Workers sign what they ask each other with it.
     pub secret: Option<ClusterSecret>,
+    /// JWTs from an OpenID Connect provider, beside the static tokens (`admin.jwt.*`).
+    pub jwt: Option<jwt::JwtAccess>,
 }
 
 impl AdminConfig {
+    /// Whether callers must prove who they are: static tokens or JWTs are configured.
+    pub fn enforced(&self) -> bool {
+        self.tenancy.enforced() || self.jwt.is_some()
+    }
+
     /// An API on `listen` with the defaults: open (no tokens), public metrics, no TLS.
     pub fn new(listen: Option<std::net::SocketAddr>) -> AdminConfig {
         AdminConfig {
@@ -95,6 +103,7 @@ impl AdminConfig {
             max_connections: 256,
             request_timeout: Duration::from_secs(120),
             secret: None,
+            jwt: None,
         }
     }
 }

@@ -175,8 +175,15 @@ pub(super) async fn query(
     UrlPath((name, store)): UrlPath<(String, String)>,
     Query(params): Query<QueryParams>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
+    if who == Caller::Operator {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "operator-no-data",
+            "an operator sees the cluster's topologies, status and metrics, not what tenants' stores hold",
+        ));
+    }
     // One worker's own stores are how workers ask each other; anyone else asks them all.
-    if params.local && who != Caller::Worker && state.gate.tenancy().enforced() {
+    if params.local && who != Caller::Worker && state.gate.enforced() {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "worker-only-reads",

@@ -54,7 +54,7 @@ pub async fn serve(worker: WorkerHandle, config: &AdminConfig) -> anyhow::Result
     let Some(addr) = config.listen else {
         return Ok(None);
     };
-    if !config.tenancy.enforced() && !addr.ip().is_loopback() && !config.allow_open {
+    if !config.enforced() && !addr.ip().is_loopback() && !config.allow_open {
         anyhow::bail!(
             "the admin API on {addr} would be open to anyone who reaches it (no tokens are configured): configure \
              tokens ([admin] tokens in the configuration file), listen on a loopback address, or set \
@@ -67,11 +67,22 @@ pub async fn serve(worker: WorkerHandle, config: &AdminConfig) -> anyhow::Result
         )?))),
         None => None,
     };
+    // The provider's keys before the first request: a provider that is down (or an issuer
+    // that is wrong) stops the worker here, saying so, not at the first caller.
+    let jwt = match &config.jwt {
+        Some(access) => Some(super::jwt::Jwt {
+            verifier: crate::oidc::jwt::Verifier::start(access.settings.clone())
+                .await
+                .map_err(|e| anyhow::anyhow!("admin.jwt: {e}"))?,
+            access: access.clone(),
+        }),
+        None => None,
+    };
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen for the admin API on {addr}: {e}"))?;
     let bound = listener.local_addr()?;
-    let app = app(worker, config)?;
+    let app = app(worker, config, jwt)?;
     let connections = Connections::new(config.max_connections);
     let max = config.max_connections;
     tokio::spawn(async move {
@@ -159,12 +170,13 @@ async fn serve_connection(
 }
 
 /// Every route, each behind the gate, with its body limit and the request timeout.
-fn app(worker: WorkerHandle, config: &AdminConfig) -> anyhow::Result<Router> {
+fn app(worker: WorkerHandle, config: &AdminConfig, jwt: Option<super::jwt::Jwt>) -> anyhow::Result<Router> {
     let g = Arc::new(Gate::new(
         config.tenancy.clone(),
         worker.registry().cloned(),
         config.secret.clone(),
         config.metrics_public,
+        jwt,
     ));
     let (status, ready, metrics, drain) = (worker.clone(), worker.clone(), worker.clone(), worker.clone());
     let app = Router::new()

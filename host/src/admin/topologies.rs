@@ -448,7 +448,7 @@ async fn check_and_store(
         tenant: who.name().to_string(),
         caps: match who {
             Caller::Tenant(tenant) => tenant.caps,
-            Caller::Admin | Caller::Worker => Default::default(),
+            Caller::Admin | Caller::Worker | Caller::Operator => Default::default(),
         },
         offsets_epoch,
         reprocess_from,

@@ -12,7 +12,7 @@ use crate::worker::WorkerHandle;
 fn visibility(worker: &WorkerHandle, who: Option<&Caller>) -> impl Fn(&str) -> bool {
     let tenant = match who {
         Some(Caller::Tenant(t)) => Some(Some(t.name.clone())),
-        Some(Caller::Admin | Caller::Worker) => None,
+        Some(Caller::Admin | Caller::Worker | Caller::Operator) => None,
         None => Some(None),
     };
     let snapshot = tenant
@@ -66,7 +66,7 @@ fn filter_status(mut status: WorkerStatus, visible: impl Fn(&str) -> bool) -> Wo
 /// without a token, when metrics are public).
 pub(super) fn metrics_for(worker: &WorkerHandle, who: Option<&Caller>) -> String {
     let text = worker.metrics_text();
-    if matches!(who, Some(Caller::Admin | Caller::Worker)) {
+    if matches!(who, Some(Caller::Admin | Caller::Worker | Caller::Operator)) {
         return text;
     }
     filter_metrics(&text, visibility(worker, who))

@@ -126,6 +126,20 @@ pub const SETTINGS: &[Setting] = &[
     s("admin.tls.ca", "admin_tls_ca", Kind::Path),
     s("admin.max.connections", "admin_max_connections", Kind::Value),
     s("admin.request.timeout.ms", "admin_request_timeout", Kind::Millis),
+    s("admin.jwt.issuer", "admin_jwt_issuer", Kind::Value),
+    s("admin.jwt.audience", "admin_jwt_audience", Kind::Value),
+    s("admin.jwt.jwks.url", "admin_jwt_jwks_url", Kind::Value),
+    s("admin.jwt.algorithms", "admin_jwt_algorithms", Kind::Value),
+    s("admin.jwt.leeway.ms", "admin_jwt_leeway", Kind::Millis),
+    s("admin.jwt.tenant.claim", "admin_jwt_tenant_claim", Kind::Value),
+    s("admin.jwt.role.claim", "admin_jwt_role_claim", Kind::Value),
+    s("admin.jwt.ssl.ca.location", "admin_jwt_ssl_ca_location", Kind::Path),
+    s("admin.jwt.jwks.refresh.ms", "admin_jwt_jwks_refresh", Kind::Millis),
+    s(
+        "admin.jwt.jwks.min.refresh.ms",
+        "admin_jwt_jwks_min_refresh",
+        Kind::Millis,
+    ),
     s("registry.secret", "registry_secret", Kind::Value),
     s("schema.registry.url", "schema_registry_url", Kind::Value),
     s("schema.registry.user", "schema_registry_user", Kind::Value),
@@ -573,6 +587,7 @@ pub fn run(args: ConfigArgs, layered: Layered) -> anyhow::Result<ExitCode> {
     let rows = rows(&layered);
     let tenants = &layered.tenancy.tenants;
     let checked = show.settings.into_config(&layered, None);
+    let jwt = checked.as_ref().ok().is_some_and(|(_, admin)| admin.jwt.is_some());
     match show.output {
         Output::Json => {
             let settings: serde_json::Map<String, serde_json::Value> = rows
@@ -613,10 +628,10 @@ pub fn run(args: ConfigArgs, layered: Layered) -> anyhow::Result<ExitCode> {
             println!(
                 "admin tokens: {}{}",
                 layered.tenancy.admin.tokens.len(),
-                if layered.tenancy.admin.tokens.is_empty() && tenants.is_empty() {
-                    " (no tokens at all: the admin API is open)"
-                } else {
-                    ""
+                match (layered.tenancy.admin.tokens.is_empty() && tenants.is_empty(), jwt) {
+                    (true, false) => " (no tokens at all: the admin API is open)",
+                    (_, true) => " (and JWTs of admin.jwt.issuer)",
+                    (false, false) => "",
                 }
             );
             for (name, t) in tenants {

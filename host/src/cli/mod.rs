@@ -3,6 +3,7 @@
 mod acls;
 mod build;
 pub mod config;
+mod jwt_args;
 mod kafka_args;
 mod kafka_tools;
 mod new;

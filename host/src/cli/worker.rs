@@ -57,6 +57,8 @@ pub struct WorkerSettings {
     kafka: super::kafka_args::KafkaArgs,
     #[command(flatten)]
     schema_registry: super::registry_args::RegistryArgs,
+    #[command(flatten)]
+    admin_jwt: super::jwt_args::JwtArgs,
     /// Bytes of schemas from the registry the worker keeps (they never change: kept for the
     /// worker's life within this).
     #[arg(long, default_value = "64MiB", value_parser = parse_size)]
@@ -373,7 +375,8 @@ impl WorkerSettings {
         }
         let kafka = args.kafka.settings(&bootstrap)?;
         let secret = cluster_secret(args.registry_secret.as_deref(), args.registry_secret_file.as_deref())?;
-        if args.cluster.is_some() && tenancy.enforced() && secret.is_none() {
+        let jwt = args.admin_jwt.access()?;
+        if args.cluster.is_some() && (tenancy.enforced() || jwt.is_some()) && secret.is_none() {
             anyhow::bail!(
                 "this cluster's admin API has tokens, so its workers need the cluster secret: set registry.secret (or \
                  registry.secret.file, SLUICE_REGISTRY_SECRET) to the same long random value on every worker (without \
@@ -418,6 +421,7 @@ impl WorkerSettings {
             max_connections: args.admin_max_connections as usize,
             request_timeout: args.admin_request_timeout,
             secret: secret.clone(),
+            jwt,
         };
         let commit_interval = args.commit_interval.unwrap_or(match args.processing_guarantee {
             Guarantee::ExactlyOnce => Duration::from_millis(100),

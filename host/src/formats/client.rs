@@ -196,26 +196,7 @@ impl RegistryClient {
                 settings.url
             ));
         }
-        let mut builder = reqwest::Client::builder()
-            .timeout(settings.timeout)
-            .connect_timeout(settings.timeout.min(Duration::from_secs(10)))
-            .redirect(reqwest::redirect::Policy::none())
-            .user_agent(format!("sluice/{}", crate::VERSION))
-            .pool_max_idle_per_host(4);
-        if let Some(ca) = &settings.ca {
-            let pem = std::fs::read(ca).map_err(|e| format!("registry.ca {}: {e}", ca.display()))?;
-            let certs = reqwest::Certificate::from_pem_bundle(&pem)
-                .map_err(|e| format!("registry.ca {}: not PEM certificates: {e}", ca.display()))?;
-            if certs.is_empty() {
-                return Err(format!("registry.ca {} holds no certificate", ca.display()));
-            }
-            for cert in certs {
-                builder = builder.add_root_certificate(cert);
-            }
-        }
-        let http = builder
-            .build()
-            .map_err(|e| format!("the registry's HTTP client: {e}"))?;
+        let http = crate::web::client(settings.timeout, settings.ca.as_deref(), "registry.ca")?;
         Ok(RegistryClient {
             http,
             base: url,
@@ -249,25 +230,13 @@ impl RegistryClient {
         };
         let response = request.send().await.map_err(|e| unreachable(describe(&e)))?;
         let status = response.status();
-        if let Some(len) = response.content_length() {
-            if len as usize > MAX_ANSWER {
-                return Err(RegistryError::Malformed {
-                    what: format!("{method} {path}"),
-                    detail: format!("an answer of {len} bytes, more than the {MAX_ANSWER} taken"),
-                });
-            }
-        }
-        let mut body = Vec::new();
-        let mut response = response;
-        while let Some(chunk) = response.chunk().await.map_err(|e| unreachable(describe(&e)))? {
-            if body.len() + chunk.len() > MAX_ANSWER {
-                return Err(RegistryError::Malformed {
-                    what: format!("{method} {path}"),
-                    detail: format!("an answer of more than the {MAX_ANSWER} bytes taken"),
-                });
-            }
-            body.extend_from_slice(&chunk);
-        }
+        let body = crate::web::body(response, MAX_ANSWER).await.map_err(|e| match e {
+            BodyError::TooLong(detail) => RegistryError::Malformed {
+                what: format!("{method} {path}"),
+                detail,
+            },
+            BodyError::Broken(detail) => unreachable(detail),
+        })?;
         if status.is_success() {
             return Ok(body.into());
         }
@@ -426,36 +395,7 @@ impl RegistryClient {
     }
 }
 
-/// An error of reqwest, with its causes (which say what went wrong: refused, timed out,
-/// the certificate).
-fn describe(e: &reqwest::Error) -> String {
-    let mut text = if e.is_timeout() {
-        "no answer in time".to_string()
-    } else {
-        e.to_string()
-    };
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        let more = s.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        source = s.source();
-    }
-    text
-}
-
-/// The start of an answer's body, for a message.
-fn shown(body: &[u8]) -> String {
-    let text = String::from_utf8_lossy(&body[..body.len().min(300)]);
-    let text: String = text.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
-    if text.trim().is_empty() {
-        "(an empty answer)".into()
-    } else {
-        text.trim().to_string()
-    }
-}
+use crate::web::{describe, shown, BodyError};
 
 #[cfg(test)]
 mod tests {

@@ -116,6 +116,9 @@ pub struct Tenant {
 pub enum Caller {
     Admin,
     Tenant(Tenant),
+    /// An operator (a JWT with role `operator`): sees every tenant's topologies, status and
+    /// metrics and may drain a worker, but changes nothing of a tenant's and reads no store.
+    Operator,
     /// Another worker of the cluster (signed with the cluster secret): it may read, on behalf
     /// of a caller it has checked already, never write.
     Worker,
@@ -125,16 +128,16 @@ impl Caller {
     /// The tenant name entries of this caller are stored under (`admin` for the admin).
     pub fn name(&self) -> &str {
         match self {
-            Caller::Admin | Caller::Worker => ADMIN,
+            Caller::Admin | Caller::Worker | Caller::Operator => ADMIN,
             Caller::Tenant(t) => &t.name,
         }
     }
 
-    /// Whether this caller may see a topology stored under `owner` (and, but for a worker,
-    /// manage it).
+    /// Whether this caller may see a topology stored under `owner` (and, but for a worker
+    /// or an operator, manage it).
     pub fn owns(&self, owner: &str) -> bool {
         match self {
-            Caller::Admin | Caller::Worker => true,
+            Caller::Admin | Caller::Worker | Caller::Operator => true,
             Caller::Tenant(t) => t.name == owner,
         }
     }

@@ -13,6 +13,7 @@ mod formats;
 mod globals;
 mod group;
 mod hostile;
+mod identity;
 mod intrusions;
 mod isolation;
 mod kafka_roundtrip;
