@@ -1,9 +1,17 @@
 //! How this process reaches Kafka: the settings every Kafka client shares (rdkafka's
 //! producers, consumers and admin clients, and the group-protocol connections), in one place.
 //!
-//! Every rdkafka client is made from [`KafkaSettings::client`], and every group-protocol
-//! connection reads [`KafkaSettings::security`], so a property that every connection needs
-//! (TLS, SASL) is set here once and reaches them all.
+//! Every rdkafka client is made from [`KafkaSettings::client`] and created through
+//! [`Authorize::authorized`], and every group-protocol connection reads
+//! [`KafkaSettings::security`], so a property that every connection needs (TLS, SASL) is set
+//! here once and reaches them all.
+//!
+//! With OAUTHBEARER (`sasl.mechanism = OAUTHBEARER`), the process fetches its access tokens
+//! itself ([`crate::oidc::token`]; [`KafkaSettings::start_tokens`]) and hands each one to
+//! every rdkafka client it has (`rd_kafka_oauthbearer_set_token`): one token per process, not
+//! one per client, fetched on the host's schedule whether or not a client is polled (an admin
+//! client never polls the queue librdkafka asks for tokens on). librdkafka re-authenticates
+//! its connections when the broker asks (KIP-368).
 //!
 //! ```
 //! use sluice::kafka::KafkaSettings;
@@ -19,8 +27,12 @@
 //! assert!(kafka.security().sasl.is_some());
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::oidc::token::{Token, TokenSettings, TokenSource};
 
 use rdkafka::client::ClientContext;
 use rdkafka::config::ClientConfig;
@@ -33,6 +45,12 @@ pub const PROPERTIES: &[&str] = &[
     "sasl.mechanism",
     "sasl.username",
     "sasl.password",
+    "sasl.oauthbearer.token.endpoint.url",
+    "sasl.oauthbearer.client.id",
+    "sasl.oauthbearer.client.secret",
+    "sasl.oauthbearer.scope",
+    "sasl.oauthbearer.audience",
+    "https.ca.location",
     "ssl.ca.location",
     "ssl.certificate.location",
     "ssl.key.location",
@@ -40,13 +58,41 @@ pub const PROPERTIES: &[&str] = &[
     "ssl.endpoint.identification.algorithm",
 ];
 
+/// The properties of OAUTHBEARER, which Sluice reads and librdkafka does not get (the host
+/// fetches the tokens).
+const OAUTH_PROPERTIES: &[&str] = &[
+    "sasl.oauthbearer.token.endpoint.url",
+    "sasl.oauthbearer.client.id",
+    "sasl.oauthbearer.client.secret",
+    "sasl.oauthbearer.scope",
+    "sasl.oauthbearer.audience",
+    "https.ca.location",
+];
+
 /// The Kafka cluster this process talks to, and how.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct KafkaSettings {
     bootstrap: String,
     properties: BTreeMap<String, String>,
     security: Security,
+    /// With OAUTHBEARER, once started: the tokens and the clients that hold them.
+    tokens: Option<Arc<Tokens>>,
 }
+
+impl PartialEq for KafkaSettings {
+    fn eq(&self, other: &Self) -> bool {
+        self.bootstrap == other.bootstrap
+            && self.properties == other.properties
+            && self.security == other.security
+            && match (&self.tokens, &other.tokens) {
+                (None, None) => true,
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                _ => false,
+            }
+    }
+}
+
+impl Eq for KafkaSettings {}
 
 impl std::fmt::Debug for KafkaSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -64,6 +110,8 @@ pub struct Security {
     pub tls: Option<Tls>,
     /// SASL, when `security.protocol` is `SASL_PLAINTEXT` or `SASL_SSL`.
     pub sasl: Option<Sasl>,
+    /// Where OAUTHBEARER tokens come from, with `sasl.mechanism = OAUTHBEARER`.
+    pub oauth: Option<TokenSettings>,
 }
 
 /// TLS to the brokers.
@@ -78,7 +126,8 @@ pub struct Tls {
     pub verify_hostname: bool,
 }
 
-/// SASL authentication with the brokers.
+/// SASL authentication with the brokers (for OAUTHBEARER the user is the OAuth client and
+/// the password empty: the token comes from [`KafkaSettings::token`]).
 #[derive(Clone, PartialEq, Eq)]
 pub struct Sasl {
     pub mechanism: Mechanism,
@@ -101,6 +150,7 @@ pub enum Mechanism {
     Plain,
     ScramSha256,
     ScramSha512,
+    OAuthBearer,
 }
 
 impl Mechanism {
@@ -109,6 +159,7 @@ impl Mechanism {
             Mechanism::Plain => "PLAIN",
             Mechanism::ScramSha256 => "SCRAM-SHA-256",
             Mechanism::ScramSha512 => "SCRAM-SHA-512",
+            Mechanism::OAuthBearer => "OAUTHBEARER",
         }
     }
 }
@@ -120,6 +171,7 @@ impl KafkaSettings {
             bootstrap: bootstrap.into(),
             properties: BTreeMap::new(),
             security: Security::default(),
+            tokens: None,
         }
     }
 
@@ -198,12 +250,33 @@ impl KafkaSettings {
                     "PLAIN" => Mechanism::Plain,
                     "SCRAM-SHA-256" => Mechanism::ScramSha256,
                     "SCRAM-SHA-512" => Mechanism::ScramSha512,
+                    "OAUTHBEARER" => Mechanism::OAuthBearer,
                     other => {
                         return Err(format!(
-                            "kafka.sasl.mechanism = {other:?}: the workers speak PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512"
+                            "kafka.sasl.mechanism = {other:?}: the workers speak PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 \
+                             and OAUTHBEARER"
                         ))
                     }
                 };
+                if mechanism == Mechanism::OAuthBearer {
+                    let (Some(_), Some(id), Some(_)) = (
+                        get("sasl.oauthbearer.token.endpoint.url"),
+                        get("sasl.oauthbearer.client.id"),
+                        get("sasl.oauthbearer.client.secret"),
+                    ) else {
+                        return Err(
+                            "kafka.sasl.mechanism = OAUTHBEARER needs kafka.sasl.oauthbearer.token.endpoint.url, \
+                             kafka.sasl.oauthbearer.client.id and its secret (kafka.sasl.oauthbearer.client.secret.file \
+                             or SLUICE_KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET)"
+                                .into(),
+                        );
+                    };
+                    return Ok(Sasl {
+                        mechanism,
+                        username: id.to_string(),
+                        password: String::new(),
+                    });
+                }
                 let (Some(username), Some(password)) = (get("sasl.username"), get("sasl.password")) else {
                     return Err(format!(
                         "kafka.security.protocol = {protocol} needs kafka.sasl.username and kafka.sasl.password (or \
@@ -217,7 +290,62 @@ impl KafkaSettings {
                 })
             })
             .transpose()?;
-        Ok(Security { tls, sasl })
+        let oauth = match &sasl {
+            Some(s) if s.mechanism == Mechanism::OAuthBearer => {
+                let mut t = TokenSettings::new(
+                    get("sasl.oauthbearer.token.endpoint.url").unwrap_or_default(),
+                    get("sasl.oauthbearer.client.id").unwrap_or_default(),
+                    get("sasl.oauthbearer.client.secret").unwrap_or_default(),
+                );
+                t.scope = get("sasl.oauthbearer.scope").map(str::to_string);
+                t.audience = get("sasl.oauthbearer.audience").map(str::to_string);
+                t.ca = get("https.ca.location").map(PathBuf::from);
+                Some(t)
+            }
+            _ => None,
+        };
+        Ok(Security { tls, sasl, oauth })
+    }
+
+    /// With OAUTHBEARER, fetches the process's first token (a provider that is not there is
+    /// an error naming it) and keeps it fresh in every client made from here on; otherwise
+    /// these settings as they are. Call once, on a tokio runtime, before making clients.
+    pub async fn start_tokens(mut self) -> Result<KafkaSettings, String> {
+        let Some(oauth) = self.security.oauth.clone() else {
+            return Ok(self);
+        };
+        if self.tokens.is_some() {
+            return Ok(self);
+        }
+        let source = TokenSource::start(oauth).await?;
+        let tokens = Arc::new(Tokens {
+            source: source.clone(),
+            clients: Default::default(),
+            next: Default::default(),
+        });
+        // Each new token to every client that holds one.
+        let weak = Arc::downgrade(&tokens);
+        let mut changes = source.subscribe();
+        tokio::spawn(async move {
+            while changes.changed().await.is_ok() {
+                let Some(tokens) = weak.upgrade() else { return };
+                let token = changes.borrow_and_update().clone();
+                tokens.hand_out(&token);
+            }
+        });
+        self.tokens = Some(tokens);
+        Ok(self)
+    }
+
+    /// The OAUTHBEARER token now (for connections that authenticate themselves), if the
+    /// settings use one.
+    pub fn token(&self) -> Option<Token> {
+        self.tokens.as_ref().map(|t| t.source.token())
+    }
+
+    /// How fetching tokens goes, with OAUTHBEARER.
+    pub fn token_state(&self) -> Option<crate::oidc::token::TokenState> {
+        self.tokens.as_ref().map(|t| t.source.state())
     }
 
     /// The bootstrap servers, as given.
@@ -240,12 +368,18 @@ impl KafkaSettings {
         &self.properties
     }
 
-    /// An rdkafka configuration with every shared property set; the caller adds its own.
+    /// An rdkafka configuration with every shared property set; the caller adds its own,
+    /// and creates the client with [`Authorize::authorized`].
     pub fn client(&self) -> ClientConfig {
         let mut config = ClientConfig::new();
         config.set("bootstrap.servers", &self.bootstrap);
         for (name, value) in &self.properties {
-            config.set(name, value);
+            if !OAUTH_PROPERTIES.contains(&name.as_str()) {
+                config.set(name, value);
+            }
+        }
+        if self.security.oauth.is_some() {
+            config.set("sasl.mechanism", "OAUTHBEARER");
         }
         config
     }
@@ -255,6 +389,212 @@ impl KafkaSettings {
         let mut config = self.client();
         config.set("client.id", "sluice-worker");
         config
+    }
+}
+
+/// A process's OAUTHBEARER tokens and the rdkafka clients holding them.
+struct Tokens {
+    source: Arc<TokenSource>,
+    /// The live clients, by registration: each is removed (under this lock) before its
+    /// handle is destroyed, so a handle here is always alive.
+    clients: Mutex<HashMap<u64, Handle>>,
+    next: AtomicU64,
+}
+
+/// An rdkafka handle, alive while it is registered.
+struct Handle(*mut rdkafka::bindings::rd_kafka_t);
+
+// SAFETY: librdkafka's handles are thread-safe; `rd_kafka_oauthbearer_set_token` takes the
+// handle's own lock. The pointer is only used while registered (see `Tokens::clients`).
+unsafe impl Send for Handle {}
+
+impl Tokens {
+    /// Hands `token` to every registered client.
+    fn hand_out(&self, token: &Token) {
+        let clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        for handle in clients.values() {
+            if let Err(e) = set_token(handle.0, token) {
+                tracing::warn!("a Kafka client did not take the new OAuth token: {e}");
+            }
+        }
+    }
+}
+
+/// Gives the client `rk` the token (librdkafka copies what it takes).
+fn set_token(rk: *mut rdkafka::bindings::rd_kafka_t, token: &Token) -> Result<(), String> {
+    use rdkafka::bindings as ffi;
+    let value = std::ffi::CString::new(token.value.as_str()).map_err(|_| "a token with a NUL byte".to_string())?;
+    let principal =
+        std::ffi::CString::new(token.principal.as_str()).map_err(|_| "a principal with a NUL byte".to_string())?;
+    let mut err = [0 as std::ffi::c_char; 512];
+    // SAFETY: `rk` is a live handle (registered, see `Tokens`); the strings are NUL-terminated
+    // and outlive the call, which copies them; no extensions; `err` is a buffer of its length.
+    let code = unsafe {
+        ffi::rd_kafka_oauthbearer_set_token(
+            rk,
+            value.as_ptr(),
+            token.expires_ms(),
+            principal.as_ptr(),
+            std::ptr::null_mut(),
+            0,
+            err.as_mut_ptr(),
+            err.len(),
+        )
+    };
+    if code == ffi::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+        Ok(())
+    } else {
+        // SAFETY: librdkafka wrote a NUL-terminated message into `err`.
+        let text = unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) };
+        Err(text.to_string_lossy().into_owned())
+    }
+}
+
+/// A client holding the process's OAUTHBEARER token: removed from the holders before the
+/// client itself is dropped (fields drop in order). Derefs to the client.
+pub struct Authorized<T> {
+    registration: Option<Registration>,
+    client: T,
+}
+
+struct Registration {
+    tokens: Arc<Tokens>,
+    id: u64,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut clients = self.tokens.clients.lock().unwrap_or_else(|p| p.into_inner());
+        clients.remove(&self.id);
+    }
+}
+
+impl<T> std::ops::Deref for Authorized<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.client
+    }
+}
+
+impl<T> std::ops::DerefMut for Authorized<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.client
+    }
+}
+
+impl<T> Authorized<T> {
+    /// Whether this client holds an OAUTHBEARER token of the process.
+    pub fn holds_token(&self) -> bool {
+        self.registration.is_some()
+    }
+}
+
+/// An rdkafka client's native handle.
+pub trait Native {
+    fn native(&self) -> *mut rdkafka::bindings::rd_kafka_t;
+}
+
+impl<C: ConsumerContext> Native for rdkafka::consumer::BaseConsumer<C> {
+    fn native(&self) -> *mut rdkafka::bindings::rd_kafka_t {
+        use rdkafka::consumer::Consumer;
+        self.client().native_ptr()
+    }
+}
+
+impl<C: ConsumerContext + 'static> Native for rdkafka::consumer::StreamConsumer<C> {
+    fn native(&self) -> *mut rdkafka::bindings::rd_kafka_t {
+        use rdkafka::consumer::Consumer;
+        self.client().native_ptr()
+    }
+}
+
+impl<C: ClientContext + 'static> Native for rdkafka::producer::FutureProducer<C> {
+    fn native(&self) -> *mut rdkafka::bindings::rd_kafka_t {
+        use rdkafka::producer::Producer;
+        self.client().native_ptr()
+    }
+}
+
+impl<C: rdkafka::producer::ProducerContext> Native for rdkafka::producer::BaseProducer<C> {
+    fn native(&self) -> *mut rdkafka::bindings::rd_kafka_t {
+        use rdkafka::producer::Producer;
+        self.client().native_ptr()
+    }
+}
+
+impl<C: rdkafka::producer::ProducerContext + 'static> Native for rdkafka::producer::ThreadedProducer<C> {
+    fn native(&self) -> *mut rdkafka::bindings::rd_kafka_t {
+        use rdkafka::producer::Producer;
+        self.client().native_ptr()
+    }
+}
+
+impl<C: ClientContext> Native for rdkafka::admin::AdminClient<C> {
+    fn native(&self) -> *mut rdkafka::bindings::rd_kafka_t {
+        self.inner().native_ptr()
+    }
+}
+
+/// Creating rdkafka clients that hold the process's OAUTHBEARER token when it has one.
+pub trait Authorize {
+    /// `T` from this configuration, with the token of `kafka` (whose [`KafkaSettings::client`]
+    /// it was made from).
+    fn authorized<T>(&self, kafka: &KafkaSettings) -> rdkafka::error::KafkaResult<Authorized<T>>
+    where
+        T: rdkafka::config::FromClientConfig + Native;
+
+    /// As [`Self::authorized`], with a context.
+    fn authorized_with<C, T>(&self, kafka: &KafkaSettings, context: C) -> rdkafka::error::KafkaResult<Authorized<T>>
+    where
+        C: ClientContext,
+        T: rdkafka::config::FromClientConfigAndContext<C> + Native;
+}
+
+impl Authorize for ClientConfig {
+    fn authorized<T>(&self, kafka: &KafkaSettings) -> rdkafka::error::KafkaResult<Authorized<T>>
+    where
+        T: rdkafka::config::FromClientConfig + Native,
+    {
+        kafka.authorize(T::from_config(self)?)
+    }
+
+    fn authorized_with<C, T>(&self, kafka: &KafkaSettings, context: C) -> rdkafka::error::KafkaResult<Authorized<T>>
+    where
+        C: ClientContext,
+        T: rdkafka::config::FromClientConfigAndContext<C> + Native,
+    {
+        kafka.authorize(T::from_config_and_context(self, context)?)
+    }
+}
+
+impl KafkaSettings {
+    /// `client`, given the process's token now and every new one.
+    fn authorize<T: Native>(&self, client: T) -> rdkafka::error::KafkaResult<Authorized<T>> {
+        if self.security.oauth.is_none() {
+            return Ok(Authorized {
+                registration: None,
+                client,
+            });
+        }
+        let Some(tokens) = &self.tokens else {
+            return Err(rdkafka::error::KafkaError::ClientCreation(
+                "kafka.sasl.mechanism = OAUTHBEARER, but this process fetches no tokens (KafkaSettings::start_tokens \
+                 was not called)"
+                    .into(),
+            ));
+        };
+        let id = tokens.next.fetch_add(1, Ordering::Relaxed);
+        let mut clients = tokens.clients.lock().unwrap_or_else(|p| p.into_inner());
+        set_token(client.native(), &tokens.source.token()).map_err(rdkafka::error::KafkaError::ClientCreation)?;
+        clients.insert(id, Handle(client.native()));
+        drop(clients);
+        Ok(Authorized {
+            registration: Some(Registration {
+                tokens: tokens.clone(),
+                id,
+            }),
+            client,
+        })
     }
 }
 
@@ -334,7 +674,7 @@ pub struct OffsetsClient {
     kafka: KafkaSettings,
     client_id: &'static str,
     group_id: &'static str,
-    current: std::sync::Mutex<Option<std::sync::Arc<rdkafka::consumer::BaseConsumer>>>,
+    current: std::sync::Mutex<Option<std::sync::Arc<Authorized<rdkafka::consumer::BaseConsumer>>>>,
 }
 
 impl OffsetsClient {
@@ -351,19 +691,19 @@ impl OffsetsClient {
     }
 
     /// The client, made now if there is none.
-    pub fn get(&self) -> anyhow::Result<std::sync::Arc<rdkafka::consumer::BaseConsumer>> {
+    pub fn get(&self) -> anyhow::Result<std::sync::Arc<Authorized<rdkafka::consumer::BaseConsumer>>> {
         let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(client) = &*current {
             return Ok(client.clone());
         }
-        let client: rdkafka::consumer::BaseConsumer = self
+        let client: Authorized<rdkafka::consumer::BaseConsumer> = self
             .kafka
             .client()
             .set("client.id", self.client_id)
             .set("group.id", self.group_id)
             .set("enable.auto.commit", "false")
             .set("isolation.level", "read_committed")
-            .create()
+            .authorized(&self.kafka)
             .map_err(|e| anyhow::anyhow!("creating the Kafka client {}: {e}", self.client_id))?;
         let client = std::sync::Arc::new(client);
         *current = Some(client.clone());
@@ -372,7 +712,7 @@ impl OffsetsClient {
 
     /// Drops `client` (it gave a wrong answer): the next question makes a new one. A
     /// client that another caller replaced already is left as it is.
-    pub fn renew(&self, client: &std::sync::Arc<rdkafka::consumer::BaseConsumer>) {
+    pub fn renew(&self, client: &std::sync::Arc<Authorized<rdkafka::consumer::BaseConsumer>>) {
         let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
         if current.as_ref().is_some_and(|c| std::sync::Arc::ptr_eq(c, client)) {
             *current = None;
@@ -448,5 +788,50 @@ mod tests {
         ])
         .contains("GSSAPI"));
         assert!(err(&[("security.protocol", "SSL"), ("ssl.key.location", "k")]).contains("go together"));
+    }
+
+    #[test]
+    fn oauthbearer_is_read_and_its_properties_stay_with_the_host() {
+        let s = KafkaSettings::new("b:9093")
+            .with([
+                ("security.protocol", "SASL_SSL"),
+                ("sasl.mechanism", "oauthbearer"),
+                ("sasl.oauthbearer.token.endpoint.url", "https://idp/token"),
+                ("sasl.oauthbearer.client.id", "worker"),
+                ("sasl.oauthbearer.client.secret", "s3cret"),
+                ("sasl.oauthbearer.audience", "kafka"),
+            ])
+            .unwrap();
+        let sasl = s.security().sasl.as_ref().unwrap();
+        assert_eq!(
+            (sasl.mechanism, sasl.username.as_str()),
+            (Mechanism::OAuthBearer, "worker")
+        );
+        let oauth = s.security().oauth.as_ref().unwrap();
+        assert_eq!(
+            (oauth.endpoint.as_str(), oauth.audience.as_deref()),
+            ("https://idp/token", Some("kafka"))
+        );
+        // librdkafka gets the mechanism, never the secret or the properties it does not know.
+        let client = s.client();
+        assert_eq!(client.get("sasl.mechanism"), Some("OAUTHBEARER"));
+        for name in OAUTH_PROPERTIES {
+            assert_eq!(client.get(name), None, "{name} reached librdkafka");
+        }
+        assert!(!format!("{s:?}").contains("s3cret"));
+        // A client before the tokens are started is refused, naming why.
+        let e = s
+            .client()
+            .authorized::<rdkafka::consumer::BaseConsumer>(&s)
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("start_tokens"), "{e}");
+        let e = KafkaSettings::new("b")
+            .with([
+                ("security.protocol", "SASL_PLAINTEXT"),
+                ("sasl.mechanism", "OAUTHBEARER"),
+            ])
+            .unwrap_err();
+        assert!(e.contains("token.endpoint.url") && e.contains("client.id"), "{e}");
     }
 }

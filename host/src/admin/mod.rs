@@ -33,6 +33,8 @@ mod topologies;
 pub mod uploads;
 mod views;
 
+#[allow(unused_imports)]
+use crate::kafka::Authorize as _;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -356,7 +358,7 @@ pub(super) fn internal(e: impl std::fmt::Display) -> ApiError {
 async fn settle(state: &AdminState) {
     let (kafka, cluster) = (state.worker.kafka().clone(), state.cluster.clone());
     let end = tokio::task::spawn_blocking(move || -> Option<i64> {
-        let consumer: BaseConsumer = kafka.client().create().ok()?;
+        let consumer: crate::kafka::Authorized<BaseConsumer> = kafka.client().authorized(&kafka).ok()?;
         let (_, high) = consumer
             .fetch_watermarks(&registry::topic(&cluster), 0, Duration::from_secs(10))
             .ok()?;

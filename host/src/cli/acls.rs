@@ -70,7 +70,7 @@ pub async fn run(args: AclsArgs) -> anyhow::Result<ExitCode> {
         }
     };
     if args.apply {
-        let kafka = args.connection.settings()?;
+        let kafka = args.connection.settings().await?;
         let n = acls::apply(&kafka, &acls).await?;
         println!("created {n} ACL entries for {}", acls[0].principal);
     } else {

@@ -170,6 +170,32 @@ pub const SETTINGS: &[Setting] = &[
     s("kafka.sasl.username", "kafka_sasl_username", Kind::Value),
     s("kafka.sasl.password", "kafka_sasl_password", Kind::Value),
     s("kafka.sasl.password.file", "kafka_sasl_password_file", Kind::Path),
+    s(
+        "kafka.sasl.oauthbearer.token.endpoint.url",
+        "kafka_sasl_oauthbearer_token_endpoint_url",
+        Kind::Value,
+    ),
+    s(
+        "kafka.sasl.oauthbearer.client.id",
+        "kafka_sasl_oauthbearer_client_id",
+        Kind::Value,
+    ),
+    s(
+        "kafka.sasl.oauthbearer.client.secret.file",
+        "kafka_sasl_oauthbearer_client_secret_file",
+        Kind::Path,
+    ),
+    s(
+        "kafka.sasl.oauthbearer.scope",
+        "kafka_sasl_oauthbearer_scope",
+        Kind::Value,
+    ),
+    s(
+        "kafka.sasl.oauthbearer.audience",
+        "kafka_sasl_oauthbearer_audience",
+        Kind::Value,
+    ),
+    s("kafka.https.ca.location", "kafka_https_ca_location", Kind::Path),
     s("kafka.ssl.ca.location", "kafka_ssl_ca_location", Kind::Path),
     s(
         "kafka.ssl.certificate.location",

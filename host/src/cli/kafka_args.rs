@@ -30,6 +30,33 @@ pub struct KafkaArgs {
     /// A file whose first line is the SASL password, instead of --kafka-sasl-password.
     #[arg(long, value_name = "FILE", env = "SLUICE_KAFKA_SASL_PASSWORD_FILE")]
     pub kafka_sasl_password_file: Option<PathBuf>,
+    /// OAUTHBEARER: the OpenID Connect provider's token endpoint, where the process fetches
+    /// its access tokens (client credentials).
+    #[arg(long, value_name = "URL", env = "SLUICE_KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL")]
+    pub kafka_sasl_oauthbearer_token_endpoint_url: Option<String>,
+    /// OAUTHBEARER: the OAuth client id.
+    #[arg(long, value_name = "ID", env = "SLUICE_KAFKA_SASL_OAUTHBEARER_CLIENT_ID")]
+    pub kafka_sasl_oauthbearer_client_id: Option<String>,
+    /// OAUTHBEARER: the client secret (from the environment only).
+    #[arg(
+        long,
+        hide = true,
+        env = "SLUICE_KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET",
+        hide_env_values = true
+    )]
+    pub kafka_sasl_oauthbearer_client_secret: Option<String>,
+    /// OAUTHBEARER: a file whose first line is the client secret.
+    #[arg(long, value_name = "FILE", env = "SLUICE_KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET_FILE")]
+    pub kafka_sasl_oauthbearer_client_secret_file: Option<PathBuf>,
+    /// OAUTHBEARER: the scope to ask tokens for.
+    #[arg(long, value_name = "SCOPE", env = "SLUICE_KAFKA_SASL_OAUTHBEARER_SCOPE")]
+    pub kafka_sasl_oauthbearer_scope: Option<String>,
+    /// OAUTHBEARER: the audience to ask tokens for (providers that take `audience=`).
+    #[arg(long, value_name = "AUDIENCE", env = "SLUICE_KAFKA_SASL_OAUTHBEARER_AUDIENCE")]
+    pub kafka_sasl_oauthbearer_audience: Option<String>,
+    /// OAUTHBEARER: a CA (PEM) for the token endpoint's HTTPS, beside the system's roots.
+    #[arg(long, value_name = "FILE.pem", env = "SLUICE_KAFKA_HTTPS_CA_LOCATION")]
+    pub kafka_https_ca_location: Option<PathBuf>,
     /// The CA (PEM) the brokers' certificates are checked against.
     #[arg(long, value_name = "FILE.pem", env = "SLUICE_KAFKA_SSL_CA_LOCATION")]
     pub kafka_ssl_ca_location: Option<PathBuf>,
@@ -74,12 +101,46 @@ impl KafkaArgs {
             ),
             (None, None) => None,
         };
+        let secret = match (
+            &self.kafka_sasl_oauthbearer_client_secret,
+            &self.kafka_sasl_oauthbearer_client_secret_file,
+        ) {
+            (Some(_), Some(_)) => anyhow::bail!(
+                "give SLUICE_KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET or kafka.sasl.oauthbearer.client.secret.file, not both"
+            ),
+            (Some(s), None) => Some(s.clone()),
+            (None, Some(file)) => Some(
+                std::fs::read_to_string(file)
+                    .map_err(|e| anyhow::anyhow!("kafka.sasl.oauthbearer.client.secret.file {}: {e}", file.display()))?
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .trim()
+                    .to_string(),
+            ),
+            (None, None) => None,
+        };
         let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
         let properties = [
             ("security.protocol", self.kafka_security_protocol.clone()),
             ("sasl.mechanism", self.kafka_sasl_mechanism.clone()),
             ("sasl.username", self.kafka_sasl_username.clone()),
             ("sasl.password", password),
+            (
+                "sasl.oauthbearer.token.endpoint.url",
+                self.kafka_sasl_oauthbearer_token_endpoint_url.clone(),
+            ),
+            (
+                "sasl.oauthbearer.client.id",
+                self.kafka_sasl_oauthbearer_client_id.clone(),
+            ),
+            ("sasl.oauthbearer.client.secret", secret),
+            ("sasl.oauthbearer.scope", self.kafka_sasl_oauthbearer_scope.clone()),
+            (
+                "sasl.oauthbearer.audience",
+                self.kafka_sasl_oauthbearer_audience.clone(),
+            ),
+            ("https.ca.location", path(&self.kafka_https_ca_location)),
             ("ssl.ca.location", path(&self.kafka_ssl_ca_location)),
             ("ssl.certificate.location", path(&self.kafka_ssl_certificate_location)),
             ("ssl.key.location", path(&self.kafka_ssl_key_location)),

@@ -15,6 +15,7 @@ use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
+use sluice::kafka::{Authorize as _, Authorized};
 
 #[derive(Debug, Args)]
 pub struct Connection {
@@ -28,17 +29,22 @@ pub struct Connection {
 impl Connection {
     /// A client configuration, once the brokers answer as the settings say (a wrong
     /// password or CA fails here within seconds, naming the broker and what failed).
-    async fn config(&self) -> anyhow::Result<ClientConfig> {
-        let settings = self.settings()?;
+    async fn config(&self) -> anyhow::Result<(sluice::kafka::KafkaSettings, ClientConfig)> {
+        let settings = self.settings().await?;
         sluice::group::connection::check_brokers(&settings, std::time::Duration::from_secs(15))
             .await
             .context("connecting to Kafka")?;
-        Ok(settings.client())
+        let config = settings.client();
+        Ok((settings, config))
     }
 
-    /// The Kafka settings of these flags, checked.
-    pub fn settings(&self) -> anyhow::Result<sluice::kafka::KafkaSettings> {
-        self.kafka.settings(&self.bootstrap)
+    /// The Kafka settings of these flags, checked (with OAUTHBEARER, with a first token).
+    pub async fn settings(&self) -> anyhow::Result<sluice::kafka::KafkaSettings> {
+        self.kafka
+            .settings(&self.bootstrap)?
+            .start_tokens()
+            .await
+            .map_err(anyhow::Error::msg)
     }
 }
 
@@ -72,7 +78,8 @@ pub async fn topics(args: TopicsArgs) -> anyhow::Result<ExitCode> {
         replication,
         topics,
     } = args.command;
-    let admin: AdminClient<DefaultClientContext> = connection.config().await?.create()?;
+    let (kafka, config) = connection.config().await?;
+    let admin: Authorized<AdminClient<DefaultClientContext>> = config.authorized(&kafka)?;
     let new: Vec<NewTopic<'_>> = topics
         .iter()
         .map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(replication)))
@@ -312,12 +319,8 @@ pub async fn produce(args: ProduceArgs) -> anyhow::Result<ExitCode> {
         "key",
     )
     .await?;
-    let producer: FutureProducer = args
-        .connection
-        .config()
-        .await?
-        .set("enable.idempotence", "true")
-        .create()?;
+    let (kafka, mut config) = args.connection.config().await?;
+    let producer: Authorized<FutureProducer> = config.set("enable.idempotence", "true").authorized(&kafka)?;
     let lines: Vec<String> = std::io::stdin().lock().lines().collect::<Result<_, _>>()?;
     let mut records = Vec::with_capacity(lines.len());
     for (n, line) in lines.iter().enumerate() {
@@ -388,14 +391,12 @@ async fn shown(schemas: Option<&sluice::formats::Schemas>, format: RecordFormat,
 pub async fn consume(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
     let schemas = args.formats.schemas()?;
     let group = format!("sluice.consume.{}", uuid::Uuid::new_v4().simple());
-    let consumer: StreamConsumer = args
-        .connection
-        .config()
-        .await?
+    let (kafka, mut config) = args.connection.config().await?;
+    let consumer: Authorized<StreamConsumer> = config
         .set("group.id", &group)
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false")
-        .create()?;
+        .authorized(&kafka)?;
     consumer.subscribe(&[&args.topic])?;
     let mut stream = consumer.stream();
     let mut count = 0usize;

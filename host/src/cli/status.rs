@@ -15,6 +15,7 @@ use serde::Serialize;
 use sluice::group::cluster_group;
 use sluice::group::metadata::{Assignment, MemberMetadata};
 use sluice::group::TaskId;
+use sluice::kafka::Authorize as _;
 use sluice::worker::board::{Phase, Role, WorkerStatus};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -128,11 +129,16 @@ struct Task {
 }
 
 pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
-    let kafka = args.kafka.settings(&args.bootstrap)?;
+    let kafka = args
+        .kafka
+        .settings(&args.bootstrap)?
+        .start_tokens()
+        .await
+        .map_err(anyhow::Error::msg)?;
     sluice::group::connection::check_brokers(&kafka, Duration::from_secs(15))
         .await
         .context("connecting to Kafka")?;
-    let consumer: BaseConsumer = kafka.client().create()?;
+    let consumer: sluice::kafka::Authorized<BaseConsumer> = kafka.client().authorized(&kafka)?;
     let Some(every) = args.watch else {
         return show(&args, &consumer).await;
     };

@@ -304,6 +304,13 @@ pub async fn run(args: WorkerArgs, layered: super::config::Layered) -> anyhow::R
     };
     // The worker, and its admin API beside it (started before the worker joins its group,
     // which it tells where the API is).
+    // With OAUTHBEARER, the first token before any client (a provider that is not there stops
+    // the worker here, saying so).
+    let mut config = config;
+    config.kafka = config.kafka.clone().start_tokens().await.map_err(anyhow::Error::msg)?;
+    if let Some(cluster) = &mut config.cluster {
+        cluster.kafka = config.kafka.clone();
+    }
     let mut worker = Worker::start(config).await?;
     if let Some(bound) = sluice::admin::serve(worker.handle(), &admin).await? {
         worker.admin_bound(bound, admin.tls.is_some());

@@ -6,6 +6,13 @@
 //! A connection that cannot be secured fails within [`CONNECT_TIMEOUT`] with an error
 //! naming the broker and what failed (the TLS handshake, the mechanism, the credentials),
 //! never a hang.
+//!
+//! OAUTHBEARER sends the process's current token (RFC 7628's client response, three fields:
+//! what Kafka's own clients send; rsasl's mechanism would take a callback for the same
+//! string). A broker that limits sessions (KIP-368: `connections.max.reauth.ms`, or a token
+//! that expires) says how long in its SaslAuthenticate answer; the connection
+//! authenticates again on the same socket, with the credentials or token of that moment,
+//! before the next request once 85% of that time has passed, so the broker never closes it.
 
 use std::time::Duration;
 
@@ -118,6 +125,12 @@ pub struct Connection {
     addr: String,
     correlation: i32,
     client_id: StrBytes,
+    /// What it authenticated with (again when the session runs out), if SASL.
+    kafka: Option<KafkaSettings>,
+    /// When to authenticate again (the broker limits the session).
+    reauthenticate_at: Option<std::time::Instant>,
+    /// Times it authenticated again.
+    reauthentications: u64,
 }
 
 /// Longest a single request may take (JoinGroup waits up to the rebalance timeout).
@@ -143,9 +156,12 @@ impl Connection {
                 addr: addr.to_string(),
                 correlation: 0,
                 client_id: StrBytes::from_static_str("sluice-worker"),
+                kafka: security.sasl.is_some().then(|| kafka.clone()),
+                reauthenticate_at: None,
+                reauthentications: 0,
             };
             if let Some(sasl) = &security.sasl {
-                connection.authenticate(sasl).await?;
+                connection.authenticate(sasl, kafka).await?;
             }
             Ok(connection)
         };
@@ -154,8 +170,36 @@ impl Connection {
             .map_err(|_| fail(format!("no connection (TLS, SASL included) within {CONNECT_TIMEOUT:?}")))?
     }
 
-    /// SaslHandshake, then SaslAuthenticate until the mechanism is done.
-    async fn authenticate(&mut self, sasl: &Sasl) -> Result<(), ConnectionError> {
+    /// Authenticates again (the session's time is nearly up), with the credentials or the
+    /// token of now.
+    async fn reauthenticate_if_due(&mut self) -> Result<(), ConnectionError> {
+        let due = self.reauthenticate_at.is_some_and(|at| std::time::Instant::now() >= at);
+        let Some(kafka) = self.kafka.clone().filter(|_| due) else {
+            return Ok(());
+        };
+        let Some(sasl) = kafka.security().sasl.clone() else {
+            return Ok(());
+        };
+        self.reauthenticate_at = None;
+        tokio::time::timeout(CONNECT_TIMEOUT, self.authenticate(&sasl, &kafka))
+            .await
+            .map_err(|_| ConnectionError::Io {
+                addr: self.addr.clone(),
+                detail: format!("authenticating again took more than {CONNECT_TIMEOUT:?}"),
+            })??;
+        self.reauthentications += 1;
+        tracing::debug!(broker = %self.addr, times = self.reauthentications, "authenticated again (KIP-368)");
+        Ok(())
+    }
+
+    /// Times this connection authenticated again on its socket (KIP-368).
+    pub fn reauthentications(&self) -> u64 {
+        self.reauthentications
+    }
+
+    /// SaslHandshake, then SaslAuthenticate until the mechanism is done; remembers when the
+    /// broker wants it done again.
+    async fn authenticate(&mut self, sasl: &Sasl, kafka: &KafkaSettings) -> Result<(), ConnectionError> {
         use rsasl::prelude::{Mechname, SASLClient, SASLConfig, State};
         let mechanism = sasl.mechanism.name();
         let addr = self.addr.clone();
@@ -166,7 +210,7 @@ impl Connection {
             detail,
         };
         let handshake = SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str(mechanism));
-        let answer = self.send_within(&handshake, 1, CONNECT_TIMEOUT).await?;
+        let answer = self.exchange(&handshake, 1, CONNECT_TIMEOUT).await?;
         if answer.error_code != code::NONE {
             let offered: Vec<String> = answer.mechanisms.iter().map(|m| m.to_string()).collect();
             return Err(failed(format!(
@@ -174,6 +218,32 @@ impl Connection {
                 describe(answer.error_code),
                 offered.join(", ")
             )));
+        }
+        if sasl.mechanism == crate::kafka::Mechanism::OAuthBearer {
+            let Some(token) = kafka.token() else {
+                return Err(failed(
+                    "OAUTHBEARER without a token source (start_tokens was not called)".into(),
+                ));
+            };
+            // RFC 7628 3.1: the GS2 header, then `auth=Bearer TOKEN`, fields ended by 0x01.
+            let first = format!("n,,\x01auth=Bearer {}\x01\x01", token.value);
+            let request = SaslAuthenticateRequest::default().with_auth_bytes(bytes::Bytes::from(first));
+            let answer = self.exchange(&request, 2, CONNECT_TIMEOUT).await?;
+            if answer.error_code != code::NONE {
+                let message = answer.error_message.map(|m| m.to_string()).unwrap_or_default();
+                return Err(failed(format!("{message} ({})", describe(answer.error_code))));
+            }
+            if !answer.auth_bytes.is_empty() {
+                // The server's error, as a challenge (a JSON status); the client ends the
+                // exchange with 0x01 and the broker then fails it.
+                let status =
+                    String::from_utf8_lossy(&answer.auth_bytes[..answer.auth_bytes.len().min(300)]).to_string();
+                let end = SaslAuthenticateRequest::default().with_auth_bytes(bytes::Bytes::from_static(b"\x01"));
+                let _ = self.exchange(&end, 2, CONNECT_TIMEOUT).await;
+                return Err(failed(format!("the broker refused the token: {status}")));
+            }
+            self.session(answer.session_lifetime_ms);
+            return Ok(());
         }
         let config = SASLConfig::with_credentials(None, sasl.username.clone(), sasl.password.clone())
             .map_err(|e| failed(e.to_string()))?;
@@ -197,17 +267,24 @@ impl Connection {
                 return Ok(());
             }
             let request = SaslAuthenticateRequest::default().with_auth_bytes(bytes::Bytes::from(out));
-            let answer = self.send_within(&request, 2, CONNECT_TIMEOUT).await?;
+            let answer = self.exchange(&request, 2, CONNECT_TIMEOUT).await?;
             if answer.error_code != code::NONE {
                 let message = answer.error_message.map(|m| m.to_string()).unwrap_or_default();
                 return Err(failed(format!("{message} ({})", describe(answer.error_code))));
             }
             if finished {
+                self.session(answer.session_lifetime_ms);
                 return Ok(());
             }
             input = Some(answer.auth_bytes.to_vec());
         }
         Err(failed("the broker asked for more rounds than the mechanism has".into()))
+    }
+
+    /// The broker's limit on this session (KIP-368; 0: none): authenticate again at 85%.
+    fn session(&mut self, lifetime_ms: i64) {
+        self.reauthenticate_at = (lifetime_ms > 0)
+            .then(|| std::time::Instant::now() + Duration::from_millis(lifetime_ms as u64).mul_f64(0.85));
     }
 
     pub fn addr(&self) -> &str {
@@ -221,6 +298,17 @@ impl Connection {
 
     /// As [`send`](Self::send), with a deadline of its own (heartbeats must fail fast).
     pub async fn send_within<R: Call>(
+        &mut self,
+        request: &R,
+        version: i16,
+        timeout: Duration,
+    ) -> Result<R::Response, ConnectionError> {
+        self.reauthenticate_if_due().await?;
+        self.exchange(request, version, timeout).await
+    }
+
+    /// One request and its response, as they are.
+    async fn exchange<R: Call>(
         &mut self,
         request: &R,
         version: i16,

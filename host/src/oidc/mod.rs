@@ -1,5 +1,6 @@
 //! Identity from an OpenID Connect provider: JWTs verified against the issuer's published
-//! keys (the admin API's bearer tokens, [`jwt`]).
+//! keys (the admin API's bearer tokens, [`jwt`]), and access tokens fetched for this
+//! process's own connections (OAUTHBEARER to Kafka, [`token`]).
 //!
 //! The provider is found from its issuer URL (`ISSUER/.well-known/openid-configuration`,
 //! whose `issuer` must be that URL and whose `jwks_uri` names the keys). Nothing here trusts
@@ -8,6 +9,7 @@
 //! key's own, and every refusal says why without repeating the token.
 
 pub mod jwt;
+pub mod token;
 
 use std::time::Duration;
 

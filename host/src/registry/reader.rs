@@ -2,6 +2,8 @@
 //! its chunks arrived and their digest checks, and publishes a [`Snapshot`] whenever the
 //! entries change.
 
+#[allow(unused_imports)]
+use crate::kafka::Authorize as _;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -46,7 +48,7 @@ impl Watcher {
     ) -> anyhow::Result<Watcher> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let name = topic(cluster);
-        let consumer: BaseConsumer = kafka
+        let consumer: crate::kafka::Authorized<BaseConsumer> = kafka
             .client()
             .set("group.id", "sluice.registry")
             .set("enable.auto.commit", "false")
@@ -58,7 +60,7 @@ impl Watcher {
             // Anyone with write access may fill the topic: a bounded prefetch (chunks are
             // 512 KiB each).
             .set("queued.max.messages.kbytes", "16384")
-            .create()
+            .authorized(kafka)
             .context("creating the registry reader")?;
         // A topic created a moment ago (by this worker or another) takes a moment to reach
         // every broker's metadata.

@@ -1,6 +1,8 @@
 //! Writing to the registry: creating its topic, and idempotent writes of components,
 //! entries and tenants, each acknowledged by all in-sync replicas.
 
+#[allow(unused_imports)]
+use crate::kafka::Authorize as _;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,7 +24,7 @@ use crate::secret::{hex, ClusterSecret};
 pub fn ensure_topic(kafka: &KafkaSettings, cluster: &str) -> anyhow::Result<()> {
     let name = topic(cluster);
     let config = kafka.client();
-    let probe: BaseConsumer = config.create()?;
+    let probe: crate::kafka::Authorized<BaseConsumer> = config.authorized(kafka)?;
     let metadata = probe
         .fetch_metadata(Some(&name), Duration::from_secs(15))
         .with_context(|| format!("looking up the registry topic {name}"))?;
@@ -37,7 +39,7 @@ pub fn ensure_topic(kafka: &KafkaSettings, cluster: &str) -> anyhow::Result<()> 
     let replication = (brokers as i32).clamp(1, 3);
     let isr = (replication - 1).max(1).to_string();
     let max_bytes = (2 * CHUNK_BYTES).to_string();
-    let admin: AdminClient<DefaultClientContext> = config.create()?;
+    let admin: crate::kafka::Authorized<AdminClient<DefaultClientContext>> = config.authorized(kafka)?;
     let new = NewTopic::new(&name, 1, TopicReplication::Fixed(replication))
         .set("cleanup.policy", "compact")
         .set("min.insync.replicas", &isr)
@@ -56,7 +58,7 @@ pub fn ensure_topic(kafka: &KafkaSettings, cluster: &str) -> anyhow::Result<()> 
 /// Writes to the registry: idempotent, every write acknowledged by all in-sync replicas,
 /// and signed with the cluster secret when there is one.
 pub struct Writer {
-    producer: ThreadedProducer<DefaultProducerContext>,
+    producer: crate::kafka::Authorized<ThreadedProducer<DefaultProducerContext>>,
     topic: String,
     secret: Option<ClusterSecret>,
     /// The highest sequence this worker's registry reader has read (see [`sequence`]).
@@ -73,7 +75,7 @@ impl Writer {
             .set("acks", "all")
             .set("message.max.bytes", (2 * CHUNK_BYTES).to_string())
             .set("linger.ms", "5")
-            .create()
+            .authorized(kafka)
             .context("creating the registry producer")?;
         Ok(Writer {
             producer,

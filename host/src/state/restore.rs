@@ -1,6 +1,8 @@
 //! Reading a store's changelog: bulk restoration before a task processes, and continuous
 //! tailing with a lag (what standby and learner tasks will use).
 
+#[allow(unused_imports)]
+use crate::kafka::Authorize as _;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -16,7 +18,7 @@ pub struct ChangelogReader {
     /// Created when there is something to read: a promoted learner's store is usually at the
     /// end already, and a new client costs its connections (and, on a busy machine, up to
     /// most of a second).
-    consumer: Option<BaseConsumer>,
+    consumer: Option<crate::kafka::Authorized<BaseConsumer>>,
     topic: String,
     partition: i32,
     /// Next offset to read.
@@ -271,7 +273,10 @@ impl ChangelogReader {
 const RESTORE_STALL: Duration = Duration::from_secs(120);
 
 /// A consumer that reads one changelog partition, committed data only.
-fn restore_consumer(kafka: &crate::kafka::KafkaSettings, topic: &str) -> Result<BaseConsumer, String> {
+fn restore_consumer(
+    kafka: &crate::kafka::KafkaSettings,
+    topic: &str,
+) -> Result<crate::kafka::Authorized<BaseConsumer>, String> {
     kafka
         .client()
         // Named after the changelog, so broker quotas and logs can tell restorations apart.
@@ -285,6 +290,6 @@ fn restore_consumer(kafka: &crate::kafka::KafkaSettings, topic: &str) -> Result<
         .set("max.partition.fetch.bytes", "10485760")
         // A full queue is fetched again after 10 ms, not librdkafka's default second.
         .set("fetch.queue.backoff.ms", "10")
-        .create()
+        .authorized(kafka)
         .map_err(|e| format!("creating the restore consumer: {e}"))
 }

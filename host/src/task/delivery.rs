@@ -115,7 +115,7 @@ impl ProducerContext for DeliveryRouter {
     }
 }
 
-pub type WorkerProducer = ThreadedProducer<DeliveryRouter>;
+pub type WorkerProducer = crate::kafka::Authorized<ThreadedProducer<DeliveryRouter>>;
 
 /// The partitioner of every producer that writes a task's keyed outputs: murmur2 of the
 /// key bytes, positive, modulo the partition count, as Java's default partitioner (and so

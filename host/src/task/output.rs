@@ -9,6 +9,8 @@
 //! fenced by the cluster group's generation, not by the transactional id: see
 //! [`super::control::Fence`] and `docs/guarantees.md`.
 
+#[allow(unused_imports)]
+use crate::kafka::Authorize as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -181,7 +183,7 @@ impl ThreadProducer {
             .set("compression.type", "lz4")
             // Many tasks share it: the queue holds many tasks' worth (see the shared one).
             .set("queue.buffering.max.messages", "1000000")
-            .create_with_context(DeliveryRouter)
+            .authorized_with(kafka, DeliveryRouter)
             .map_err(|e| format!("creating the transactional producer {id}: {e}"))?;
         let started = Instant::now();
         let mut backoff = Duration::from_millis(200);

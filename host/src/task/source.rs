@@ -7,6 +7,8 @@
 //! coordinator" or "loading" for a while, and a task must not start from a guess. Offsets
 //! of a transaction not yet decided (exactly-once) are "unstable" and retried the same way.
 
+#[allow(unused_imports)]
+use crate::kafka::Authorize as _;
 use std::time::{Duration, Instant};
 
 use crate::group::offsets::{GroupOffsets, Position};
@@ -60,9 +62,9 @@ pub fn start_from(
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::{Offset, TopicPartitionList};
     let timeout = Duration::from_secs(30);
-    let consumer: BaseConsumer = kafka
+    let consumer: crate::kafka::Authorized<BaseConsumer> = kafka
         .client()
-        .create()
+        .authorized(kafka)
         .map_err(|e| format!("creating a consumer to find where to reprocess from: {e}"))?;
     let mut out = Vec::with_capacity(sources.len());
     for (topic, committed) in sources.iter().zip(committed) {

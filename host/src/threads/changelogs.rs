@@ -2,6 +2,8 @@
 //! consumer, and their bounds through a client of their own. A trait, so that the threads'
 //! decisions are unit-tested on partitions in memory ([`memory::MemoryChangelogs`]).
 
+#[allow(unused_imports)]
+use crate::kafka::Authorize as _;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
@@ -50,7 +52,7 @@ pub trait Changelogs: Send + 'static {
 
 /// Changelogs read from Kafka.
 pub struct KafkaChangelogs {
-    consumer: BaseConsumer,
+    consumer: crate::kafka::Authorized<BaseConsumer>,
     /// Reads bounds and metadata on a connection of its own: on the consumer's they would
     /// queue behind its long-polling fetch (half a second per standby).
     client: OffsetsClient,
@@ -70,7 +72,7 @@ impl KafkaChangelogs {
             None => (32 << 20, 4 << 20, 64 << 10),
             Some(_) => (4 << 20, 1 << 20, 4 << 10),
         };
-        let consumer: BaseConsumer = kafka
+        let consumer: crate::kafka::Authorized<BaseConsumer> = kafka
             .client()
             .set("client.id", name)
             .set("fetch.max.bytes", fetch.to_string())
@@ -89,7 +91,7 @@ impl KafkaChangelogs {
             // the one in flight returns: a broker holds an empty fetch this long (500 ms by
             // default), which a promoted learner's catch-up and a new learner would wait for.
             .set("fetch.wait.max.ms", "20")
-            .create()?;
+            .authorized(kafka)?;
         Ok(KafkaChangelogs {
             consumer,
             client: OffsetsClient::new(kafka, "sluice-standby-offsets", "sluice.restore"),

@@ -6,6 +6,8 @@
 //! consumer assigns a partition once and seeks it when a task of it comes back (librdkafka
 //! 2.12 can abort on a removal while another is still stopping, confluentinc/librdkafka#5573).
 
+#[allow(unused_imports)]
+use crate::kafka::Authorize as _;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -46,7 +48,7 @@ pub(super) enum Command {
 pub(super) fn stream_consumer(
     kafka: &KafkaSettings,
     prefetch_bytes: usize,
-) -> anyhow::Result<BaseConsumer<ConsumerEvents>> {
+) -> anyhow::Result<crate::kafka::Authorized<BaseConsumer<ConsumerEvents>>> {
     let fetch = FetchLimits::for_budget(prefetch_bytes);
     Ok(kafka
         .worker_client()
@@ -67,7 +69,7 @@ pub(super) fn stream_consumer(
         // How long the broker holds a fetch that finds nothing (it answers as soon as
         // records arrive): long, so idle partitions cost few requests (Java's default).
         .set("fetch.wait.max.ms", "500")
-        .create_with_context(ConsumerEvents)?)
+        .authorized_with(kafka, ConsumerEvents)?)
 }
 
 /// How much a stream consumer may fetch ahead, from its share of the prefetch memory.
@@ -192,7 +194,7 @@ struct ThreadTasks {
 
 impl StreamThread {
     pub(super) fn new(
-        consumer: BaseConsumer<ConsumerEvents>,
+        consumer: crate::kafka::Authorized<BaseConsumer<ConsumerEvents>>,
         env: KafkaEnv,
         load: Arc<AtomicUsize>,
         finishers: std::sync::mpsc::Sender<super::finishers::Finishing>,
@@ -322,7 +324,7 @@ impl StreamThread {
     }
 }
 
-type StreamConsumer = BaseConsumer<ConsumerEvents>;
+type StreamConsumer = crate::kafka::Authorized<BaseConsumer<ConsumerEvents>>;
 
 impl ThreadTasks {
     /// Hands out turns by thread time used (see [`FairShare::share`]): a task is busy when

@@ -1,6 +1,8 @@
 //! Changelog topics: one compacted topic per (topology, store), one partition per source
 //! partition; created when missing and checked when present.
 
+#[allow(unused_imports)]
+use crate::kafka::Authorize as _;
 use std::time::Duration;
 
 use anyhow::bail;
@@ -39,8 +41,8 @@ impl ChangelogSettings {
 /// The clients that look up, create and check a topology's internal topics (changelogs and
 /// repartition topics).
 pub(super) struct TopicAdmin {
-    admin: AdminClient<DefaultClientContext>,
-    metadata: BaseConsumer,
+    admin: crate::kafka::Authorized<AdminClient<DefaultClientContext>>,
+    metadata: crate::kafka::Authorized<BaseConsumer>,
     options: AdminOptions,
 }
 
@@ -48,8 +50,8 @@ impl TopicAdmin {
     pub(super) fn new(kafka: &KafkaSettings) -> anyhow::Result<Self> {
         let config = kafka.client();
         Ok(TopicAdmin {
-            admin: config.create()?,
-            metadata: config.create()?,
+            admin: config.authorized(kafka)?,
+            metadata: config.authorized(kafka)?,
             options: AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
         })
     }

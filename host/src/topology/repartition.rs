@@ -3,6 +3,8 @@
 //! and checked when present; and the purger, which deletes their records once the task
 //! reading them has committed past them, so a repartition topic holds only its backlog.
 
+#[allow(unused_imports)]
+use crate::kafka::Authorize as _;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -152,7 +154,7 @@ fn purge_loop(kafka: &KafkaSettings, rx: mpsc::Receiver<Vec<(String, i32, i64)>>
     use rdkafka::admin::{AdminClient, AdminOptions};
     use rdkafka::client::DefaultClientContext;
     use rdkafka::{Offset, TopicPartitionList};
-    let admin: AdminClient<DefaultClientContext> = match kafka.client().create() {
+    let admin: crate::kafka::Authorized<AdminClient<DefaultClientContext>> = match kafka.client().authorized(kafka) {
         Ok(a) => a,
         Err(e) => {
             tracing::warn!("repartition topics will not be purged: creating an admin client: {e}");

@@ -2,6 +2,8 @@
 //! created a moment ago), source partition counts compared, and the topology group's
 //! consumer.
 
+#[allow(unused_imports)]
+use crate::kafka::Authorize as _;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -20,7 +22,7 @@ pub fn source_consumer(
     kafka: &KafkaSettings,
     group: &str,
     prefetch_bytes: usize,
-) -> rdkafka::error::KafkaResult<BaseConsumer<ConsumerEvents>> {
+) -> rdkafka::error::KafkaResult<crate::kafka::Authorized<BaseConsumer<ConsumerEvents>>> {
     kafka
         .worker_client()
         // Used for metadata and the exactly-once group metadata only: a small prefetch.
@@ -32,7 +34,7 @@ pub fn source_consumer(
         .set("enable.partition.eof", "false")
         .set("isolation.level", "read_committed")
         .set("fetch.wait.max.ms", "100")
-        .create_with_context(ConsumerEvents)
+        .authorized_with(kafka, ConsumerEvents)
 }
 
 /// Checks that a topology's topics exist (each is looked up for up to `patience`), except

@@ -15,6 +15,8 @@ mod intruders;
 mod learners;
 mod runner;
 
+#[allow(unused_imports)]
+use crate::kafka::Authorize as _;
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -301,7 +303,7 @@ impl Worker {
                 .set("queue.buffering.max.messages", "1000000")
                 // A record that cannot be delivered in two minutes fails its task (alone).
                 .set("message.timeout.ms", "120000")
-                .create_with_context(DeliveryRouter)
+                .authorized_with(&config.kafka, DeliveryRouter)
                 .context("creating the producer")?,
         );
         let lease = Arc::new(if config.cluster.is_some() {
