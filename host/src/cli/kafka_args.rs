@@ -13,7 +13,8 @@ pub struct KafkaArgs {
     /// or SASL_SSL.
     #[arg(long, value_name = "PROTOCOL", env = "SLUICE_KAFKA_SECURITY_PROTOCOL")]
     pub kafka_security_protocol: Option<String>,
-    /// The SASL mechanism: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512.
+    /// The SASL mechanism: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER (with the
+    /// --kafka-sasl-oauthbearer-* settings).
     #[arg(long, value_name = "MECHANISM", env = "SLUICE_KAFKA_SASL_MECHANISM")]
     pub kafka_sasl_mechanism: Option<String>,
     /// The SASL user name.
