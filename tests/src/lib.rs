@@ -40,11 +40,14 @@ pub struct Kafka {
     security: Option<Security>,
 }
 
-/// The credentials of a secured test cluster: its CA and each user's password.
+/// The credentials of a secured test cluster: its CA and each user's password; on an
+/// OAUTHBEARER cluster also each user's OAUTHBEARER environment (what workers connect with;
+/// the harness keeps to SCRAM, which the same listener takes).
 #[derive(Debug, Clone)]
 pub struct Security {
     pub ca: PathBuf,
     pub users: std::collections::BTreeMap<String, String>,
+    pub oauth: std::collections::BTreeMap<String, Vec<(String, String)>>,
 }
 
 /// The Kafka cluster for this test run; see the module docs for where it comes from. With
@@ -76,7 +79,8 @@ pub fn kafka() -> &'static Kafka {
 pub fn secured() -> &'static Kafka {
     refuse_under_no_kafka();
     SECURED.get_or_init(|| {
-        let kafka = start_secured_kafka().unwrap_or_else(|e| panic!("no secured Kafka for the tests: {e:#}"));
+        let kafka = start_secured_kafka(&["--security", "sasl_ssl"], &secured_dir())
+            .unwrap_or_else(|e| panic!("no secured Kafka for the tests: {e:#}"));
         eprintln!("tests: using the secured Kafka at {}", kafka.bootstrap);
         kafka
     })
@@ -91,27 +95,62 @@ pub(crate) fn refuse_under_no_kafka() {
 }
 
 static SECURED: OnceLock<Kafka> = OnceLock::new();
+static OAUTH: OnceLock<Kafka> = OnceLock::new();
+
+/// A Kafka with OAUTHBEARER beside SCRAM (`dev/kafka up --security sasl_oauthbearer` in a
+/// state directory of its own, tokens of [`oidc::oidc`] living 10 s, connections
+/// re-authenticating every 5 s), started on first use: workers the tests start on it connect
+/// with OAUTHBEARER as `worker`, with the same wide ACLs as on [`secured`].
+pub fn oauth_secured() -> &'static Kafka {
+    refuse_under_no_kafka();
+    OAUTH.get_or_init(|| {
+        oidc::oidc();
+        let kafka = start_secured_kafka(
+            &[
+                "--security",
+                "sasl_oauthbearer",
+                "--token-lifespan",
+                "10s",
+                "--reauth-ms",
+                "5000",
+            ],
+            &oauth_dir(),
+        )
+        .unwrap_or_else(|e| panic!("no OAUTHBEARER Kafka for the tests: {e:#}"));
+        eprintln!("tests: using the OAUTHBEARER Kafka at {}", kafka.bootstrap);
+        kafka
+    })
+}
 
 /// The secured cluster, if it is running for these tests and `bootstrap` is its address.
 pub fn secured_at(bootstrap: &str) -> Option<&'static Kafka> {
-    SECURED.get().filter(|k| k.bootstrap == bootstrap)
+    SECURED
+        .get()
+        .filter(|k| k.bootstrap == bootstrap)
+        .or_else(|| OAUTH.get().filter(|k| k.bootstrap == bootstrap))
 }
 
 fn secured_dir() -> PathBuf {
     repo_root().join("dev").join(".kafka-secured")
 }
 
-fn start_secured_kafka() -> Result<Kafka> {
+fn oauth_dir() -> PathBuf {
+    repo_root().join("dev").join(".kafka-oauth")
+}
+
+fn start_secured_kafka(up: &[&str], dir: &std::path::Path) -> Result<Kafka> {
     let script = repo_root().join("dev").join("kafka");
     let out = Command::new(&script)
-        .args(["up", "--security", "sasl_ssl"])
-        .env("SLUICE_KAFKA_DIR", secured_dir())
+        .arg("up")
+        .args(up)
+        .env("SLUICE_KAFKA_DIR", dir)
         .output()
         .with_context(|| format!("running {}", script.display()))?;
     if !out.status.success() {
         bail!(
-            "`{} up --security sasl_ssl` failed ({}):\n{}",
+            "`{} up {}` failed ({}):\n{}",
             script.display(),
+            up.join(" "),
             out.status,
             String::from_utf8_lossy(&out.stderr)
         );
@@ -122,20 +161,37 @@ fn start_secured_kafka() -> Result<Kafka> {
         .map(|l| l.trim().to_string())
         .filter(|l| !l.is_empty())
         .context("dev/kafka up printed no bootstrap address")?;
-    let cluster: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(secured_dir().join("cluster.json"))?)?;
+    let cluster: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("cluster.json"))?)?;
     let security = &cluster["security"];
-    let users = security["users"]
+    let users: std::collections::BTreeMap<String, String> = security["users"]
         .as_object()
         .context("no users in the secured cluster's file")?
         .iter()
         .map(|(u, p)| (u.clone(), p.as_str().unwrap_or_default().to_string()))
         .collect();
+    // Each user's OAUTHBEARER environment, as `dev/kafka credentials USER` prints it.
+    let mut oauth = std::collections::BTreeMap::new();
+    if !security["oauth"].is_null() {
+        for user in users.keys() {
+            let out = Command::new(&script)
+                .args(["credentials", user])
+                .env("SLUICE_KAFKA_DIR", dir)
+                .output()?;
+            anyhow::ensure!(out.status.success(), "dev/kafka credentials {user} failed");
+            let env = String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter_map(|l| l.strip_prefix("export ")?.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            oauth.insert(user.clone(), env);
+        }
+    }
     let kafka = Kafka {
         bootstrap,
         security: Some(Security {
             ca: PathBuf::from(security["ca"].as_str().context("no CA in the secured cluster's file")?),
             users,
+            oauth,
         }),
     };
     // Wide ACLs for the workers of ordinary tests (any topic, group and transactional id of
@@ -278,8 +334,12 @@ impl Kafka {
         ]
     }
 
-    /// The environment that makes `sluice` connect as `user` (`SLUICE_KAFKA_*`).
+    /// The environment that makes `sluice` connect as `user` (`SLUICE_KAFKA_*`; on an
+    /// OAUTHBEARER cluster, with OAUTHBEARER).
     pub fn env_as(&self, user: &str) -> Vec<(String, String)> {
+        if let Some(env) = self.security.as_ref().and_then(|s| s.oauth.get(user)) {
+            return env.clone();
+        }
         self.properties(user)
             .into_iter()
             .map(|(k, v)| (format!("SLUICE_KAFKA_{}", k.to_ascii_uppercase().replace('.', "_")), v))

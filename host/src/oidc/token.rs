@@ -135,9 +135,17 @@ impl TokenSource {
             settings.ca.as_deref(),
             "sasl.oauthbearer.ssl.ca.location",
         )?;
-        let first = super::with_retries(settings.startup, || fetch(&http, &settings))
-            .await
-            .map_err(|e| format!("no OAuth token for Kafka: {e}"))?;
+        // A provider that is starting is waited for; one that refuses the client is not.
+        let first = super::with_retries(settings.startup, || async {
+            match fetch(&http, &settings).await {
+                Ok(t) => Ok(Ok(t)),
+                Err(Failed { message, refused: true }) => Ok(Err(message)),
+                Err(Failed { message, .. }) => Err(message),
+            }
+        })
+        .await
+        .and_then(|r| r)
+        .map_err(|e| format!("no OAuth token for Kafka: {e}"))?;
         let (current, _) = tokio::sync::watch::channel(first);
         let source = Arc::new(TokenSource {
             settings,
@@ -204,7 +212,7 @@ async fn refresh_loop(source: std::sync::Weak<TokenSource>) {
             return; // the process let go of its source
         };
         let started = Instant::now();
-        match fetch(&s.http, &s.settings).await {
+        match fetch(&s.http, &s.settings).await.map_err(|f| f.message) {
             Ok(token) => {
                 wait = refresh_after(&token);
                 backoff = Duration::from_millis(500);
@@ -256,8 +264,24 @@ struct ErrorAnswer {
     error_description: Option<String>,
 }
 
+/// Why no token came: `refused` when the endpoint answered that it will not give one (a
+/// wrong secret, an unknown client), which asking again does not change.
+struct Failed {
+    message: String,
+    refused: bool,
+}
+
+impl From<String> for Failed {
+    fn from(message: String) -> Failed {
+        Failed {
+            message,
+            refused: false,
+        }
+    }
+}
+
 /// One token from the endpoint (client_secret_basic, as RFC 6749 recommends).
-async fn fetch(http: &reqwest::Client, settings: &TokenSettings) -> Result<Token, String> {
+async fn fetch(http: &reqwest::Client, settings: &TokenSettings) -> Result<Token, Failed> {
     let mut form: Vec<(&str, &str)> = vec![("grant_type", "client_credentials")];
     if let Some(scope) = &settings.scope {
         form.push(("scope", scope));
@@ -286,18 +310,19 @@ async fn fetch(http: &reqwest::Client, settings: &TokenSettings) -> Result<Token
             },
             Err(_) => web::shown(&body),
         };
-        return Err(format!(
-            "the token endpoint {at} refused client {} ({status}): {why}",
-            settings.client_id
-        ));
+        return Err(Failed {
+            message: format!(
+                "the token endpoint {at} refused client {} ({status}): {why}",
+                settings.client_id
+            ),
+            refused: status.is_client_error() && status.as_u16() != 408 && status.as_u16() != 429,
+        });
     }
     let answer: TokenAnswer = serde_json::from_slice(&body)
         .map_err(|e| format!("the token endpoint {at} answered something that is not a token ({e})"))?;
     if let Some(t) = &answer.token_type {
         if !t.eq_ignore_ascii_case("bearer") {
-            return Err(format!(
-                "the token endpoint {at} gave a {t:?} token, not a bearer token"
-            ));
+            return Err(format!("the token endpoint {at} gave a {t:?} token, not a bearer token").into());
         }
     }
     let value = answer.access_token;
@@ -305,15 +330,12 @@ async fn fetch(http: &reqwest::Client, settings: &TokenSettings) -> Result<Token
         return Err(format!(
             "the token endpoint {at} gave an access token Kafka cannot take (empty, longer than {MAX_TOKEN} bytes, or \
              not printable ASCII)"
-        ));
+        )
+        .into());
     }
     let lifetime = match answer.expires_in {
         Some(s) if s.is_finite() && s > 0.0 => Duration::from_secs_f64(s.min(86_400.0)),
-        _ => {
-            return Err(format!(
-                "the token endpoint {at} did not say when its token expires (expires_in)"
-            ))
-        }
+        _ => return Err(format!("the token endpoint {at} did not say when its token expires (expires_in)").into()),
     };
     Ok(Token {
         value,
@@ -359,6 +381,43 @@ mod tests {
             principal: "client".into(),
         };
         assert!(!format!("{t:?}").contains("eyJsecret"));
+    }
+
+    #[tokio::test]
+    async fn a_client_the_endpoint_refuses_is_not_asked_for_again() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = asked.clone();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut buf = vec![0u8; 4096];
+                let _ = socket.read(&mut buf).await;
+                let body = r#"{"error":"unauthorized_client","error_description":"Invalid client credentials"}"#;
+                let answer = format!(
+                    "HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = socket.write_all(answer.as_bytes()).await;
+            }
+        });
+        let mut s = TokenSettings::new(format!("http://127.0.0.1:{port}/token"), "worker", "wrong-secret");
+        s.startup = Duration::from_secs(20);
+        let started = Instant::now();
+        let e = TokenSource::start(s).await.err().unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "a refusal was retried: {:?}",
+            started.elapsed()
+        );
+        assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert!(
+            e.contains("refused client worker") && e.contains("unauthorized_client"),
+            "{e}"
+        );
+        assert!(!e.contains("wrong-secret"), "{e}");
     }
 
     #[tokio::test]

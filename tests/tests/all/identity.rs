@@ -446,3 +446,169 @@ async fn a_rotated_key_is_taken_a_removed_one_refused_and_a_worker_without_its_p
     );
     Ok(())
 }
+
+/// A worker on a Kafka that takes the provider's tokens (OAUTHBEARER, 10 s tokens, every
+/// connection made to authenticate again within 5 s): it runs uppercase for 40 s, through
+/// some four token refreshes and eight re-authentications per connection, with no rebalance
+/// and every record through exactly once in order; a client without credentials is refused by
+/// the broker, and a worker with a wrong client secret, or whose provider is not there, stops
+/// at start naming the token endpoint.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_on_an_oauthbearer_kafka_runs_through_token_refreshes_and_bad_credentials_are_refused(
+) -> anyhow::Result<()> {
+    let kafka = sluice_tests::oauth_secured();
+    let (input, output) = (unique_name("oauth-in"), unique_name("oauth-out"));
+    kafka.create_topic(&input, 2).await?;
+    kafka.create_topic(&output, 2).await?;
+    let dir = TempDir::new("oauth");
+    let topology = dir.write(
+        "upper.toml",
+        &sluice_tests::worker::manifest(
+            &unique_name("upper"),
+            &guest("uppercase"),
+            &[("input", &input)],
+            &[("output", &output)],
+            "",
+        ),
+    );
+    let cluster = unique_name("c");
+    let state = dir.path().join("state-0");
+    let mut w = WorkerProcess::start(
+        kafka.bootstrap(),
+        dir.path(),
+        &[
+            "--topology",
+            topology.to_str().unwrap(),
+            "--cluster",
+            &cluster,
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--heartbeat-interval",
+            "200ms",
+            "--session-timeout",
+            "6s",
+            "--commit-interval",
+            "200ms",
+            "--no-drain-on-stop",
+        ],
+    )?;
+    let env = kafka.env_as("worker");
+    assert!(
+        env.iter()
+            .any(|(k, v)| k == "SLUICE_KAFKA_SASL_MECHANISM" && v == "OAUTHBEARER"),
+        "the worker would not use OAUTHBEARER: {env:?}"
+    );
+    w.wait_for_line(&[" assignment "], Duration::from_secs(60))?;
+    let mut sent = Vec::new();
+    let started = std::time::Instant::now();
+    let mut round = 0;
+    while started.elapsed() < Duration::from_secs(40) {
+        let batch: Vec<(Vec<u8>, Vec<u8>)> = (0..10)
+            .map(|i| {
+                (
+                    format!("k{round}-{i}").into_bytes(),
+                    format!("value {round}-{i}").into_bytes(),
+                )
+            })
+            .collect();
+        kafka.produce(&input, &batch).await?;
+        sent.extend(batch);
+        round += 1;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let got = kafka.consume(&output, sent.len(), Duration::from_secs(60)).await?;
+    let mut want: Vec<(Vec<u8>, Vec<u8>)> = sent.iter().map(|(k, v)| (k.clone(), v.to_ascii_uppercase())).collect();
+    let mut seen: Vec<(Vec<u8>, Vec<u8>)> = got
+        .iter()
+        .map(|r| (r.key.clone().unwrap_or_default(), r.value.clone().unwrap_or_default()))
+        .collect();
+    want.sort();
+    seen.sort();
+    assert_eq!(seen.len(), want.len(), "records lost or doubled");
+    assert_eq!(seen, want);
+    let log = w.log();
+    let assignments = log.lines().filter(|l| l.contains(" assignment ")).count();
+    assert_eq!(
+        assignments, 1,
+        "a refresh or re-authentication caused a rebalance:\n{log}"
+    );
+    for bad in [
+        "Authentication failed",
+        "SASL authentication error",
+        "token has expired",
+    ] {
+        assert!(!log.contains(bad), "the worker logged {bad:?}:\n{log}");
+    }
+    w.terminate(Duration::from_secs(30))?;
+
+    // No credentials at all: the broker's SASL_SSL listener refuses a plain TLS client.
+    let ca = kafka
+        .env_as("worker")
+        .into_iter()
+        .find(|(k, _)| k == "SLUICE_KAFKA_SSL_CA_LOCATION")
+        .unwrap()
+        .1;
+    let (ok, _, err) = crate::registry::cli(&[
+        "topics",
+        "create",
+        "--bootstrap",
+        kafka.bootstrap(),
+        "--kafka-security-protocol",
+        "SSL",
+        "--kafka-ssl-ca-location",
+        &ca,
+        &unique_name("nobody"),
+    ])?;
+    assert!(!ok, "a client without credentials created a topic");
+    assert!(!err.is_empty(), "no reason given");
+
+    // A wrong client secret, and a provider that is not there: the worker stops at start.
+    let wrong = dir.write("wrong.secret", "not-the-secret\n");
+    let gone = format!(
+        "http://127.0.0.1:{}/realms/none/protocol/openid-connect/token",
+        free_port()
+    );
+    for (what, extra, names) in [
+        (
+            "a wrong secret",
+            vec![(
+                "SLUICE_KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET_FILE".to_string(),
+                wrong.display().to_string(),
+            )],
+            "refused client worker",
+        ),
+        (
+            "no provider",
+            vec![(
+                "SLUICE_KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL".to_string(),
+                gone.clone(),
+            )],
+            gone.as_str(),
+        ),
+    ] {
+        let state = dir.path().join(unique_name("state"));
+        let mut w = WorkerProcess::start_with_env(
+            kafka.bootstrap(),
+            dir.path(),
+            &[
+                "--topology",
+                topology.to_str().unwrap(),
+                "--state-dir",
+                state.to_str().unwrap(),
+            ],
+            &extra,
+        )?;
+        let status = w.wait(Duration::from_secs(90))?;
+        assert!(!status.success(), "{what}: the worker started");
+        let log = w.log();
+        assert!(
+            log.contains(names) && log.contains("no OAuth token for Kafka"),
+            "{what}: the worker's error:\n{log}"
+        );
+        assert!(
+            !log.contains("not-the-secret"),
+            "{what}: the secret is in the log:\n{log}"
+        );
+    }
+    Ok(())
+}
