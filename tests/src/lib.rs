@@ -254,6 +254,31 @@ fn start_local_kafka() -> Result<String> {
     }
 }
 
+/// Runs `dev/NAME ARGS` (with `env` set); its last line of stdout, or an error with its
+/// stderr.
+pub(crate) fn dev_script(name: &str, args: &[&str], env: &[(&str, &std::path::Path)]) -> Result<String> {
+    let script = repo_root().join("dev").join(name);
+    let out = Command::new(&script)
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !out.status.success() {
+        bail!(
+            "`dev/{name} {}` failed ({}):\n{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .trim()
+        .to_string())
+}
+
 /// A name no other test (or earlier run) uses: `{prefix}-{uuid}`.
 pub fn unique_name(prefix: &str) -> String {
     format!("{prefix}-{}", uuid::Uuid::new_v4().simple())

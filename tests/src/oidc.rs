@@ -6,12 +6,11 @@
 //! (which finds the running one, or starts it). Tests make clients of unique names, so they
 //! share it without meeting.
 
-use std::process::Command;
 use std::sync::OnceLock;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
-use crate::{refuse_under_no_kafka, repo_root};
+use crate::refuse_under_no_kafka;
 
 /// The issuer of this test run's provider (its `sluice` realm).
 pub fn oidc() -> &'static str {
@@ -34,25 +33,7 @@ pub fn other_issuer() -> String {
 
 /// Runs `dev/oidc ARGS`; its last line of stdout.
 pub fn run(args: &[&str]) -> Result<String> {
-    let script = repo_root().join("dev").join("oidc");
-    let out = Command::new(&script)
-        .args(args)
-        .output()
-        .with_context(|| format!("running {}", script.display()))?;
-    if !out.status.success() {
-        bail!(
-            "`dev/oidc {}` failed ({}):\n{}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .last()
-        .unwrap_or_default()
-        .trim()
-        .to_string())
+    crate::dev_script("oidc", args, &[])
 }
 
 /// A client-credentials client of the provider.

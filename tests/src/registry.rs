@@ -30,33 +30,12 @@ pub fn registry() -> &'static str {
     })
 }
 
-fn script() -> PathBuf {
-    repo_root().join("dev").join("registry")
-}
-
 /// Runs `dev/registry <command>` (in `dir`, or the default state directory); its last line.
 fn run(command: &str, dir: Option<&Path>) -> Result<String> {
-    let mut cmd = Command::new(script());
-    cmd.arg(command);
-    if let Some(dir) = dir {
-        cmd.env("SLUICE_REGISTRY_DIR", dir);
+    match dir {
+        Some(dir) => crate::dev_script("registry", &[command], &[("SLUICE_REGISTRY_DIR", dir)]),
+        None => crate::dev_script("registry", &[command], &[]),
     }
-    let out = cmd
-        .output()
-        .with_context(|| format!("running {}", script().display()))?;
-    if !out.status.success() {
-        bail!(
-            "`dev/registry {command}` failed ({}):\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .last()
-        .unwrap_or_default()
-        .trim()
-        .to_string())
 }
 
 fn up(dir: Option<&Path>) -> Result<String> {

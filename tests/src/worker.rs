@@ -375,7 +375,40 @@ pub fn cluster_worker(
     cluster_worker_with(dir, topology, cluster, n, extra, false)
 }
 
+/// A cluster worker as [`cluster_worker`], on the cluster at `bootstrap` (the OAUTHBEARER
+/// one, say) rather than the run's.
+pub fn cluster_worker_at(
+    bootstrap: &str,
+    dir: &TempDir,
+    topology: Option<&Path>,
+    cluster: &str,
+    n: usize,
+    extra: &[&str],
+) -> Result<WorkerProcess> {
+    cluster_worker_with_at(bootstrap, dir, topology, cluster, n, extra, false)
+}
+
 fn cluster_worker_with(
+    dir: &TempDir,
+    topology: Option<&Path>,
+    cluster: &str,
+    n: usize,
+    extra: &[&str],
+    default_stop: bool,
+) -> Result<WorkerProcess> {
+    cluster_worker_with_at(
+        crate::kafka().bootstrap(),
+        dir,
+        topology,
+        cluster,
+        n,
+        extra,
+        default_stop,
+    )
+}
+
+fn cluster_worker_with_at(
+    bootstrap: &str,
     dir: &TempDir,
     topology: Option<&Path>,
     cluster: &str,
@@ -406,7 +439,7 @@ fn cluster_worker_with(
         args.push("--no-drain-on-stop");
     }
     args.extend_from_slice(extra);
-    WorkerProcess::start(crate::kafka().bootstrap(), dir.path(), &args)
+    WorkerProcess::start(bootstrap, dir.path(), &args)
 }
 
 /// A cluster worker as [`cluster_worker`], but with no stop flag: what SIGTERM does by

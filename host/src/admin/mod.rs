@@ -33,7 +33,6 @@ mod topologies;
 pub mod uploads;
 mod views;
 
-#[allow(unused_imports)]
 use crate::kafka::Authorize as _;
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -91,15 +91,7 @@ impl KafkaArgs {
         let password = match (&self.kafka_sasl_password, &self.kafka_sasl_password_file) {
             (Some(_), Some(_)) => anyhow::bail!("give kafka.sasl.password or kafka.sasl.password.file, not both"),
             (Some(p), None) => Some(p.clone()),
-            (None, Some(file)) => Some(
-                std::fs::read_to_string(file)
-                    .map_err(|e| anyhow::anyhow!("kafka.sasl.password.file {}: {e}", file.display()))?
-                    .lines()
-                    .next()
-                    .unwrap_or_default()
-                    .trim()
-                    .to_string(),
-            ),
+            (None, Some(file)) => Some(super::first_line("kafka.sasl.password.file", file)?),
             (None, None) => None,
         };
         let secret = match (
@@ -110,15 +102,7 @@ impl KafkaArgs {
                 "give SLUICE_KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET or kafka.sasl.oauthbearer.client.secret.file, not both"
             ),
             (Some(s), None) => Some(s.clone()),
-            (None, Some(file)) => Some(
-                std::fs::read_to_string(file)
-                    .map_err(|e| anyhow::anyhow!("kafka.sasl.oauthbearer.client.secret.file {}: {e}", file.display()))?
-                    .lines()
-                    .next()
-                    .unwrap_or_default()
-                    .trim()
-                    .to_string(),
-            ),
+            (None, Some(file)) => Some(super::first_line("kafka.sasl.oauthbearer.client.secret.file", file)?),
             (None, None) => None,
         };
         let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());

@@ -75,6 +75,17 @@ pub enum Command {
     },
 }
 
+/// The first line of `file`, trimmed: how secrets are read from files (`setting` names the
+/// setting in errors; an empty line is one).
+pub(crate) fn first_line(setting: &str, file: &std::path::Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(file).map_err(|e| anyhow::anyhow!("{setting} {}: {e}", file.display()))?;
+    let line = text.lines().next().unwrap_or_default().trim().to_string();
+    if line.is_empty() {
+        anyhow::bail!("{setting} {}: the file's first line is empty", file.display());
+    }
+    Ok(line)
+}
+
 pub fn init_logging(filter: Option<&str>) {
     let filter = filter
         .map(str::to_owned)

@@ -9,6 +9,8 @@ use std::time::Duration;
 use clap::Args;
 use sluice::formats::{RegistryAuth, RegistrySettings};
 
+use super::first_line;
+
 #[derive(Debug, Clone, Default, Args)]
 pub struct RegistryArgs {
     /// The Schema Registry's URL, as a Confluent client takes it (`schema.registry.url`;
@@ -39,15 +41,6 @@ pub struct RegistryArgs {
     /// Longest one request to the registry may take.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
     pub schema_registry_request_timeout: Duration,
-}
-
-fn first_line(setting: &str, file: &std::path::Path) -> anyhow::Result<String> {
-    let text = std::fs::read_to_string(file).map_err(|e| anyhow::anyhow!("{setting} {}: {e}", file.display()))?;
-    let line = text.lines().next().unwrap_or_default().trim().to_string();
-    if line.is_empty() {
-        anyhow::bail!("{setting} {}: the file's first line is empty", file.display());
-    }
-    Ok(line)
 }
 
 impl RegistryArgs {

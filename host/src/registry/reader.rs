@@ -2,7 +2,6 @@
 //! its chunks arrived and their digest checks, and publishes a [`Snapshot`] whenever the
 //! entries change.
 
-#[allow(unused_imports)]
 use crate::kafka::Authorize as _;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};

@@ -1,7 +1,6 @@
 //! Writing to the registry: creating its topic, and idempotent writes of components,
 //! entries and tenants, each acknowledged by all in-sync replicas.
 
-#[allow(unused_imports)]
 use crate::kafka::Authorize as _;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;

@@ -1,7 +1,6 @@
 //! Reading a store's changelog: bulk restoration before a task processes, and continuous
 //! tailing with a lag (what standby and learner tasks will use).
 
-#[allow(unused_imports)]
 use crate::kafka::Authorize as _;
 use std::time::{Duration, Instant};
 

@@ -9,7 +9,6 @@
 //! fenced by the cluster group's generation, not by the transactional id: see
 //! [`super::control::Fence`] and `docs/guarantees.md`.
 
-#[allow(unused_imports)]
 use crate::kafka::Authorize as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

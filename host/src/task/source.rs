@@ -7,7 +7,6 @@
 //! coordinator" or "loading" for a while, and a task must not start from a guess. Offsets
 //! of a transaction not yet decided (exactly-once) are "unstable" and retried the same way.
 
-#[allow(unused_imports)]
 use crate::kafka::Authorize as _;
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,6 @@
 //! consumer, and their bounds through a client of their own. A trait, so that the threads'
 //! decisions are unit-tested on partitions in memory ([`memory::MemoryChangelogs`]).
 
-#[allow(unused_imports)]
 use crate::kafka::Authorize as _;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;

@@ -6,7 +6,6 @@
 //! consumer assigns a partition once and seeks it when a task of it comes back (librdkafka
 //! 2.12 can abort on a removal while another is still stopping, confluentinc/librdkafka#5573).
 
-#[allow(unused_imports)]
 use crate::kafka::Authorize as _;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

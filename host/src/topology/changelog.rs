@@ -1,7 +1,6 @@
 //! Changelog topics: one compacted topic per (topology, store), one partition per source
 //! partition; created when missing and checked when present.
 
-#[allow(unused_imports)]
 use crate::kafka::Authorize as _;
 use std::time::Duration;
 

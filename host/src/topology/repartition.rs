@@ -3,7 +3,6 @@
 //! and checked when present; and the purger, which deletes their records once the task
 //! reading them has committed past them, so a repartition topic holds only its backlog.
 
-#[allow(unused_imports)]
 use crate::kafka::Authorize as _;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::mpsc;

@@ -2,7 +2,6 @@
 //! created a moment ago), source partition counts compared, and the topology group's
 //! consumer.
 
-#[allow(unused_imports)]
 use crate::kafka::Authorize as _;
 use std::collections::BTreeMap;
 use std::time::Duration;

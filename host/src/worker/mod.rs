@@ -15,7 +15,6 @@ mod intruders;
 mod learners;
 mod runner;
 
-#[allow(unused_imports)]
 use crate::kafka::Authorize as _;
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;

@@ -472,26 +472,7 @@ async fn a_worker_on_an_oauthbearer_kafka_runs_through_token_refreshes_and_bad_c
         ),
     );
     let cluster = unique_name("c");
-    let state = dir.path().join("state-0");
-    let mut w = WorkerProcess::start(
-        kafka.bootstrap(),
-        dir.path(),
-        &[
-            "--topology",
-            topology.to_str().unwrap(),
-            "--cluster",
-            &cluster,
-            "--state-dir",
-            state.to_str().unwrap(),
-            "--heartbeat-interval",
-            "200ms",
-            "--session-timeout",
-            "6s",
-            "--commit-interval",
-            "200ms",
-            "--no-drain-on-stop",
-        ],
-    )?;
+    let mut w = sluice_tests::worker::cluster_worker_at(kafka.bootstrap(), &dir, Some(&topology), &cluster, 0, &[])?;
     let env = kafka.env_as("worker");
     assert!(
         env.iter()
