@@ -593,3 +593,27 @@ async fn a_worker_on_an_oauthbearer_kafka_runs_through_token_refreshes_and_bad_c
     }
     Ok(())
 }
+
+/// The provider's clients, made by several tests at once (as the suite does), are all kept:
+/// each gets tokens. Two `dev/oidc client` runs at once once lost each other's clients, and
+/// the JWT test above failed in CI when another test made one beside it.
+#[test]
+fn clients_made_at_once_are_all_kept() -> anyhow::Result<()> {
+    oidc::oidc();
+    let id = unique_name("at-once");
+    let made: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|i| {
+                let name = format!("{id}-{i}");
+                s.spawn(move || client(&name, ClientSpec::default()))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for c in made {
+        let c = c?;
+        let token = c.token().map_err(|e| anyhow::anyhow!("client {}: {e:#}", c.id))?;
+        assert_eq!(token.split('.').count(), 3, "client {} got {token:?}", c.id);
+    }
+    Ok(())
+}
