@@ -156,6 +156,12 @@ impl AdminState {
             return Ok(None);
         };
         let writer = Writer::new(worker.kafka(), &cluster, config.secret.clone())?.following(&registry);
+        if config.secret.is_some() {
+            // Records not believed (possible only where a secret makes some believed) shadow
+            // believed ones under compaction: this worker writes those again.
+            let healer = Writer::new(worker.kafka(), &cluster, config.secret.clone())?.following(&registry);
+            crate::registry::heal(healer, Arc::downgrade(&registry))?;
+        }
         Ok(Some(AdminState {
             worker,
             registry,

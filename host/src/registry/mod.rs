@@ -33,8 +33,8 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-pub use reader::Watcher;
-pub use writer::{ensure_topic, Writer};
+pub use reader::{Heal, Shadowed, Watcher};
+pub use writer::{ensure_topic, heal, Writer};
 
 use crate::secret::ClusterSecret;
 

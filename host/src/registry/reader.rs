@@ -25,6 +25,61 @@ pub struct Watcher {
     stop: Arc<std::sync::atomic::AtomicBool>,
     /// The highest record sequence read (see `sequence`).
     highest: Arc<std::sync::atomic::AtomicI64>,
+    /// Keys whose newest record is one not believed (see [`Shadowed`]).
+    shadowed: Shadowed,
+}
+
+/// Keys of the registry whose newest record is one no worker believes (forged, or an old
+/// signed one written back), with what this worker believes of the key: once Kafka compacts
+/// the topic, only that newest record would be left, and a worker starting then would not see
+/// what it shadows. A worker that holds the believed record writes it again (signed, with a
+/// new sequence), so the newest record of the key is one it signed (see `registry::heal`).
+/// A key leaves the set when a believed record of it is read.
+#[derive(Clone, Default)]
+pub struct Shadowed(Arc<std::sync::Mutex<BTreeMap<String, (std::time::Instant, Heal)>>>);
+
+/// What to write again for a shadowed key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Heal {
+    /// An entry's or a tenant's record as believed (none: its tombstone).
+    Value(Option<Vec<u8>>),
+    /// Chunk `index` of the component at `path`.
+    Chunk { path: PathBuf, index: u32 },
+}
+
+impl Shadowed {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, (std::time::Instant, Heal)>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn shadow(&self, key: &str, heal: Heal) {
+        self.lock()
+            .entry(key.to_string())
+            .or_insert_with(|| (std::time::Instant::now(), heal));
+    }
+
+    fn believed(&self, key: &str) {
+        self.lock().remove(key);
+    }
+
+    /// The keys shadowed for at least `for_at_least`, with what to write again; at most `max`.
+    pub fn due(&self, for_at_least: Duration, max: usize) -> Vec<(String, Heal)> {
+        self.lock()
+            .iter()
+            .filter(|(_, (since, _))| since.elapsed() >= for_at_least)
+            .take(max)
+            .map(|(k, (_, h))| (k.clone(), h.clone()))
+            .collect()
+    }
+
+    /// How many keys are shadowed now.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 impl Drop for Watcher {
@@ -90,6 +145,8 @@ impl Watcher {
             tenants: BTreeMap::new(),
             changes: Default::default(),
             position: 0,
+            believed: HashMap::new(),
+            shadowed: Shadowed::default(),
         };
         // Everything written before now, before the worker starts.
         let deadline = std::time::Instant::now() + Duration::from_secs(120);
@@ -104,6 +161,7 @@ impl Watcher {
         }
         let (tx, rx) = tokio::sync::watch::channel(Arc::new(state.snapshot()));
         let highest = state.highest.clone();
+        let shadowed = state.shadowed.clone();
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stopped = stop.clone();
         std::thread::Builder::new().name("registry".into()).spawn(move || {
@@ -117,6 +175,7 @@ impl Watcher {
             updates: rx,
             stop,
             highest,
+            shadowed,
         })
     }
 
@@ -124,6 +183,11 @@ impl Watcher {
     /// ones).
     pub fn highest_sequence(&self) -> Arc<std::sync::atomic::AtomicI64> {
         self.highest.clone()
+    }
+
+    /// The keys whose newest record is not believed, to write again.
+    pub fn shadowed(&self) -> &Shadowed {
+        &self.shadowed
     }
 
     /// The registry now.
@@ -160,6 +224,9 @@ struct Reader {
     tenants: BTreeMap<String, tenants::RawTenant>,
     changes: std::collections::VecDeque<(String, i64)>,
     position: i64,
+    /// The record believed of each entry and tenant key, as written (none: a tombstone).
+    believed: HashMap<String, Option<Vec<u8>>>,
+    shadowed: Shadowed,
 }
 
 impl Reader {
@@ -192,6 +259,7 @@ impl Reader {
                 continue;
             };
             let Some(sequence) = self.signed(&m, key) else {
+                self.shadowing(key);
                 continue;
             };
             let judged = match parse_key(key) {
@@ -206,7 +274,18 @@ impl Reader {
             if let Err(stale) = judged {
                 self.rejected.inc();
                 self.log.skipped(key, m.offset(), format_args!("{stale}"));
+                self.shadowing(key);
                 continue;
+            }
+            self.shadowed.believed(key);
+            if matches!(parse_key(key), Some(Record::Entry { .. } | Record::Tenant { .. })) {
+                let value = m.payload().map(<[u8]>::to_vec);
+                if self.believed.get(key) == Some(&value) && value.is_some() {
+                    // The same record written again (a worker healing a shadowed key): nothing
+                    // changes, and it is no deploy of the tenant's.
+                    continue;
+                }
+                self.believed.insert(key.to_string(), value);
             }
             match parse_key(key) {
                 Some(Record::Chunk { digest, index }) => match m.payload() {
@@ -301,6 +380,21 @@ impl Reader {
             return None;
         }
         sequence
+    }
+
+    /// A record of `key` was not believed: if this worker believes another record of it, the
+    /// key is shadowed until a believed record of it is read again.
+    fn shadowing(&mut self, key: &str) {
+        if let Some(value) = self.believed.get(key) {
+            self.shadowed.shadow(key, Heal::Value(value.clone()));
+            return;
+        }
+        if let Some(Record::Chunk { digest, index }) = parse_key(key) {
+            let path = self.component_path(digest);
+            if self.entries.values().any(|(e, _)| e.digest == digest) && path.exists() {
+                self.shadowed.shadow(key, Heal::Chunk { path, index });
+            }
+        }
     }
 
     /// Removes the component file of `digest` once no entry names it any more.

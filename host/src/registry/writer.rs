@@ -163,3 +163,57 @@ impl Writer {
         self.flush()
     }
 }
+
+impl Writer {
+    /// Writes `key`'s record again as this worker believes it (`None`: its tombstone),
+    /// signed anew: see [`super::reader::Shadowed`].
+    pub fn rewrite(&self, key: &str, value: Option<&[u8]>) -> anyhow::Result<()> {
+        self.send(key, value)?;
+        self.flush()
+    }
+}
+
+/// Writes again, through `writer`, the registry records a record not believed shadows (see
+/// [`super::reader::Shadowed`]), on a thread of its own, until the watcher is dropped. Each
+/// key waits a second and a moment of its own first: the first worker to write it again
+/// clears it for the others (they read that record), so a shadowed key is mostly written
+/// once, not once per worker.
+pub fn heal(writer: Writer, watcher: std::sync::Weak<super::Watcher>) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("registry-heal".into())
+        .spawn(move || loop {
+            let jitter = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos() % 2000);
+            std::thread::sleep(Duration::from_millis(1000 + u64::from(jitter)));
+            let Some(watcher) = watcher.upgrade() else { return };
+            for (key, heal) in watcher.shadowed().due(Duration::from_secs(1), 64) {
+                let written = match &heal {
+                    super::reader::Heal::Value(value) => writer.rewrite(&key, value.as_deref()),
+                    super::reader::Heal::Chunk { path, index } => {
+                        read_chunk(path, *index).and_then(|chunk| writer.rewrite(&key, Some(&chunk)))
+                    }
+                };
+                match written {
+                    Ok(()) => tracing::info!(
+                        key = %key.chars().take(64).collect::<String>(),
+                        "a registry record not believed came after this key's: wrote the believed one again, so \
+                         compaction keeps it"
+                    ),
+                    Err(e) => tracing::warn!("writing a shadowed registry record again: {e:#}"),
+                }
+            }
+        })?;
+    Ok(())
+}
+
+/// Chunk `index` of the component file at `path`, as it was written to the registry.
+fn read_chunk(path: &std::path::Path, index: u32) -> anyhow::Result<Vec<u8>> {
+    use std::io::{Read as _, Seek as _};
+    let mut file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    file.seek(std::io::SeekFrom::Start(u64::from(index) * CHUNK_BYTES as u64))?;
+    let mut chunk = Vec::with_capacity(CHUNK_BYTES);
+    file.take(CHUNK_BYTES as u64).read_to_end(&mut chunk)?;
+    anyhow::ensure!(!chunk.is_empty(), "{} has no chunk {index}", path.display());
+    Ok(chunk)
+}

@@ -385,3 +385,128 @@ async fn a_copy_of_a_workers_signed_metadata_is_not_believed() -> anyhow::Result
     assert!(worker.terminate(Duration::from_secs(60))?.success(), "{}", worker.log());
     Ok(())
 }
+
+/// A process that stays in the group with a worker's signed metadata, copied again from
+/// DescribeGroups before each of its joins, heartbeating and rejoining as a member does,
+/// for 20 s, under exactly-once: records keep coming through the worker the whole time (the
+/// issue's report: 0 of 100 records in 18 s while such a member was in the group; this test,
+/// a copy that joins and never syncs, and the same under at-least-once all passed on the code
+/// this test came with, so it stands as a guard).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_member_with_copied_metadata_that_stays_stops_no_processing() -> anyhow::Result<()> {
+    use kafka_protocol::messages::find_coordinator_request::FindCoordinatorRequest;
+    use kafka_protocol::messages::heartbeat_request::HeartbeatRequest;
+    use kafka_protocol::messages::join_group_request::{JoinGroupRequest, JoinGroupRequestProtocol};
+    use kafka_protocol::messages::sync_group_request::SyncGroupRequest;
+    use kafka_protocol::messages::GroupId;
+    use kafka_protocol::protocol::StrBytes;
+    use sluice::group::connection::{Connection, FIND_COORDINATOR_VERSION};
+
+    let c = Cluster::new("stayer").await?;
+    // Under exactly-once, where each rebalance's new generation also fences transactions.
+    let mut worker = c.worker(0, &["--processing-guarantee", "exactly-once"])?;
+    worker.wait_for_line(&[" assignment "], Duration::from_secs(60))?;
+    c.through(0, 50, Duration::from_secs(60), &worker).await?;
+
+    let group = c.group();
+    let stop = Arc::new(AtomicBool::new(false));
+    let joins = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let copycat = {
+        let (stop, joins, group) = (stop.clone(), joins.clone(), group.clone());
+        tokio::spawn(async move {
+            let settings = sluice::kafka::KafkaSettings::new(kafka().bootstrap());
+            let mut bootstrap = Connection::connect(&settings, kafka().bootstrap().split(',').next().unwrap()).await?;
+            let found = bootstrap
+                .send(
+                    &FindCoordinatorRequest::default()
+                        .with_key(StrBytes::from_string(group.clone()))
+                        .with_key_type(0),
+                    FIND_COORDINATOR_VERSION,
+                )
+                .await?;
+            let mut conn = Connection::connect(&settings, &format!("{}:{}", found.host, found.port)).await?;
+            let gid = GroupId(StrBytes::from_string(group.clone()));
+            let mut describer = intruder(&group, "sticky", None);
+            let mut member_id = String::new();
+            while !stop.load(Ordering::Relaxed) {
+                // The worker's metadata as it is now.
+                let described = describer.describe_group().await?;
+                let Some(theirs) = described.members.iter().find(|m| m.member_id != member_id) else {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                };
+                let request = JoinGroupRequest::default()
+                    .with_group_id(gid.clone())
+                    .with_session_timeout_ms(10_000)
+                    .with_rebalance_timeout_ms(20_000)
+                    .with_member_id(StrBytes::from_string(member_id.clone()))
+                    .with_protocol_type(StrBytes::from_static_str("consumer"))
+                    .with_protocols(vec![JoinGroupRequestProtocol::default()
+                        .with_name(StrBytes::from_static_str("sluice-sticky"))
+                        .with_metadata(theirs.raw.clone())]);
+                let joined = conn.send(&request, 7).await?;
+                match joined.error_code {
+                    0 => {}
+                    79 => {
+                        member_id = joined.member_id.to_string();
+                        continue;
+                    }
+                    25 => {
+                        member_id.clear();
+                        continue;
+                    }
+                    27 => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                    e => anyhow::bail!("JoinGroup answered error {e}"),
+                }
+                member_id = joined.member_id.to_string();
+                joins.fetch_add(1, Ordering::Relaxed);
+                let sync = SyncGroupRequest::default()
+                    .with_group_id(gid.clone())
+                    .with_generation_id(joined.generation_id)
+                    .with_member_id(joined.member_id.clone())
+                    .with_protocol_type(Some(StrBytes::from_static_str("consumer")))
+                    .with_protocol_name(Some(StrBytes::from_static_str("sluice-sticky")));
+                if conn.send(&sync, 5).await?.error_code != 0 {
+                    continue;
+                }
+                // A member's heartbeats until the group asks for a rejoin (or forgets it).
+                while !stop.load(Ordering::Relaxed) {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    let beat = HeartbeatRequest::default()
+                        .with_group_id(gid.clone())
+                        .with_generation_id(joined.generation_id)
+                        .with_member_id(joined.member_id.clone());
+                    match conn.send(&beat, 4).await?.error_code {
+                        0 => {}
+                        25 => {
+                            member_id.clear();
+                            break;
+                        }
+                        _ => break,
+                    }
+                }
+            }
+            anyhow::Ok(())
+        })
+    };
+    // Records through the worker, batch after batch, while the copy is in the group.
+    let began = Instant::now();
+    let mut from = 50;
+    while began.elapsed() < Duration::from_secs(20) {
+        c.through(from, from + 20, Duration::from_secs(8), &worker).await?;
+        from += 20;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    copycat.await??;
+    assert!(
+        joins.load(Ordering::Relaxed) > 0,
+        "the copy never joined, so this proved nothing"
+    );
+    assert!(worker.pid().is_some(), "the worker exited:\n{}", worker.log());
+    assert!(worker.terminate(Duration::from_secs(60))?.success(), "{}", worker.log());
+    Ok(())
+}

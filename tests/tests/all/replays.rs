@@ -321,3 +321,158 @@ async fn a_flood_of_unsigned_records_costs_bounded_memory_and_log() -> anyhow::R
     );
     Ok(())
 }
+
+/// Makes Kafka compact `topic` soon: small segments, any dirt worth cleaning. (The broker's
+/// cleaner looks every `log.cleaner.backoff.ms`, 1 s under dev/kafka.)
+async fn compact_soon(topic: &str) -> anyhow::Result<()> {
+    use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> = kafka().config().create()?;
+    let max_bytes = (2 * sluice::registry::CHUNK_BYTES).to_string();
+    let config = AlterConfig::new(ResourceSpecifier::Topic(topic))
+        .set("cleanup.policy", "compact")
+        .set("max.message.bytes", &max_bytes)
+        .set("segment.ms", "200")
+        .set("min.cleanable.dirty.ratio", "0.001")
+        .set("min.compaction.lag.ms", "0");
+    for r in admin.alter_configs([&config], &AdminOptions::new()).await? {
+        r.map_err(|(_, e)| anyhow::anyhow!("altering {topic}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Until Kafka has compacted `key` in `topic` down to one record (the newest), appending a
+/// record of another key now and then so the segment holding it rolls and can be cleaned.
+async fn until_compacted(topic: &str, key: &str) -> anyhow::Result<Written> {
+    let roll = Written {
+        key: "roll/segment".into(),
+        value: Some(b"x".to_vec()),
+        headers: vec![],
+    };
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        write_back(topic, &roll)?;
+        let left = written(topic, key)?;
+        if left.len() == 1 {
+            return Ok(left.into_iter().next().unwrap());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "Kafka did not compact {key} in {topic} within 90 s: {} records left",
+            left.len()
+        );
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+}
+
+/// The old tombstone written back again, and then Kafka compacts the registry: it keeps
+/// only the newest record of each key, and the newest is the tombstone no worker believed.
+/// A worker that starts after that must still run the topology (it used to find it gone:
+/// compaction shadowed the upload with the tombstone). The worker that skipped the
+/// tombstone writes what it believes of that key again, so the newest record is one it
+/// signed.
+#[tokio::test(flavor = "multi_thread")]
+async fn compaction_after_an_old_record_written_back_loses_nothing() -> anyhow::Result<()> {
+    let mut r = Registry::start("compact").await?;
+    let name = format!("{}shout", r.ns);
+    let m = r.dir.write(
+        "shout.toml",
+        &crate::registry::manifest(
+            &name,
+            &[("input", &format!("{}in", r.ns))],
+            &[("output", &format!("{}out", r.ns))],
+            "",
+        ),
+    );
+    let deploy = || {
+        crate::registry::cli(&[
+            "deploy",
+            guest("uppercase").to_str().unwrap(),
+            "--manifest",
+            m.to_str().unwrap(),
+            "--admin",
+            &format!("127.0.0.1:{}", r.port),
+            "--token",
+            "alpha-token",
+            "--output",
+            "json",
+        ])
+    };
+    let (ok, _, err) = deploy()?;
+    assert!(ok, "{err}");
+    let (code, body) = r.call("DELETE", &format!("/v1/topologies/{name}"), "alpha-token", b"")?;
+    assert_eq!(code, 200, "{body}");
+    let (ok, _, err) = deploy()?;
+    assert!(ok, "{err}");
+    let key = format!("t/{name}");
+    let tombstone = written(&r.topic(), &key)?
+        .into_iter()
+        .find(|w| w.value.is_none())
+        .expect("the delete wrote a tombstone");
+    // And a forged record over the first chunk of its component (which a worker with a fresh
+    // state directory needs).
+    let entry: serde_json::Value = serde_json::from_slice(
+        written(&r.topic(), &key)?
+            .last()
+            .and_then(|w| w.value.as_deref())
+            .expect("the upload wrote its entry"),
+    )?;
+    let chunk_key = format!(
+        "c/{}/00000",
+        entry["digest"].as_str().expect("an entry names its digest")
+    );
+    let chunk = written(&r.topic(), &chunk_key)?
+        .pop()
+        .expect("the upload wrote its component's chunks");
+    let before = r.rejected()?;
+    compact_soon(&r.topic()).await?;
+    write_back(&r.topic(), &tombstone)?;
+    write_back(
+        &r.topic(),
+        &Written {
+            key: chunk_key.clone(),
+            value: Some(b"not a component".to_vec()),
+            headers: vec![],
+        },
+    )?;
+    r.until_rejected(before, 2).await?;
+    let kept = until_compacted(&r.topic(), &key).await?;
+    assert!(
+        kept.value.is_some(),
+        "compaction kept the tombstone written back as the newest record of {key}"
+    );
+    let kept = until_compacted(&r.topic(), &chunk_key).await?;
+    assert_eq!(kept.value, chunk.value, "compaction kept the forged chunk");
+    // A worker starting now reads the compacted topic; one with a fresh state directory
+    // assembles the component from it.
+    r.worker.terminate(Duration::from_secs(60))?;
+    let fresh = TempDir::new("compact-fresh");
+    r.worker = Registry::worker(&fresh, &r.cluster, &r.config, r.port)?;
+    let (code, body) = r.call("GET", "/v1/topologies", "alpha-token", b"")?;
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        body.contains(&name),
+        "after compaction, a restarted worker does not know the topology: {body}"
+    );
+    // And it runs it.
+    kafka()
+        .produce(&format!("{}in", r.ns), &[(b"k".to_vec(), b"after compaction".to_vec())])
+        .await?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = kafka().read_all(&format!("{}out", r.ns), Duration::from_secs(5))?;
+        if out
+            .iter()
+            .any(|o| o.value.as_deref() == Some(b"AFTER COMPACTION".as_slice()))
+        {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the topology did not run after compaction:\n{}",
+            r.worker.log()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    Ok(())
+}
