@@ -131,6 +131,9 @@ pub struct Connection {
     reauthenticate_at: Option<std::time::Instant>,
     /// Times it authenticated again.
     reauthentications: u64,
+    /// The client certificate it showed in the TLS handshake, if any (to say so when the
+    /// broker refuses it).
+    client_certificate: Option<std::path::PathBuf>,
 }
 
 /// Longest a single request may take (JoinGroup waits up to the rebalance timeout).
@@ -159,15 +162,35 @@ impl Connection {
                 kafka: security.sasl.is_some().then(|| kafka.clone()),
                 reauthenticate_at: None,
                 reauthentications: 0,
+                client_certificate: security
+                    .tls
+                    .as_ref()
+                    .and_then(|t| t.client.as_ref())
+                    .map(|(c, _)| c.clone()),
             };
             if let Some(sasl) = &security.sasl {
                 connection.authenticate(sasl, kafka).await?;
+            } else if security.tls.is_some() {
+                connection.confirm_tls().await?;
             }
             Ok(connection)
         };
         tokio::time::timeout(CONNECT_TIMEOUT, connecting)
             .await
             .map_err(|_| fail(format!("no connection (TLS, SASL included) within {CONNECT_TIMEOUT:?}")))?
+    }
+
+    /// Asks the broker for nothing (Metadata of no topics) to learn whether it took the TLS
+    /// handshake: under TLS 1.3 the client's side of the handshake is over before the broker
+    /// has checked the client's certificate, and a broker that refuses it (none given, another
+    /// CA, expired) says so with an alert on the first request. Without this, a connection
+    /// with a refused certificate looked made, and the first request failed later as I/O.
+    /// (With SASL, SaslHandshake is that first request.)
+    async fn confirm_tls(&mut self) -> Result<(), ConnectionError> {
+        let request = MetadataRequest::default()
+            .with_topics(Some(Vec::new()))
+            .with_allow_auto_topic_creation(false);
+        self.exchange(&request, 12, CONNECT_TIMEOUT).await.map(|_| ())
     }
 
     /// Authenticates again (the session's time is nearly up), with the credentials or the
@@ -331,9 +354,11 @@ impl Connection {
         frame.put_i32(body.len() as i32);
         frame.extend_from_slice(&body);
 
-        let io = |e: std::io::Error| ConnectionError::Io {
-            addr: self.addr.clone(),
-            detail: e.to_string(),
+        let io = |e: std::io::Error| {
+            tls_failure(&self.addr, self.client_certificate.as_deref(), &e).unwrap_or_else(|| ConnectionError::Io {
+                addr: self.addr.clone(),
+                detail: e.to_string(),
+            })
         };
         let exchange = async {
             self.stream.write_all(&frame).await.map_err(io)?;
@@ -432,6 +457,49 @@ async fn tls_handshake(
         .connect(name, tcp)
         .await
         .map_err(|e| fail(e.to_string()))
+}
+
+/// A TLS failure after the handshake as [`ConnectionError::Tls`], none for any other I/O
+/// error. Under TLS 1.3 a broker checks the client's certificate after the client's side of
+/// the handshake is over, and refuses it with an alert on the first request:
+/// `bad_certificate` or `certificate_required` when none was shown, `certificate_unknown`,
+/// `unknown_ca`, `certificate_expired` (…) for one it does not take.
+fn tls_failure(
+    addr: &str,
+    client_certificate: Option<&std::path::Path>,
+    e: &std::io::Error,
+) -> Option<ConnectionError> {
+    use rustls::AlertDescription as A;
+    let tls = e.get_ref()?.downcast_ref::<rustls::Error>()?;
+    let detail = match (tls, client_certificate) {
+        (rustls::Error::AlertReceived(alert @ (A::BadCertificate | A::CertificateRequired)), None) => format!(
+            "the broker ended TLS with the alert {alert:?}: it asks for a client certificate and none is set \
+             (kafka.ssl.certificate.location, kafka.ssl.key.location)"
+        ),
+        (
+            rustls::Error::AlertReceived(
+                alert @ (A::BadCertificate
+                | A::CertificateRequired
+                | A::CertificateUnknown
+                | A::UnknownCA
+                | A::CertificateExpired
+                | A::CertificateRevoked
+                | A::UnsupportedCertificate
+                | A::AccessDenied),
+            ),
+            Some(cert),
+        ) => format!(
+            "the broker ended TLS with the alert {alert:?}: it does not take the client certificate {} (not \
+             signed by a CA it trusts, expired, or not for client authentication)",
+            cert.display()
+        ),
+        (rustls::Error::AlertReceived(alert), _) => format!("the broker ended TLS with the alert {alert:?}"),
+        (other, _) => other.to_string(),
+    };
+    Some(ConnectionError::Tls {
+        addr: addr.to_string(),
+        detail,
+    })
 }
 
 /// The client TLS configuration of `tls`, made once per setting (connections are many).
