@@ -42,12 +42,17 @@ pub struct Kafka {
 
 /// The credentials of a secured test cluster: its CA and each user's password; on an
 /// OAUTHBEARER cluster also each user's OAUTHBEARER environment (what workers connect with;
-/// the harness keeps to SCRAM, which the same listener takes).
+/// the harness keeps to SCRAM, which the same listener takes); on a mutual-TLS one each
+/// user's client certificate and key instead of a password.
 #[derive(Debug, Clone)]
 pub struct Security {
     pub ca: PathBuf,
     pub users: std::collections::BTreeMap<String, String>,
     pub oauth: std::collections::BTreeMap<String, Vec<(String, String)>>,
+    /// Mutual TLS (`dev/kafka up --security mtls`): each user's (certificate, key), PEM.
+    pub certificates: std::collections::BTreeMap<String, (PathBuf, PathBuf)>,
+    /// The cluster's state directory (`SLUICE_KAFKA_DIR` of its `dev/kafka`).
+    pub dir: PathBuf,
 }
 
 /// The Kafka cluster for this test run; see the module docs for where it comes from. With
@@ -96,6 +101,22 @@ pub(crate) fn refuse_under_no_kafka() {
 
 static SECURED: OnceLock<Kafka> = OnceLock::new();
 static OAUTH: OnceLock<Kafka> = OnceLock::new();
+static MTLS: OnceLock<Kafka> = OnceLock::new();
+
+/// A Kafka that takes client certificates (`dev/kafka up --security mtls` in a state
+/// directory of its own: SSL, a certificate required, ACLs on), started on first use and left
+/// running like the others: every user connects with its certificate (CN=worker is
+/// `User:worker`), `worker` with the same wide ACLs as on [`secured`]. The user `stranger`
+/// has a certificate for CN=worker signed by a CA the brokers do not trust.
+pub fn mtls_secured() -> &'static Kafka {
+    refuse_under_no_kafka();
+    MTLS.get_or_init(|| {
+        let kafka = start_secured_kafka(&["--security", "mtls"], &mtls_dir())
+            .unwrap_or_else(|e| panic!("no mutual-TLS Kafka for the tests: {e:#}"));
+        eprintln!("tests: using the mutual-TLS Kafka at {}", kafka.bootstrap);
+        kafka
+    })
+}
 
 /// A Kafka with OAUTHBEARER beside SCRAM (`dev/kafka up --security sasl_oauthbearer` in a
 /// state directory of its own, tokens of [`oidc::oidc`] living 10 s, connections
@@ -128,6 +149,7 @@ pub fn secured_at(bootstrap: &str) -> Option<&'static Kafka> {
         .get()
         .filter(|k| k.bootstrap == bootstrap)
         .or_else(|| OAUTH.get().filter(|k| k.bootstrap == bootstrap))
+        .or_else(|| MTLS.get().filter(|k| k.bootstrap == bootstrap))
 }
 
 fn secured_dir() -> PathBuf {
@@ -136,6 +158,10 @@ fn secured_dir() -> PathBuf {
 
 fn oauth_dir() -> PathBuf {
     repo_root().join("dev").join(".kafka-oauth")
+}
+
+fn mtls_dir() -> PathBuf {
+    repo_root().join("dev").join(".kafka-mtls")
 }
 
 fn start_secured_kafka(up: &[&str], dir: &std::path::Path) -> Result<Kafka> {
@@ -186,12 +212,27 @@ fn start_secured_kafka(up: &[&str], dir: &std::path::Path) -> Result<Kafka> {
             oauth.insert(user.clone(), env);
         }
     }
+    // Each user's client certificate on a mutual-TLS cluster.
+    let mut certificates = std::collections::BTreeMap::new();
+    if let Some(clients) = security["clients"].as_object() {
+        for (user, client) in clients {
+            let path = |what: &str| {
+                client[what]
+                    .as_str()
+                    .map(PathBuf::from)
+                    .with_context(|| format!("no {what} for {user} in the mutual-TLS cluster's file"))
+            };
+            certificates.insert(user.clone(), (path("certificate")?, path("key")?));
+        }
+    }
     let kafka = Kafka {
         bootstrap,
         security: Some(Security {
             ca: PathBuf::from(security["ca"].as_str().context("no CA in the secured cluster's file")?),
             users,
             oauth,
+            certificates,
+            dir: dir.to_path_buf(),
         }),
     };
     // Wide ACLs for the workers of ordinary tests (any topic, group and transactional id of
@@ -350,6 +391,15 @@ impl Kafka {
     /// The client properties of `user` on this cluster (none on a plaintext one).
     pub fn properties(&self, user: &str) -> Vec<(&'static str, String)> {
         let Some(s) = &self.security else { return Vec::new() };
+        if !s.certificates.is_empty() {
+            let (cert, key) = s.certificates.get(user).cloned().unwrap_or_default();
+            return vec![
+                ("security.protocol", "SSL".into()),
+                ("ssl.ca.location", s.ca.display().to_string()),
+                ("ssl.certificate.location", cert.display().to_string()),
+                ("ssl.key.location", key.display().to_string()),
+            ];
+        }
         vec![
             ("security.protocol", "SASL_SSL".into()),
             ("sasl.mechanism", "SCRAM-SHA-512".into()),
@@ -381,6 +431,23 @@ impl Kafka {
     /// Whether this is a secured cluster.
     pub fn is_secured(&self) -> bool {
         self.security.is_some()
+    }
+
+    /// `dev/kafka renew-cert USER ARGS` on this mutual-TLS cluster: a new certificate for
+    /// `user` written over its file (`--days N`, `--seconds N`, `--new-key`); its serial.
+    pub fn renew_certificate(&self, user: &str, args: &[&str]) -> Result<String> {
+        let s = self.security.as_ref().context("not a secured cluster")?;
+        anyhow::ensure!(!s.certificates.is_empty(), "not a mutual-TLS cluster");
+        let mut all = vec!["renew-cert", user];
+        all.extend_from_slice(args);
+        dev_script("kafka", &all, &[("SLUICE_KAFKA_DIR", &s.dir)])
+    }
+
+    /// `dev/kafka ARGS` on this secured cluster, one of the harness's own (`restart --node
+    /// 1`, say); the run's plain cluster may be one the harness did not start.
+    pub fn dev_kafka(&self, args: &[&str]) -> Result<String> {
+        let s = self.security.as_ref().context("not a secured cluster of the harness")?;
+        dev_script("kafka", args, &[("SLUICE_KAFKA_DIR", &s.dir)])
     }
 
     /// Creates a topic with `partitions` partitions and waits until it exists.

@@ -143,11 +143,33 @@ impl WorkerProcess {
         args: &[&str],
         env: &[(String, String)],
     ) -> Result<WorkerProcess> {
+        Self::spawn(bootstrap, log_dir, args, env, true)
+    }
+
+    /// As [`start_with_env`](Self::start_with_env), but with none of the secured cluster's
+    /// `worker` credentials: only `env` says how to connect (a worker without a client
+    /// certificate, say).
+    pub fn start_with_only_env(
+        bootstrap: &str,
+        log_dir: &Path,
+        args: &[&str],
+        env: &[(String, String)],
+    ) -> Result<WorkerProcess> {
+        Self::spawn(bootstrap, log_dir, args, env, false)
+    }
+
+    fn spawn(
+        bootstrap: &str,
+        log_dir: &Path,
+        args: &[&str],
+        env: &[(String, String)],
+        as_worker: bool,
+    ) -> Result<WorkerProcess> {
         let log = log_dir.join(crate::unique_name("worker") + ".log");
         let file = std::fs::File::create(&log)?;
         let mut command = Command::new(sluice_binary());
         // On the secured cluster, workers connect as its `worker` principal.
-        if let Some(kafka) = crate::secured_at(bootstrap) {
+        if let Some(kafka) = crate::secured_at(bootstrap).filter(|_| as_worker) {
             command.envs(kafka.env_as("worker"));
         }
         command.envs(env.iter().map(|(k, v)| (k, v)));

@@ -20,6 +20,7 @@ mod kafka_roundtrip;
 mod kafka_tools;
 mod kills;
 mod learners;
+mod mtls;
 mod ownership;
 mod partitioning;
 mod policies;
