@@ -160,7 +160,9 @@ pub struct WorkerSettings {
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     session_timeout: Duration,
     /// How often a worker heartbeats: also how soon it learns that the group rebalances (a
-    /// task moving to or from it waits for that).
+    /// task moving to or from it waits for that). Five intervals (at least 1.5 s) are its
+    /// lease: it pauses processing when it has heard nothing from the coordinator for that
+    /// long. Give every worker of a cluster the same interval.
     #[arg(long, default_value = "300ms", value_parser = humantime::parse_duration)]
     heartbeat_interval: Duration,
     /// How tasks are placed: `sticky` (cooperative) or `eager` (stop-the-world baseline).

@@ -1,11 +1,14 @@
 //! A worker in a cluster: joins the group, applies each assignment (revoked tasks stop
 //! before anything else happens), heartbeats on schedule — also while tasks stop — and
-//! leaves on shutdown. Losing the membership in any way (the coordinator says so during a
-//! heartbeat, join or sync, or the lease runs out) is one path: every task stops without
-//! committing, then the worker rejoins.
+//! leaves on shutdown. Losing the membership (the coordinator says so during a heartbeat,
+//! join or sync, or the lease runs out) while the lease still holds pauses every task and
+//! rejoins at once: a leader holds a vanished member's tasks back for longer than that lease
+//! (see `holds`), so tasks the group gives back within it go on where they were; otherwise,
+//! and on any other loss, every task stops without committing, then the worker rejoins.
 
 mod config;
 mod decide;
+mod holds;
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -15,7 +18,7 @@ use anyhow::Context as _;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::deploys::TopologyChange;
-use super::heartbeats::{lease_margin, Heartbeats, Kept};
+use super::heartbeats::{lease_margin, liveness, vanished_hold, Heartbeats, Kept};
 use super::intruders::{Intruders, Next};
 use super::learners::{learners_caught_up, ChangelogEnds, LEARNER_CHECK_EVERY, STANDBY_CHECK_EVERY};
 use super::{Handovers, TaskRunner, WorkerReport};
@@ -103,6 +106,12 @@ struct GroupRunner<'a> {
     /// When the first assignment of a run of rejoins came (a round that revokes tasks
     /// elsewhere): tasks assigned here at the end of it are handovers, timed from then.
     round_began: Option<Instant>,
+    /// As leader: tasks of members that vanished, held back (see `holds`).
+    holds: std::cell::RefCell<holds::Holds>,
+    /// The membership was lost while the lease held: every task is paused (the lease is
+    /// revoked and renewals do not reach it) until this moment, when the lease would have
+    /// ended; the next assignment says which of them go on (see [`GroupRunner::pause`]).
+    paused_until: Option<Instant>,
 }
 
 impl<'a> GroupRunner<'a> {
@@ -135,7 +144,10 @@ impl<'a> GroupRunner<'a> {
             last_stable: std::cell::Cell::new(None),
             lease_length: cluster
                 .session_timeout
-                .saturating_sub(lease_margin(cluster.session_timeout)),
+                .saturating_sub(lease_margin(cluster.session_timeout))
+                .min(liveness(cluster.heartbeat_interval)),
+            last_heard: std::cell::Cell::new(None),
+            paused: std::cell::Cell::new(false),
             timeout: (cluster.session_timeout / 4).max(Duration::from_millis(200)),
         };
         Ok(GroupRunner {
@@ -152,6 +164,8 @@ impl<'a> GroupRunner<'a> {
             rejoins: (i32::MIN, 0),
             leaving_since: None,
             round_began: None,
+            holds: std::cell::RefCell::new(holds::Holds::new(vanished_hold(cluster.heartbeat_interval))),
+            paused_until: None,
         })
     }
 
@@ -194,6 +208,12 @@ impl<'a> GroupRunner<'a> {
     async fn prepare(&mut self) -> Step<Prepared> {
         let began = Instant::now();
         self.runner.board().rebalance_started();
+        if self.paused_until.is_some_and(|until| Instant::now() >= until) {
+            // Too late to go on: others may be given the paused tasks by now. Claiming
+            // them would only make two owners.
+            self.lose("the paused tasks' lease ran out before the group gave them back")
+                .await;
+        }
         // What this worker runs (uploads and deletions change it between joins).
         let topologies = self.runner.topology_infos();
         let stateful = self.runner.changelog_partitions();
@@ -260,20 +280,32 @@ impl<'a> GroupRunner<'a> {
         // The leader places what the members say they run, not what it runs itself.
         let staying = std::cell::Cell::new(usize::MAX);
         let assignor = &self.assignor;
+        let holds = &self.holds;
         let assign = |members: &BTreeMap<String, MemberMetadata>| {
             staying.set(members.values().filter(|m| !m.leaving).count());
-            let placement = placement::plan(members, &prepared.topologies);
+            let mut placement = placement::plan(members, &prepared.topologies);
             for problem in &placement.problems {
                 tracing::warn!(cluster = %cluster.name, "{problem}");
             }
-            placement::assign(
+            let mut holds = holds.borrow_mut();
+            let held = holds.held(members, &placement.tasks, Instant::now());
+            if !held.is_empty() {
+                tracing::info!(
+                    cluster = %cluster.name, tasks = held.len(),
+                    "holding back the tasks of a member that left the group without leaving it (it may still run them until its lease ends); they are placed when it comes back or once the hold is over"
+                );
+                placement.tasks.retain(|t| !held.contains(t));
+            }
+            let out = placement::assign(
                 &**assignor,
                 members,
                 &placement,
                 &prepared.ends,
                 cluster.standby_replicas,
                 cluster.learners,
-            )
+            );
+            holds.remember(members, &out);
+            out
         };
         // While the join waits (for a slow member, up to the rebalance timeout), a probe
         // keeps the session — and so the lease — alive, so tasks keep processing through a
@@ -288,7 +320,7 @@ impl<'a> GroupRunner<'a> {
                 tokio::time::sleep(cluster.heartbeat_interval).await;
                 let sent = Instant::now();
                 if probe.still_member(heartbeats.timeout).await {
-                    heartbeats.lease.renew(sent, heartbeats.lease_length);
+                    heartbeats.renew(sent);
                 }
             }
         };
@@ -302,9 +334,10 @@ impl<'a> GroupRunner<'a> {
             _ = &mut *shutdown => return Ok(Err(Then::Leave)),
         };
         let joined = go_on!(self.joined_or_why_not(joined, shutdown).await);
-        self.heartbeats
-            .lease
-            .renew(joined.alive_at, self.heartbeats.lease_length);
+        if !joined.leader {
+            self.holds.borrow_mut().forget();
+        }
+        self.heartbeats.renew(joined.alive_at);
         // Transactions from now on prove this generation (the tasks it revokes are still
         // this worker's until it rejoins; none it assigns were anyone else's in it).
         self.runner.fence().admit(
@@ -333,7 +366,7 @@ impl<'a> GroupRunner<'a> {
         let next = match joined {
             Ok(joined) => return Ok(Ok(joined)),
             Err(MembershipError::Lost { reason, call, .. }) => {
-                lose_membership(&mut self.runner, &format!("{call}: {reason}")).await;
+                self.pause(&format!("{call}: {reason}")).await;
                 return Ok(Err(Then::Rejoin));
             }
             Err(MembershipError::BadAssignment { detail, leader, .. }) => {
@@ -353,11 +386,8 @@ impl<'a> GroupRunner<'a> {
             Err(MembershipError::Fenced { .. }) => {
                 // Another member holds this worker's group.instance.id: the coordinator may
                 // hand its tasks out already.
-                lose_membership(
-                    &mut self.runner,
-                    "another member joined with this worker's group.instance.id",
-                )
-                .await;
+                self.lose("another member joined with this worker's group.instance.id")
+                    .await;
                 self.intruders
                     .fenced(cluster, &mut self.membership, self.worker_id)
                     .await
@@ -394,7 +424,7 @@ impl<'a> GroupRunner<'a> {
                 cluster = %self.cluster.name, error = a.error,
                 "the leader could not read this worker's metadata (a version it does not know?); no tasks for now, rejoining in 5s"
             );
-            lose_membership(&mut self.runner, "the leader did not read this worker's metadata").await;
+            self.lose("the leader did not read this worker's metadata").await;
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_secs(5)) => {}
                 _ = &mut *shutdown => return Ok(Err(Then::Leave)),
@@ -409,6 +439,13 @@ impl<'a> GroupRunner<'a> {
             learners = %a.learner.iter().map(TaskId::to_string).collect::<Vec<_>>().join(","),
             "assignment"
         );
+        if let Some(until) = self.paused_until.take() {
+            self.settle_pause(a, until, joined.alive_at);
+        }
+        // Whether this worker joined claiming nothing: only then may a drained worker leave
+        // (one that stops its last tasks now joins once more without them, so the leader
+        // sees it run nothing instead of a member that vanished with them: see `holds`).
+        let joined_with_nothing = self.runner.owned().is_empty();
         let promoted = self.note_moves(a, ends);
         let handovers = go_on!(self.stop_what_leaves(joined.generation, a).await);
         for (t, lag) in &promoted {
@@ -423,12 +460,16 @@ impl<'a> GroupRunner<'a> {
         if !a.rejoin {
             self.runner.board().rebalance_finished();
         }
-        if self.leaving_since.is_some() && self.runner.owned().is_empty() {
+        if self.leaving_since.is_some() && self.runner.owned().is_empty() && joined_with_nothing {
             tracing::info!(
                 seconds = %format!("{:.1}", self.leaving_since.map_or(0.0, |t| t.elapsed().as_secs_f64())),
                 "drained: every task runs elsewhere now; leaving the group"
             );
             return Ok(Err(Then::Leave));
+        }
+        if self.leaving_since.is_some() && !joined_with_nothing && self.runner.owned().is_empty() {
+            tracing::debug!(target: "handover", "drained: rejoining once without the last tasks before leaving");
+            return Ok(Err(Then::Rejoin));
         }
         if a.rejoin {
             // Asked to rejoin again in the same generation: the rebalance waits for another
@@ -443,6 +484,69 @@ impl<'a> GroupRunner<'a> {
             return Ok(Err(Then::Rejoin));
         }
         Ok(Ok(()))
+    }
+
+    /// The membership is lost (`why`) while the lease still holds: every task pauses (the
+    /// lease and the fence are revoked, so nothing is processed or committed, and renewals
+    /// do not reach the lease until the next assignment says what goes on) and the worker
+    /// rejoins at once, claiming them. A leader holds a vanished member's tasks back for
+    /// longer than the lease could have run (see `holds`), so if the group gives them back
+    /// before that moment nobody ran them meanwhile, and they go on where they were
+    /// ([`settle_pause`](Self::settle_pause)). With the lease already over (or nothing to
+    /// pause) it is a plain loss.
+    async fn pause(&mut self, why: &str) {
+        if self.paused_until.is_some() {
+            tracing::warn!("{why}: the tasks stay paused, rejoining");
+            return;
+        }
+        let left = self.runner.lease().remaining();
+        if left.is_zero() || self.runner.owned().is_empty() {
+            return self.lose(why).await;
+        }
+        self.paused_until = Some(Instant::now() + left);
+        self.heartbeats.paused.set(true);
+        self.runner.lease().revoke();
+        self.runner.fence().revoke();
+        self.runner.board().not_ready();
+        self.holds.borrow_mut().forget();
+        tracing::warn!(
+            tasks = self.runner.owned().len(),
+            ms = left.as_millis() as u64,
+            "{why}: pausing every task (nothing processed or committed) and rejoining; they go on if the group gives them back within the lease"
+        );
+    }
+
+    /// The first assignment after a pause: the paused tasks it gives back go on where they
+    /// were if it came before the lease would have ended (`until`): the leader held them
+    /// back until then, so nobody else ran them. The rest stop without committing (those
+    /// assigned start again, from their last commit). Then the lease runs again, from the
+    /// request that got this generation (`alive_at`).
+    fn settle_pause(&mut self, a: &Assignment, until: Instant, alive_at: Instant) {
+        let owned = self.runner.owned();
+        let in_time = Instant::now() < until;
+        let (resume, abort): (Vec<TaskId>, Vec<TaskId>) = if in_time {
+            owned.into_iter().partition(|t| a.active.contains(t))
+        } else {
+            (Vec::new(), owned)
+        };
+        if !abort.is_empty() {
+            let stopping = self.runner.begin_stop(&abort, true);
+            tokio::task::block_in_place(|| self.runner.finish(stopping));
+        }
+        tracing::info!(
+            resumed = resume.len(), stopped = abort.len(), in_time,
+            "the group is joined again: paused tasks it gave back go on where they were, the others stopped without committing"
+        );
+        self.heartbeats.unpause(alive_at);
+    }
+
+    /// The membership is lost and the tasks cannot wait for it (see
+    /// [`pause`](Self::pause)): they stop without committing.
+    async fn lose(&mut self, why: &str) {
+        self.paused_until = None;
+        self.heartbeats.paused.set(false);
+        self.holds.borrow_mut().forget();
+        lose_membership(&mut self.runner, why).await;
     }
 
     /// Notes what an assignment moves: tasks arriving at the end of a round of rejoins are
@@ -480,7 +584,7 @@ impl<'a> GroupRunner<'a> {
             .wait_for(&mut self.membership, &mut self.runner, stopping)
             .await?
         {
-            lose_membership(&mut self.runner, &why).await;
+            self.lose(&why).await;
             return Ok(Err(Then::Rejoin));
         }
         if !stop.is_empty() {
@@ -512,12 +616,14 @@ impl<'a> GroupRunner<'a> {
         // Wakes the loop at once when a drain is asked for.
         let mut asked_to_drain = cluster.drain.as_ref().map(|d| d.subscribe());
         loop {
+            let hold_ends = self.holds.borrow().next_end();
             let wake = decide::wake_at(
                 next_beat,
                 Instant::now() + super::REAP_EVERY,
                 self.runner.has_learners().then_some(next_learner_check),
                 self.runner.has_standbys().then_some(next_standby_check),
             );
+            let wake = hold_ends.map_or(wake, |end| wake.min(end));
             let leaving = self.leaving_since.is_some();
             tokio::select! {
                 _ = tokio::time::sleep_until(wake.into()) => {}
@@ -543,6 +649,13 @@ impl<'a> GroupRunner<'a> {
             {
                 return Ok(Then::Rejoin);
             }
+            if hold_ends.is_some_and(|end| Instant::now() >= end) {
+                tracing::info!(
+                    tasks = self.holds.borrow().count(),
+                    "a member that left the group without leaving it has not come back: rejoining to place its tasks"
+                );
+                return Ok(Then::Rejoin);
+            }
             let now = Instant::now();
             let learning = self.runner.has_learners() && now >= next_learner_check;
             if learning || (self.runner.has_standbys() && now >= next_standby_check) {
@@ -564,7 +677,7 @@ impl<'a> GroupRunner<'a> {
                     return Ok(Then::Rejoin);
                 }
                 Kept::Lost(why) => {
-                    lose_membership(&mut self.runner, &why).await;
+                    self.pause(&why).await;
                     return Ok(Then::Rejoin);
                 }
             }
@@ -587,7 +700,7 @@ impl<'a> GroupRunner<'a> {
             .wait_for(&mut self.membership, &mut self.runner, stopping)
             .await?
         {
-            lose_membership(&mut self.runner, &why).await;
+            self.lose(&why).await;
         }
         let _ = tokio::task::block_in_place(|| self.runner.stop_standbys(&standbys, &[]));
         for name in &change.remove {
@@ -617,7 +730,7 @@ impl<'a> GroupRunner<'a> {
     /// the group is left, and the error goes to the caller.
     async fn fail(mut self, e: anyhow::Error) -> anyhow::Error {
         tracing::error!(cluster = %self.cluster.name, "the worker stops: {e:#}");
-        lose_membership(&mut self.runner, "the worker stops on an error").await;
+        self.lose("the worker stops on an error").await;
         let _ = tokio::time::timeout(Duration::from_secs(5), self.membership.leave()).await;
         tokio::task::block_in_place(|| self.runner.stop_all());
         e

@@ -1,7 +1,9 @@
 //! Keeping a cluster worker's membership, and so its lease, alive: heartbeats on schedule
 //! (also while tasks stop), each renewing the lease to the moment it was sent plus the
-//! session timeout less a margin, so the lease ends before the coordinator could give the
-//! tasks away (see `task::control`).
+//! [`liveness`] window (never past the session timeout less a margin), so the lease ends
+//! before the coordinator could give the tasks away (see `task::control`) and before a
+//! leader gives away the tasks of a member that vanished from the group without leaving it
+//! (removed by someone else's LeaveGroup: see `group_runner::holds`).
 
 use std::time::{Duration, Instant};
 
@@ -25,8 +27,14 @@ pub(super) struct Heartbeats<'a> {
     /// When the last heartbeat that found the group stable was sent: a rebalance began
     /// after it.
     pub(super) last_stable: std::cell::Cell<Option<Instant>>,
-    /// How long a heartbeat keeps the lease: the session timeout less a safety margin.
+    /// How long a heartbeat keeps the lease: the [`liveness`] window, at most the session
+    /// timeout less a safety margin.
     pub(super) lease_length: Duration,
+    /// When the last heartbeat (or join) the coordinator answered as a member was sent.
+    pub(super) last_heard: std::cell::Cell<Option<Instant>>,
+    /// Renewals do not reach the lease: the membership was lost and the tasks wait, paused,
+    /// for the worker to learn (from its next assignment) whether they may go on.
+    pub(super) paused: std::cell::Cell<bool>,
     /// A heartbeat not answered within this counts as unreachable.
     pub(super) timeout: Duration,
 }
@@ -47,7 +55,7 @@ impl Heartbeats<'_> {
         Ok(match beat {
             Heartbeat::Alive => {
                 self.last_stable.set(Some(sent));
-                self.lease.renew(sent, self.lease_length);
+                self.renew(sent);
                 Kept::Member { rejoin: false }
             }
             Heartbeat::RejoinNeeded => {
@@ -59,16 +67,50 @@ impl Heartbeats<'_> {
                     .checked_sub(lease_margin(self.cluster.session_timeout))
                     .unwrap_or(began);
                 self.lease.cap_at(cap);
-                self.lease.renew(sent, self.lease_length);
+                self.renew(sent);
                 Kept::Member { rejoin: true }
             }
             Heartbeat::Lost => Kept::Lost("the group coordinator no longer knows this worker".into()),
-            Heartbeat::Unreachable if !self.lease.valid() => Kept::Lost(format!(
+            // The lease lapses after the liveness window (the tasks wait meanwhile); the
+            // membership is given up only when the coordinator may have dropped it.
+            Heartbeat::Unreachable if !self.may_be_member(sent) => Kept::Lost(format!(
                 "no successful heartbeat for {:?} (the session timeout is {:?})",
-                self.lease_length, self.cluster.session_timeout
+                self.session_lease(),
+                self.cluster.session_timeout
             )),
             Heartbeat::Unreachable => Kept::Member { rejoin: false },
         })
+    }
+
+    /// The coordinator answered a request sent at `sent` as from a member: the lease runs
+    /// on from then (unless the tasks are paused).
+    pub(super) fn renew(&self, sent: Instant) {
+        self.last_heard
+            .set(Some(self.last_heard.get().map_or(sent, |t| t.max(sent))));
+        if !self.paused.get() {
+            self.lease.renew(sent, self.lease_length);
+        }
+    }
+
+    /// Paused tasks may go on: the lease runs from `sent` (a request the coordinator answered
+    /// in the generation that gave them back).
+    pub(super) fn unpause(&self, sent: Instant) {
+        self.paused.set(false);
+        self.renew(sent);
+    }
+
+    /// The session timeout less the margin: how long after the last answered request the
+    /// coordinator surely still knows this member.
+    fn session_lease(&self) -> Duration {
+        let session = self.cluster.session_timeout;
+        session.saturating_sub(lease_margin(session))
+    }
+
+    /// Whether the coordinator may still count this worker a member at `now`.
+    fn may_be_member(&self, now: Instant) -> bool {
+        self.last_heard
+            .get()
+            .is_some_and(|heard| now.saturating_duration_since(heard) < self.session_lease())
     }
 
     /// Waits for stopping tasks to end while heartbeating on schedule, so a slow stop never
@@ -102,6 +144,26 @@ impl Heartbeats<'_> {
         runner.finish(stopping);
         Ok(kept)
     }
+}
+
+/// How long after a request the coordinator answered as from a member this worker may go on
+/// processing without hearing from it again: five heartbeat intervals, at least 1.5 s (and
+/// never past the session timeout less [`lease_margin`]: see `Heartbeats::lease_length`).
+///
+/// A member removed by someone else's LeaveGroup learns it from its next heartbeat, but the
+/// coordinator has let the others rebalance without it at once; the leader holds that
+/// member's tasks back for [`vanished_hold`], which outlasts this window, so they are never
+/// run by two members at once, and the removed member that rejoins within it gets them back
+/// without a restart. Every worker of a cluster should have the same heartbeat interval (a
+/// leader's hold is its own window).
+pub(super) fn liveness(heartbeat_interval: Duration) -> Duration {
+    (heartbeat_interval * 5).max(Duration::from_millis(1500))
+}
+
+/// How long a leader holds back the tasks of a member that left the group without saying
+/// so (see [`liveness`]): the window, and a margin for the clocks of two processes.
+pub(super) fn vanished_hold(heartbeat_interval: Duration) -> Duration {
+    liveness(heartbeat_interval) + Duration::from_millis(250)
 }
 
 /// How much earlier than the coordinator a member gives up its tasks: a fifth of the session

@@ -510,3 +510,188 @@ async fn a_member_with_copied_metadata_that_stays_stops_no_processing() -> anyho
     assert!(worker.terminate(Duration::from_secs(60))?.success(), "{}", worker.log());
     Ok(())
 }
+
+/// The active tasks `GET /status` on `port` shows, with their seconds in that role.
+fn active_tasks(port: u16) -> anyhow::Result<BTreeMap<String, f64>> {
+    let (code, body) = http(port, "GET", "/status", &[], b"")?;
+    anyhow::ensure!(code == 200, "GET /status on {port}: {code} {body}");
+    let status: serde_json::Value = serde_json::from_str(&body)?;
+    Ok(status["tasks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|t| t["role"] == "active")
+        .map(|t| {
+            (
+                t["task"].as_str().unwrap_or_default().to_string(),
+                t["in_role_seconds"].as_f64().unwrap_or_default(),
+            )
+        })
+        .collect())
+}
+
+/// Anyone who reaches a Kafka without ACLs may send LeaveGroup for a worker's member id (it
+/// is in DescribeGroups). The removed worker must keep its tasks: it rejoins within a
+/// heartbeat or two, its tasks never run on the other worker, are not restarted (their time
+/// in the role goes on through the attack) and, records produced all along, every record
+/// comes out exactly once. It used to stop every task without committing and rejoin, and
+/// the group could hand them to the other worker at once.
+async fn a_leave_group_from_outside(guarantee: &str) -> anyhow::Result<()> {
+    use sluice::group::framing::unframe_metadata;
+    let c = Cluster::new("leave").await?;
+    let other_port = free_port();
+    let other_admin = format!("127.0.0.1:{other_port}");
+    let mut victim = c.worker(0, &["--processing-guarantee", guarantee])?;
+    let mut other = c.worker(1, &["--metrics", &other_admin, "--processing-guarantee", guarantee])?;
+    // One task each, both running.
+    let began = Instant::now();
+    let (mine, theirs) = loop {
+        let (mine, theirs) = (
+            active_tasks(c.port).unwrap_or_default(),
+            active_tasks(other_port).unwrap_or_default(),
+        );
+        // Settled: each has had its task for a while.
+        let settled = |t: &BTreeMap<String, f64>| t.len() == 1 && t.values().all(|s| *s > 2.0);
+        if settled(&mine) && settled(&theirs) {
+            break (mine, theirs);
+        }
+        anyhow::ensure!(
+            began.elapsed() < Duration::from_secs(60),
+            "the two workers did not get a task each: {mine:?} {theirs:?}\n{}\n{}",
+            victim.log(),
+            other.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let task = mine.keys().next().unwrap().clone();
+    c.through(0, 40, Duration::from_secs(60), &victim).await?;
+
+    // Records all along, 10 every 100 ms.
+    let stop = Arc::new(AtomicBool::new(false));
+    let producing = {
+        let (stop, input) = (stop.clone(), c.input.clone());
+        tokio::spawn(async move {
+            let mut next = 40;
+            while !stop.load(Ordering::Relaxed) {
+                let records: Vec<(Vec<u8>, Vec<u8>)> = (next..next + 10)
+                    .map(|i| (format!("k{i}").into_bytes(), format!("v{i}").into_bytes()))
+                    .collect();
+                kafka().produce(&input, &records).await?;
+                next += 10;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            anyhow::Ok(next)
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // The victim's member id, as anyone reads it: the member whose metadata names its
+    // admin address (what it claimed at its last join may be nothing yet).
+    let victim_admin = format!("127.0.0.1:{}", c.port);
+    let mut asker = intruder(&c.group(), "sticky", None);
+    let described = asker.describe_group().await?;
+    let target = described
+        .members
+        .iter()
+        .find(|m| {
+            unframe_metadata(&m.raw)
+                .ok()
+                .and_then(|b| MemberMetadata::decode(&b).ok())
+                .is_some_and(|meta| meta.admin == victim_admin)
+        })
+        .unwrap_or_else(|| panic!("no member has the admin address {victim_admin}: {described:?}"));
+    let before = active_tasks(c.port)?[&task];
+    let attacked = Instant::now();
+    asker.remove_members(&[target]).await?;
+    let removed = target.member_id.clone();
+
+    // For 8 s: the task stays with the victim and never shows on the other worker.
+    let mut seen_gone = false;
+    while attacked.elapsed() < Duration::from_secs(8) {
+        let theirs_now = active_tasks(other_port)?;
+        assert!(
+            !theirs_now.contains_key(&task),
+            "{:.2}s after a LeaveGroup for the worker, its task {task} runs on the other worker ({theirs:?} before)\nvictim:\n{}\nother:\n{}",
+            attacked.elapsed().as_secs_f64(),
+            victim.log(),
+            other.log()
+        );
+        if let Some(now) = active_tasks(c.port)?.get(&task) {
+            assert!(
+                *now + 0.5 >= before + attacked.elapsed().as_secs_f64(),
+                "the victim's task {task} began its role again {now:.2}s ago ({before:.2}s before the attack, {:.2}s since): it was restarted\n{}",
+                attacked.elapsed().as_secs_f64(),
+                victim.log()
+            );
+        } else {
+            seen_gone = true;
+        }
+        if !seen_gone
+            && asker
+                .describe_group()
+                .await?
+                .members
+                .iter()
+                .all(|m| m.member_id != removed)
+        {
+            // The removal took (checked once: the victim joins again under a new id).
+            seen_gone = true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        seen_gone,
+        "the LeaveGroup did not remove the worker, so this proved nothing"
+    );
+    assert!(
+        active_tasks(c.port)?.contains_key(&task),
+        "the victim does not run {task} any more\n{}",
+        victim.log()
+    );
+    stop.store(true, Ordering::Relaxed);
+    let produced = producing.await??;
+
+    // Every record out exactly once (no restart, no second owner: nothing processed twice).
+    let want: Vec<String> = (0..produced).map(|i| format!("V{i}")).collect();
+    let began = Instant::now();
+    loop {
+        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        for r in kafka().read_all(&c.output, Duration::from_secs(5))? {
+            *counts
+                .entry(String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned())
+                .or_default() += 1;
+        }
+        let missing = want.iter().filter(|w| !counts.contains_key(*w)).count();
+        let twice: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).map(|(v, _)| v.clone()).collect();
+        assert!(
+            twice.is_empty(),
+            "{} records came out more than once through the attack (the first: {:?})\n{}",
+            twice.len(),
+            &twice[..twice.len().min(5)],
+            victim.log()
+        );
+        if missing == 0 {
+            assert_eq!(counts.len(), want.len(), "records out that were never produced");
+            break;
+        }
+        anyhow::ensure!(
+            began.elapsed() < Duration::from_secs(60),
+            "{missing} of {produced} records did not come out\n{}",
+            victim.log()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(victim.terminate(Duration::from_secs(60))?.success(), "{}", victim.log());
+    assert!(other.terminate(Duration::from_secs(60))?.success(), "{}", other.log());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leave_group_from_outside_costs_an_at_least_once_worker_no_task() -> anyhow::Result<()> {
+    a_leave_group_from_outside("at-least-once").await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leave_group_from_outside_costs_an_exactly_once_worker_no_task() -> anyhow::Result<()> {
+    a_leave_group_from_outside("exactly-once").await
+}
