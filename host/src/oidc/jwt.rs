@@ -338,8 +338,11 @@ impl Verifier {
                 since.as_secs()
             ));
         }
+        let fetched = fetch_keys(&self.http, &self.jwks_url).await;
+        // From the end of the fetch: requests that waited for it (a slow provider, up to the
+        // request timeout) look the key up in what it brought, and do not fetch again.
         *last = Instant::now();
-        match fetch_keys(&self.http, &self.jwks_url).await {
+        match fetched {
             Ok(keys) if !keys.is_empty() => {
                 *self.keys.write().unwrap() = Arc::new(KeySet {
                     keys,
@@ -402,8 +405,12 @@ impl Verifier {
         *last = Instant::now();
         let me = self.clone();
         tokio::spawn(async move {
-            let _held = last;
-            match fetch_keys(&me.http, &me.jwks_url).await {
+            let mut last = last;
+            let fetched = fetch_keys(&me.http, &me.jwks_url).await;
+            // Held until now: a request for an unknown key waits for this fetch, then
+            // finds the set just read (see `key_for`).
+            *last = Instant::now();
+            match fetched {
                 Ok(keys) if !keys.is_empty() => {
                     *me.keys.write().unwrap() = Arc::new(KeySet {
                         keys,

@@ -16,6 +16,7 @@ mod hostile;
 mod identity;
 mod intrusions;
 mod isolation;
+mod jwks;
 mod kafka_roundtrip;
 mod kafka_tools;
 mod kills;
