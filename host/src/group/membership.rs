@@ -452,8 +452,14 @@ impl Membership {
                     );
                     unreadable.push(m.member_id.to_string());
                 }
-                Ok((meta, _)) => {
-                    members.insert(m.member_id.to_string(), meta);
+                Ok((meta, from)) => {
+                    members.insert(
+                        m.member_id.to_string(),
+                        MemberMetadata {
+                            joined_from: Some(from),
+                            ..meta
+                        },
+                    );
                 }
                 Err(e) => {
                     tracing::warn!(

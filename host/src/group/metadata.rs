@@ -63,6 +63,10 @@ pub struct MemberMetadata {
     pub topologies: Option<Vec<TopologyInfo>>,
     /// Version 3: tasks that failed on this worker and stay failed, with their errors.
     pub failed: Vec<(TaskId, String)>,
+    /// Not on the wire: the generation the member's signature says it joins from (-1: a
+    /// member new to the group, or a group without a secret), as the leader read it; none
+    /// when not read so.
+    pub joined_from: Option<i32>,
 }
 
 /// What a member says about a topology it runs: tasks go only to members whose topology is
@@ -356,6 +360,7 @@ impl MemberMetadata {
                 leaving,
                 topologies,
                 failed,
+                joined_from: None,
             },
             used,
         ))

@@ -52,6 +52,7 @@ fn member() -> MemberMetadata {
                 "task wc/count/6 failed: boom".into(),
             ),
         ],
+        joined_from: None,
     }
 }
 

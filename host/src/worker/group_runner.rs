@@ -261,6 +261,7 @@ impl<'a> GroupRunner<'a> {
             failed: self.runner.failed(),
             leaving: self.leaving_since.is_some(),
             admin: self.cluster.admin.clone(),
+            joined_from: None,
         };
         Ok(Ok(Prepared {
             began,

@@ -58,10 +58,17 @@ impl Holds {
                 .flat_map(|(_, tasks)| tasks.iter())
                 .collect(),
         };
+        // A group that starts (every member new to it, none claiming anything) runs nothing
+        // yet: nothing to hold for a leader that did not make the last assignment.
+        let starting = self.last.is_none()
+            && self.since.is_empty()
+            && claimed.is_empty()
+            && members.values().all(|m| m.joined_from.is_some_and(|g| g < 0));
         let mut held = HashSet::new();
         let mut since = HashMap::new();
         for task in tasks.iter().filter(|t| !claimed.contains(t)) {
-            let maybe_running = self.last.is_none() || vanished_with.contains(task) || self.since.contains_key(task);
+            let maybe_running =
+                (self.last.is_none() && !starting) || vanished_with.contains(task) || self.since.contains_key(task);
             if !maybe_running {
                 continue;
             }
@@ -191,6 +198,22 @@ mod tests {
         let a_stopped: BTreeMap<String, MemberMetadata> =
             [("a".to_string(), member(1, &[0])), ("b".to_string(), member(2, &[]))].into();
         assert_eq!(ids(&holds.held(&a_stopped, &tasks(2), t0)), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn a_group_that_starts_holds_nothing() {
+        let mut holds = Holds::new(Duration::from_secs(2));
+        let fresh = |w| MemberMetadata {
+            joined_from: Some(-1),
+            ..member(w, &[])
+        };
+        let both: BTreeMap<String, MemberMetadata> = [("a".to_string(), fresh(1)), ("b".to_string(), fresh(2))].into();
+        assert_eq!(ids(&holds.held(&both, &tasks(3), Instant::now())), Vec::<u32>::new());
+        // One that was a member of the last generation: the leader did not make it, so
+        // whoever left since may still run the unclaimed tasks.
+        let mut was = both.clone();
+        was.get_mut("b").unwrap().joined_from = Some(7);
+        assert_eq!(ids(&holds.held(&was, &tasks(3), Instant::now())), vec![0, 1, 2]);
     }
 
     #[test]
