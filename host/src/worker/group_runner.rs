@@ -284,7 +284,7 @@ impl<'a> GroupRunner<'a> {
         let holds = &self.holds;
         let assign = |members: &BTreeMap<String, MemberMetadata>| {
             staying.set(members.values().filter(|m| !m.leaving).count());
-            let mut placement = placement::plan(members, &prepared.topologies);
+            let placement = placement::plan(members, &prepared.topologies);
             for problem in &placement.problems {
                 tracing::warn!(cluster = %cluster.name, "{problem}");
             }
@@ -295,9 +295,8 @@ impl<'a> GroupRunner<'a> {
                     cluster = %cluster.name, tasks = held.len(),
                     "holding back the tasks of a member that left the group without leaving it (it may still run them until its lease ends); they are placed when it comes back or once the hold is over"
                 );
-                placement.tasks.retain(|t| !held.contains(t));
             }
-            let out = placement::assign(
+            let mut out = placement::assign(
                 &**assignor,
                 members,
                 &placement,
@@ -305,6 +304,7 @@ impl<'a> GroupRunner<'a> {
                 cluster.standby_replicas,
                 cluster.learners,
             );
+            holds::withhold(&mut out, members, &held);
             holds.remember(members, &out);
             out
         };

@@ -113,6 +113,30 @@ impl Holds {
     }
 }
 
+/// Takes the `held` tasks out of an assignment: nobody runs them active; a member that keeps
+/// a standby of one (it says so in its metadata) keeps it, so their warm copies stay warm
+/// through the hold.
+pub fn withhold(
+    out: &mut BTreeMap<String, Assignment>,
+    members: &BTreeMap<String, MemberMetadata>,
+    held: &HashSet<TaskId>,
+) {
+    if held.is_empty() {
+        return;
+    }
+    for (id, a) in out.iter_mut() {
+        a.active.retain(|t| !held.contains(t));
+        a.learner.retain(|t| !held.contains(t));
+        let Some(m) = members.get(id) else { continue };
+        for t in m.standby.iter().filter(|t| held.contains(*t)) {
+            if !a.standby.contains(t) {
+                a.standby.push(t.clone());
+            }
+        }
+        a.standby.sort();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -198,6 +222,25 @@ mod tests {
         let a_stopped: BTreeMap<String, MemberMetadata> =
             [("a".to_string(), member(1, &[0])), ("b".to_string(), member(2, &[]))].into();
         assert_eq!(ids(&holds.held(&a_stopped, &tasks(2), t0)), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn held_tasks_run_nowhere_and_their_standbys_stay() {
+        let t = |p| TaskId::new("t", p);
+        let mut b = member(2, &[1]);
+        b.standby = vec![t(0)];
+        let members: BTreeMap<String, MemberMetadata> = [("b".to_string(), b)].into();
+        let mut out: BTreeMap<String, Assignment> = [(
+            "b".to_string(),
+            Assignment {
+                active: vec![t(0), t(1)],
+                ..Default::default()
+            },
+        )]
+        .into();
+        withhold(&mut out, &members, &[t(0)].into());
+        assert_eq!(out["b"].active, vec![t(1)]);
+        assert_eq!(out["b"].standby, vec![t(0)]);
     }
 
     #[test]
