@@ -84,7 +84,7 @@ pub fn kafka() -> &'static Kafka {
 pub fn secured() -> &'static Kafka {
     refuse_under_no_kafka();
     SECURED.get_or_init(|| {
-        let kafka = start_secured_kafka(&["--security", "sasl_ssl"], &secured_dir())
+        let kafka = start_secured_kafka(&["--security", "sasl_ssl"], &secured_dir(), true)
             .unwrap_or_else(|e| panic!("no secured Kafka for the tests: {e:#}"));
         eprintln!("tests: using the secured Kafka at {}", kafka.bootstrap);
         kafka
@@ -102,6 +102,7 @@ pub(crate) fn refuse_under_no_kafka() {
 static SECURED: OnceLock<Kafka> = OnceLock::new();
 static OAUTH: OnceLock<Kafka> = OnceLock::new();
 static MTLS: OnceLock<Kafka> = OnceLock::new();
+static SOAK: OnceLock<Kafka> = OnceLock::new();
 
 /// A Kafka that takes client certificates (`dev/kafka up --security mtls` in a state
 /// directory of its own: SSL, a certificate required, ACLs on), started on first use and left
@@ -111,7 +112,7 @@ static MTLS: OnceLock<Kafka> = OnceLock::new();
 pub fn mtls_secured() -> &'static Kafka {
     refuse_under_no_kafka();
     MTLS.get_or_init(|| {
-        let kafka = start_secured_kafka(&["--security", "mtls"], &mtls_dir())
+        let kafka = start_secured_kafka(&["--security", "mtls"], &mtls_dir(), true)
             .unwrap_or_else(|e| panic!("no mutual-TLS Kafka for the tests: {e:#}"));
         eprintln!("tests: using the mutual-TLS Kafka at {}", kafka.bootstrap);
         kafka
@@ -136,12 +137,47 @@ pub fn oauth_secured() -> &'static Kafka {
                 "5000",
             ],
             &oauth_dir(),
+            true,
         )
         .unwrap_or_else(|e| panic!("no OAUTHBEARER Kafka for the tests: {e:#}"));
         eprintln!("tests: using the OAUTHBEARER Kafka at {}", kafka.bootstrap);
         kafka
     })
 }
+
+/// The OAUTHBEARER Kafka of the soak trial (`dev/trials oauth-soak`): `dev/kafka up --security
+/// sasl_oauthbearer --token-lifespan 60s --reauth-ms 30000 --client-prefix soak` in
+/// `dev/.kafka-soak`, a broker of its own (its provider's clients `soak-USER`, so neither it
+/// nor [`oauth_secured`] remakes the other's), started on first use and left running. Unlike
+/// the others, `worker` gets no ACLs here: the trial grants it exactly what `sluice acls
+/// --worker` derives.
+pub fn oauth_soak() -> &'static Kafka {
+    refuse_under_no_kafka();
+    SOAK.get_or_init(|| {
+        oidc::oidc();
+        let kafka = start_secured_kafka(
+            &[
+                "--security",
+                "sasl_oauthbearer",
+                "--token-lifespan",
+                SOAK_TOKEN_LIFESPAN,
+                "--reauth-ms",
+                SOAK_REAUTH_MS,
+                "--client-prefix",
+                "soak",
+            ],
+            &repo_root().join("dev").join(".kafka-soak"),
+            false,
+        )
+        .unwrap_or_else(|e| panic!("no OAUTHBEARER Kafka for the soak trial: {e:#}"));
+        eprintln!("tests: using the soak trial's OAUTHBEARER Kafka at {}", kafka.bootstrap);
+        kafka
+    })
+}
+
+/// The life of the soak cluster's tokens and its brokers' `connections.max.reauth.ms`.
+pub const SOAK_TOKEN_LIFESPAN: &str = "60s";
+pub const SOAK_REAUTH_MS: &str = "30000";
 
 /// The secured cluster, if it is running for these tests and `bootstrap` is its address.
 pub fn secured_at(bootstrap: &str) -> Option<&'static Kafka> {
@@ -150,6 +186,7 @@ pub fn secured_at(bootstrap: &str) -> Option<&'static Kafka> {
         .filter(|k| k.bootstrap == bootstrap)
         .or_else(|| OAUTH.get().filter(|k| k.bootstrap == bootstrap))
         .or_else(|| MTLS.get().filter(|k| k.bootstrap == bootstrap))
+        .or_else(|| SOAK.get().filter(|k| k.bootstrap == bootstrap))
 }
 
 fn secured_dir() -> PathBuf {
@@ -164,7 +201,9 @@ fn mtls_dir() -> PathBuf {
     repo_root().join("dev").join(".kafka-mtls")
 }
 
-fn start_secured_kafka(up: &[&str], dir: &std::path::Path) -> Result<Kafka> {
+/// `dev/kafka up UP` in `dir`, its users' credentials read; with `wide_acls`, `worker` is
+/// granted any topic, group and transactional id (see below).
+fn start_secured_kafka(up: &[&str], dir: &std::path::Path, wide_acls: bool) -> Result<Kafka> {
     let script = repo_root().join("dev").join("kafka");
     let out = Command::new(&script)
         .arg("up")
@@ -235,6 +274,9 @@ fn start_secured_kafka(up: &[&str], dir: &std::path::Path) -> Result<Kafka> {
             dir: dir.to_path_buf(),
         }),
     };
+    if !wide_acls {
+        return Ok(kafka);
+    }
     // Wide ACLs for the workers of ordinary tests (any topic, group and transactional id of
     // theirs): the principal is not a super user, and every request is authorized.
     let wide = |resource, operations: Vec<sluice::acls::Operation>| sluice::acls::Acl {

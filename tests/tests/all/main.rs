@@ -34,6 +34,7 @@ mod sandbox;
 mod sdk;
 mod secured;
 mod security;
+mod soak;
 mod stages;
 mod state;
 mod tenancy;
