@@ -5,7 +5,9 @@
 //! One [`TokenSource`] per process fetches a token at start (tried for a while: a provider
 //! that is not there is an error naming it, not a hang), then again at about 80% of each
 //! token's life (with jitter, so a cluster's workers do not ask at the same instant). A
-//! refresh that fails is tried again with backoff while the token held is still good; the
+//! refresh that fails is tried again with backoff while the token held is still good, but
+//! never later than when it expires; once it has, every [`EXPIRED_RETRY`] (the process can do
+//! nothing with Kafka meanwhile, and a provider that is back is found within seconds). The
 //! holders of the token (every Kafka client of the process) are told of each new one through
 //! [`TokenSource::subscribe`]. The client secret is read from a file or the environment and
 //! never printed.
@@ -20,6 +22,15 @@ use crate::web;
 
 /// The longest access token taken (Keycloak's are 1–2 KiB).
 const MAX_TOKEN: usize = 16 * 1024;
+
+/// How often a token is asked for once the one held has expired.
+pub const EXPIRED_RETRY: Duration = Duration::from_secs(2);
+
+/// How often the failures of a process without a good token are logged (it asks more often).
+const EXPIRED_LOG_EVERY: Duration = Duration::from_secs(30);
+
+/// The longest backoff between failed refreshes while the token held is good.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// Where and as whom tokens are fetched.
 #[derive(Clone, PartialEq, Eq)]
@@ -200,12 +211,22 @@ fn random_unit() -> f64 {
     (h.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 
+/// When to ask again after a failed refresh: after `backoff`, but not after the token held
+/// (with `left` of its life) has expired, and then every [`EXPIRED_RETRY`]. (It backed off to
+/// 8, 16, then 30 s past the expiry: up to 30 s more without Kafka once the provider was back,
+/// past the brokers' 30 s leeway for an expired token.)
+fn retry_in(backoff: Duration, left: Duration) -> Duration {
+    backoff.min(left.max(EXPIRED_RETRY))
+}
+
 async fn refresh_loop(source: std::sync::Weak<TokenSource>) {
     let mut wait = match source.upgrade() {
         Some(s) => refresh_after(&s.token()),
         None => return,
     };
     let mut backoff = Duration::from_millis(500);
+    // When a failure with the token expired was last logged.
+    let mut said_expired: Option<Instant> = None;
     loop {
         tokio::time::sleep(wait).await;
         let Some(s) = source.upgrade() else {
@@ -217,6 +238,7 @@ async fn refresh_loop(source: std::sync::Weak<TokenSource>) {
                 wait = refresh_after(&token);
                 backoff = Duration::from_millis(500);
                 tracing::debug!(lifetime = ?token.lifetime, next_in = ?wait, "fetched a new OAuth token");
+                said_expired = None;
                 let mut state = s.state.lock().unwrap();
                 state.fetched += 1;
                 if state.failing.take().is_some() {
@@ -228,21 +250,25 @@ async fn refresh_loop(source: std::sync::Weak<TokenSource>) {
             Err(e) => {
                 let held = s.token();
                 let left = held.expires.duration_since(SystemTime::now()).unwrap_or_default();
+                let next = retry_in(backoff, left);
                 if left.is_zero() {
-                    tracing::error!(
-                        "no new OAuth token, and the one held has expired: {e}; trying again in {backoff:?}"
-                    );
+                    if said_expired.is_none_or(|at| at.elapsed() >= EXPIRED_LOG_EVERY) {
+                        said_expired = Some(Instant::now());
+                        tracing::error!(
+                            "no new OAuth token, and the one held has expired: {e}; trying again every {next:?}"
+                        );
+                    }
                 } else {
                     tracing::warn!(
-                        "no new OAuth token yet ({left:?} left on the one held): {e}; trying again in {backoff:?}"
+                        "no new OAuth token yet ({left:?} left on the one held): {e}; trying again in {next:?}"
                     );
                 }
                 let mut state = s.state.lock().unwrap();
                 state.failures += 1;
                 state.failing = Some(e);
                 drop(state);
-                wait = backoff.saturating_sub(started.elapsed());
-                backoff = (backoff * 2).min(Duration::from_secs(30));
+                wait = next.saturating_sub(started.elapsed());
+                backoff = (backoff * 2).min(MAX_BACKOFF);
             }
         }
     }
@@ -368,6 +394,22 @@ mod tests {
             .map(|_| refresh_after(&token).as_millis() as u64 / 500)
             .collect();
         assert!(spread.len() > 3, "no jitter: {spread:?}");
+    }
+
+    #[test]
+    fn a_failed_refresh_is_tried_again_no_later_than_the_token_expires_and_then_every_two_seconds() {
+        let s = Duration::from_secs;
+        // With time left: the backoff, but never past the expiry.
+        assert_eq!(retry_in(Duration::from_millis(500), s(10)), Duration::from_millis(500));
+        assert_eq!(retry_in(s(16), s(10)), s(10));
+        assert_eq!(retry_in(s(30), s(4)), s(4));
+        // Expired, or about to: every two seconds, however long the provider has been away.
+        assert_eq!(retry_in(s(30), Duration::ZERO), EXPIRED_RETRY);
+        assert_eq!(retry_in(s(30), Duration::from_millis(300)), EXPIRED_RETRY);
+        assert_eq!(
+            retry_in(Duration::from_millis(500), Duration::ZERO),
+            Duration::from_millis(500)
+        );
     }
 
     #[test]

@@ -22,6 +22,7 @@ mod kafka_tools;
 mod kills;
 mod learners;
 mod mtls;
+mod oauth_refusals;
 mod ownership;
 mod partitioning;
 mod policies;
