@@ -120,6 +120,8 @@ pub struct Membership {
     /// Kafka's consumer protocol, or the older framing while the group still has members
     /// that joined with it (see `framing.rs`).
     framing: Framing,
+    /// A connection to the coordinator was made (so the credentials were good once).
+    authenticated_once: bool,
 }
 
 impl Membership {
@@ -130,7 +132,18 @@ impl Membership {
             member_id: String::new(),
             generation: -1,
             framing: Framing::Consumer,
+            authenticated_once: false,
         }
+    }
+
+    /// Whether a SASL refusal is worth waiting out: an OAUTHBEARER token refused after the
+    /// process's tokens were taken before. Its provider may be down past the token's expiry,
+    /// or have rotated the key that signed it; the token source fetches a new one on its own
+    /// schedule (see `oidc::token`), and the member gets it with its next connection. At
+    /// start, and for passwords, a refusal stays an error: waiting would not change it.
+    fn waits_out(&self, e: &ConnectionError) -> bool {
+        self.authenticated_once
+            && matches!(e, ConnectionError::Sasl { mechanism, .. } if *mechanism == crate::kafka::Mechanism::OAuthBearer.name())
     }
 
     /// A member that frames its metadata as `framing` says from its first join: with
@@ -223,13 +236,14 @@ impl Membership {
                         let addr = format!("{}:{}", r.host, r.port);
                         match Connection::connect(&self.config.kafka, &addr).await {
                             Ok(c) => {
+                                self.authenticated_once = true;
                                 if failures > 0 {
                                     tracing::info!(group = %self.config.group, coordinator = %addr, "found the group coordinator again");
                                 }
                                 self.coordinator = Some(c);
                                 break;
                             }
-                            Err(e @ ConnectionError::Sasl { .. }) => return Err(e.into()),
+                            Err(e @ ConnectionError::Sasl { .. }) if !self.waits_out(&e) => return Err(e.into()),
                             Err(e) => last = Some(e.to_string()),
                         }
                     }
@@ -237,7 +251,7 @@ impl Membership {
                         return Err(self.refused("FindCoordinator", r.error_code))
                     }
                     Ok(r) => last = Some(format!("FindCoordinator: {}", describe(r.error_code))),
-                    Err(e @ ConnectionError::Sasl { .. }) => return Err(e.into()),
+                    Err(e @ ConnectionError::Sasl { .. }) if !self.waits_out(&e) => return Err(e.into()),
                     Err(e) => last = Some(e.to_string()),
                 }
             }
@@ -556,9 +570,10 @@ impl Membership {
         };
         let response = match tokio::time::timeout(timeout, exchange).await {
             Ok(Ok(r)) => r,
-            Ok(Err(
-                e @ (MembershipError::Refused { .. } | MembershipError::Connection(ConnectionError::Sasl { .. })),
-            )) => return Err(e),
+            Ok(Err(MembershipError::Connection(e @ ConnectionError::Sasl { .. }))) if !self.waits_out(&e) => {
+                return Err(MembershipError::Connection(e))
+            }
+            Ok(Err(e @ MembershipError::Refused { .. })) => return Err(e),
             failed => {
                 // The next heartbeat finds the coordinator again; the lease bounds how long
                 // this may go on before the member stops its tasks.

@@ -771,11 +771,11 @@ mod alone {
     /// the token", exit 1 (seen 32.6 s after `exp` with the provider still starting, and
     /// 22.6 s after it, 0.7 s before the worker had a new token). Once it stopped even before
     /// `exp`: re-authenticating with a second left on its token, the broker answered the
-    /// handshake with `IllegalSaslState (34)`, as fatal. The fix belongs in
-    /// `group/membership.rs`: a refused token of a source that has had good ones is weather
-    /// (ask for a new token, try again), not a wrong secret.
+    /// handshake with `IllegalSaslState (34)`, as fatal. That is what it used
+    /// to do; now the group connection waits out a token refused after the worker's tokens
+    /// were taken before (`group/membership.rs`, `Membership::waits_out`): weather, not a
+    /// wrong secret.
     #[tokio::test(flavor = "multi_thread")]
-    #[ignore = "the worker stops when the brokers refuse its expired token (group/membership.rs)"]
     async fn a_worker_whose_token_expired_with_the_provider_down_recovers_once_it_is_back() -> anyhow::Result<()> {
         let _turn = TURNS.lock().await;
         let (kafka, provider) = oidc::oauth_alone();
@@ -832,10 +832,9 @@ mod alone {
     /// through the brokers' reading of the new key set and the worker's next token. FAILS, so
     /// not run: the brokers drop the old key within 10 s, the group connection's next
     /// re-authentication (every 5 s here) presents the token it still holds and is refused,
-    /// and the worker stops as above (seen 12 s after the rotation, before its next token was
-    /// due). Same fix.
+    /// and the worker used to stop as above (seen 12 s after the rotation, before its next
+    /// token was due). Fixed the same way.
     #[tokio::test(flavor = "multi_thread")]
-    #[ignore = "the worker stops when the brokers refuse its rotated-out token (group/membership.rs)"]
     async fn a_worker_runs_through_a_key_rotation_at_its_provider() -> anyhow::Result<()> {
         let _turn = TURNS.lock().await;
         let (kafka, provider) = oidc::oauth_alone();
