@@ -139,11 +139,17 @@ impl Membership {
     /// Whether a SASL refusal is worth waiting out: an OAUTHBEARER token refused after the
     /// process's tokens were taken before. Its provider may be down past the token's expiry,
     /// or have rotated the key that signed it; the token source fetches a new one on its own
-    /// schedule (see `oidc::token`), and the member gets it with its next connection. At
+    /// schedule or at once when asked (see `oidc::token`), and the member gets it with its next
+    /// connection. At
     /// start, and for passwords, a refusal stays an error: waiting would not change it.
     fn waits_out(&self, e: &ConnectionError) -> bool {
-        self.authenticated_once
-            && matches!(e, ConnectionError::Sasl { mechanism, .. } if *mechanism == crate::kafka::Mechanism::OAuthBearer.name())
+        let wait = self.authenticated_once
+            && matches!(e, ConnectionError::Sasl { mechanism, .. } if *mechanism == crate::kafka::Mechanism::OAuthBearer.name());
+        if wait {
+            // Ask for a new token now (the source spaces such fetches out).
+            self.config.kafka.token_refused();
+        }
+        wait
     }
 
     /// A member that frames its metadata as `framing` says from its first join: with

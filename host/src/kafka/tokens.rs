@@ -51,6 +51,13 @@ impl KafkaSettings {
         self.tokens.as_ref().map(|t| t.source.token())
     }
 
+    /// A broker refused the OAUTHBEARER token held: the source fetches a new one now.
+    pub fn token_refused(&self) {
+        if let Some(t) = &self.tokens {
+            t.source.refused();
+        }
+    }
+
     /// How fetching tokens goes, with OAUTHBEARER.
     pub fn token_state(&self) -> Option<crate::oidc::token::TokenState> {
         self.tokens.as_ref().map(|t| t.source.state())

@@ -129,6 +129,8 @@ pub struct TokenSource {
     http: reqwest::Client,
     current: tokio::sync::watch::Sender<Token>,
     state: Mutex<TokenState>,
+    /// Wakes the refresh loop before its time (see [`TokenSource::refused`]).
+    kick: Arc<tokio::sync::Notify>,
 }
 
 impl TokenSource {
@@ -166,9 +168,11 @@ impl TokenSource {
                 fetched: 1,
                 ..Default::default()
             }),
+            kick: Arc::new(tokio::sync::Notify::new()),
         });
         let weak = Arc::downgrade(&source);
-        tokio::spawn(async move { refresh_loop(weak).await });
+        let kick = source.kick.clone();
+        tokio::spawn(async move { refresh_loop(weak, kick).await });
         Ok(source)
     }
 
@@ -189,7 +193,17 @@ impl TokenSource {
     pub fn settings(&self) -> &TokenSettings {
         &self.settings
     }
+
+    /// A broker refused the token held (its key rotated out at the provider, say): fetch a
+    /// new one now rather than at the usual time. At most one early fetch every
+    /// [`EARLY_FETCH_EVERY`], however often this is called.
+    pub fn refused(&self) {
+        self.kick.notify_one();
+    }
 }
+
+/// The least time between two fetches a refusal asks for.
+pub const EARLY_FETCH_EVERY: Duration = Duration::from_secs(5);
 
 /// When to fetch again: at 75–85% of the token's life (at least a second from now).
 fn refresh_after(token: &Token) -> Duration {
@@ -219,7 +233,7 @@ fn retry_in(backoff: Duration, left: Duration) -> Duration {
     backoff.min(left.max(EXPIRED_RETRY))
 }
 
-async fn refresh_loop(source: std::sync::Weak<TokenSource>) {
+async fn refresh_loop(source: std::sync::Weak<TokenSource>, kick: Arc<tokio::sync::Notify>) {
     let mut wait = match source.upgrade() {
         Some(s) => refresh_after(&s.token()),
         None => return,
@@ -227,8 +241,19 @@ async fn refresh_loop(source: std::sync::Weak<TokenSource>) {
     let mut backoff = Duration::from_millis(500);
     // When a failure with the token expired was last logged.
     let mut said_expired: Option<Instant> = None;
+    let mut last_fetch = Instant::now();
     loop {
-        tokio::time::sleep(wait).await;
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = kick.notified() => {
+                let early = last_fetch + EARLY_FETCH_EVERY;
+                if Instant::now() < early {
+                    tokio::time::sleep_until(early.into()).await;
+                }
+                tracing::info!("a broker refused the OAuth token held: fetching a new one now");
+            }
+        }
+        last_fetch = Instant::now();
         let Some(s) = source.upgrade() else {
             return; // the process let go of its source
         };
