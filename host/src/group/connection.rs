@@ -151,7 +151,7 @@ impl Connection {
             tcp.set_nodelay(true).ok();
             let security = kafka.security();
             let stream: Box<dyn Stream> = match &security.tls {
-                Some(tls) => Box::new(tls_handshake(tls, addr, tcp).await?),
+                Some(tls) => Box::new(tls_handshake(tls, kafka.certificate_generation(), addr, tcp).await?),
                 None => Box::new(tcp),
             };
             let mut connection = Connection {
@@ -442,6 +442,7 @@ pub async fn topic_ids(
 /// CA, and its host name unless the settings say not to.
 async fn tls_handshake(
     tls: &Tls,
+    certificate: u64,
     addr: &str,
     tcp: TcpStream,
 ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, ConnectionError> {
@@ -449,7 +450,7 @@ async fn tls_handshake(
         addr: addr.to_string(),
         detail,
     };
-    let config = tls_config(tls).map_err(|e| fail(format!("{e:#}")))?;
+    let config = tls_config(tls, certificate).map_err(|e| fail(format!("{e:#}")))?;
     let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h).trim_matches(['[', ']']);
     let name = rustls::pki_types::ServerName::try_from(host.to_string())
         .map_err(|e| fail(format!("{host} is not a host name TLS can check: {e}")))?;
@@ -502,17 +503,19 @@ fn tls_failure(
     })
 }
 
-/// The client TLS configuration of `tls`, made once per setting (connections are many).
-fn tls_config(tls: &Tls) -> anyhow::Result<std::sync::Arc<rustls::ClientConfig>> {
+/// The client TLS configuration of `tls`, made once per setting (connections are many) and
+/// client certificate generation ([`KafkaSettings::certificate_generation`]: one renewed on
+/// disk is shown from the next connection on).
+fn tls_config(tls: &Tls, certificate: u64) -> anyhow::Result<std::sync::Arc<rustls::ClientConfig>> {
     use std::sync::{Arc, Mutex, OnceLock};
-    type Made = Vec<(Tls, Arc<rustls::ClientConfig>)>;
+    type Made = Vec<(Tls, u64, Arc<rustls::ClientConfig>)>;
     static MADE: OnceLock<Mutex<Made>> = OnceLock::new();
     let made = MADE.get_or_init(Default::default);
-    if let Some((_, config)) = made
+    if let Some((_, _, config)) = made
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .iter()
-        .find(|(t, _)| t == tls)
+        .find(|(t, g, _)| t == tls && *g == certificate)
     {
         return Ok(config.clone());
     }
@@ -521,9 +524,10 @@ fn tls_config(tls: &Tls) -> anyhow::Result<std::sync::Arc<rustls::ClientConfig>>
         tls.client.as_ref(),
         tls.verify_hostname,
     )?);
-    made.lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push((tls.clone(), config.clone()));
+    let mut made = made.lock().unwrap_or_else(|p| p.into_inner());
+    // The generations before this one of the same setting are done with.
+    made.retain(|(t, g, _)| t != tls || *g > certificate);
+    made.push((tls.clone(), certificate, config.clone()));
     Ok(config)
 }
 

@@ -27,6 +27,7 @@
 //! assert!(kafka.security().sasl.is_some());
 //! ```
 
+mod certificate;
 mod tokens;
 
 use std::collections::BTreeMap;
@@ -76,6 +77,8 @@ pub struct KafkaSettings {
     security: Security,
     /// With OAUTHBEARER, once started: the tokens and the clients that hold them.
     tokens: Option<Arc<Tokens>>,
+    /// With a client certificate: its files, watched for a renewal.
+    certificate: Option<Arc<certificate::CertificateWatch>>,
 }
 
 impl PartialEq for KafkaSettings {
@@ -171,6 +174,7 @@ impl KafkaSettings {
             properties: BTreeMap::new(),
             security: Security::default(),
             tokens: None,
+            certificate: None,
         }
     }
 
@@ -193,6 +197,11 @@ impl KafkaSettings {
             self.properties.insert(name.to_string(), value.to_string());
         }
         self.security = self.read_security()?;
+        self.certificate = self
+            .security
+            .tls
+            .as_ref()
+            .and_then(certificate::CertificateWatch::start);
         Ok(self)
     }
 
@@ -446,7 +455,9 @@ impl OffsetsClient {
     /// The client, made now if there is none.
     pub fn get(&self) -> anyhow::Result<std::sync::Arc<Authorized<rdkafka::consumer::BaseConsumer>>> {
         let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(client) = &*current {
+        // One made before the client certificate was renewed is made again (its questions
+        // in flight finish on it).
+        if let Some(client) = current.as_ref().filter(|c| !self.kafka.renewed(c.made())) {
             return Ok(client.clone());
         }
         let client: Authorized<rdkafka::consumer::BaseConsumer> = self

@@ -127,6 +127,8 @@ fn set_token(rk: *mut rdkafka::bindings::rd_kafka_t, token: &Token) -> Result<()
 pub struct Authorized<T> {
     registration: Option<Registration>,
     client: T,
+    /// The client certificate's generation it was made at (see [`KafkaSettings::renewed`]).
+    made: u64,
 }
 
 struct Registration {
@@ -158,6 +160,12 @@ impl<T> Authorized<T> {
     /// Whether this client holds an OAUTHBEARER token of the process.
     pub fn holds_token(&self) -> bool {
         self.registration.is_some()
+    }
+
+    /// The client certificate's generation it was made at: with
+    /// [`KafkaSettings::renewed`], whether it should be made again.
+    pub fn made(&self) -> u64 {
+        self.made
     }
 }
 
@@ -227,7 +235,9 @@ impl Authorize for ClientConfig {
     where
         T: rdkafka::config::FromClientConfig + Native,
     {
-        kafka.authorize(T::from_config(self)?)
+        // Read before the client is made: a renewal meanwhile makes it again once more.
+        let made = kafka.certificate_generation();
+        kafka.authorize(T::from_config(self)?, made)
     }
 
     fn authorized_with<C, T>(&self, kafka: &KafkaSettings, context: C) -> rdkafka::error::KafkaResult<Authorized<T>>
@@ -235,17 +245,19 @@ impl Authorize for ClientConfig {
         C: ClientContext,
         T: rdkafka::config::FromClientConfigAndContext<C> + Native,
     {
-        kafka.authorize(T::from_config_and_context(self, context)?)
+        let made = kafka.certificate_generation();
+        kafka.authorize(T::from_config_and_context(self, context)?, made)
     }
 }
 
 impl KafkaSettings {
     /// `client`, given the process's token now and every new one.
-    fn authorize<T: Native>(&self, client: T) -> rdkafka::error::KafkaResult<Authorized<T>> {
+    fn authorize<T: Native>(&self, client: T, made: u64) -> rdkafka::error::KafkaResult<Authorized<T>> {
         if self.security.oauth.is_none() {
             return Ok(Authorized {
                 registration: None,
                 client,
+                made,
             });
         }
         let Some(tokens) = &self.tokens else {
@@ -266,6 +278,7 @@ impl KafkaSettings {
                 id,
             }),
             client,
+            made,
         })
     }
 }

@@ -102,20 +102,7 @@ impl Watcher {
     ) -> anyhow::Result<Watcher> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let name = topic(cluster);
-        let consumer: crate::kafka::Authorized<BaseConsumer> = kafka
-            .client()
-            .set("group.id", "sluice.registry")
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("enable.partition.eof", "false")
-            .set("isolation.level", "read_committed")
-            .set("fetch.wait.max.ms", "100")
-            .set("fetch.queue.backoff.ms", "10")
-            // Anyone with write access may fill the topic: a bounded prefetch (chunks are
-            // 512 KiB each).
-            .set("queued.max.messages.kbytes", "16384")
-            .authorized(kafka)
-            .context("creating the registry reader")?;
+        let consumer = reader_consumer(kafka)?;
         // A topic created a moment ago (by this worker or another) takes a moment to reach
         // every broker's metadata.
         let patience = std::time::Instant::now() + Duration::from_secs(30);
@@ -164,8 +151,36 @@ impl Watcher {
         let shadowed = state.shadowed.clone();
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stopped = stop.clone();
+        let kafka = kafka.clone();
+        let mut consumer = consumer;
         std::thread::Builder::new().name("registry".into()).spawn(move || {
             while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                if kafka.renewed(consumer.made()) {
+                    // The client certificate was renewed on disk: a new reader from where
+                    // this one is (tried again at the next poll if it cannot be made).
+                    let fresh = reader_consumer(&kafka).and_then(|c| {
+                        let mut tpl = TopicPartitionList::new();
+                        let at = match state.position {
+                            0 => Offset::Beginning,
+                            n => Offset::Offset(n),
+                        };
+                        tpl.add_partition_offset(&state.topic, 0, at)?;
+                        c.assign(&tpl)?;
+                        Ok(c)
+                    });
+                    match fresh {
+                        Ok(c) => {
+                            tracing::info!("registry reader made again with the renewed client certificate");
+                            let old = std::mem::replace(&mut consumer, c);
+                            let _ = std::thread::Builder::new()
+                                .name("consumer-drop".into())
+                                .spawn(move || drop(old));
+                        }
+                        Err(e) => {
+                            tracing::warn!("making the registry reader again with the renewed certificate: {e:#}")
+                        }
+                    }
+                }
                 if state.poll(&consumer, Duration::from_millis(200)) {
                     tx.send_replace(Arc::new(state.snapshot()));
                 }
@@ -510,4 +525,22 @@ fn short_key(key: &str) -> String {
         cut.push('…');
     }
     cut
+}
+
+/// The registry's consumer: read committed, no group, a bounded prefetch.
+fn reader_consumer(kafka: &KafkaSettings) -> anyhow::Result<crate::kafka::Authorized<BaseConsumer>> {
+    kafka
+        .client()
+        .set("group.id", "sluice.registry")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "false")
+        .set("isolation.level", "read_committed")
+        .set("fetch.wait.max.ms", "100")
+        .set("fetch.queue.backoff.ms", "10")
+        // Anyone with write access may fill the topic: a bounded prefetch (chunks are
+        // 512 KiB each).
+        .set("queued.max.messages.kbytes", "16384")
+        .authorized(kafka)
+        .context("creating the registry reader")
 }

@@ -117,6 +117,71 @@ impl ProducerContext for DeliveryRouter {
 
 pub type WorkerProducer = crate::kafka::Authorized<ThreadedProducer<DeliveryRouter>>;
 
+/// The worker's shared producer (at-least-once), made again when the client certificate is
+/// renewed on disk (see `crate::kafka::certificate`): a task moves to the new one once
+/// nothing of its is in flight on the old one (so its records to a partition stay in
+/// order), and the old one is closed, off the tasks' threads, once no task holds it.
+pub struct SharedProducer {
+    kafka: crate::kafka::KafkaSettings,
+    config: rdkafka::ClientConfig,
+    current: Mutex<Arc<WorkerProducer>>,
+}
+
+impl SharedProducer {
+    /// The producer of `config` (made from `kafka`'s [`crate::kafka::KafkaSettings::worker_client`]).
+    pub fn new(kafka: &crate::kafka::KafkaSettings, config: rdkafka::ClientConfig) -> anyhow::Result<SharedProducer> {
+        use crate::kafka::Authorize as _;
+        use anyhow::Context as _;
+        let producer = config
+            .authorized_with(kafka, DeliveryRouter)
+            .context("creating the producer")?;
+        Ok(SharedProducer {
+            kafka: kafka.clone(),
+            config,
+            current: Mutex::new(Arc::new(producer)),
+        })
+    }
+
+    /// The producer now: made again first if the certificate was renewed since (a new one
+    /// that cannot be made is logged, and the old one kept).
+    pub fn current(&self) -> Arc<WorkerProducer> {
+        use crate::kafka::Authorize as _;
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        if self.kafka.renewed(current.made()) {
+            match self.config.authorized_with(&self.kafka, DeliveryRouter) {
+                Ok(fresh) => {
+                    tracing::info!("the shared producer made again with the renewed client certificate");
+                    let old = std::mem::replace(&mut *current, Arc::new(fresh));
+                    retire(old);
+                }
+                Err(e) => tracing::warn!("making the shared producer again with the renewed client certificate: {e}"),
+            }
+        }
+        current.clone()
+    }
+
+    /// Whether `producer` was made before the certificate was last renewed (a load).
+    pub fn is_stale(&self, producer: &WorkerProducer) -> bool {
+        self.kafka.renewed(producer.made())
+    }
+}
+
+/// Closes `old` once no task holds it any more (each moves off when its records are
+/// delivered), on a thread of its own: closing waits for its connections.
+fn retire(old: Arc<WorkerProducer>) {
+    let spawned = std::thread::Builder::new().name("producer-drop".into()).spawn(move || {
+        while Arc::strong_count(&old) > 1 {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        if let Err(e) = old.flush(Duration::from_secs(30)) {
+            tracing::warn!("flushing the producer made before the certificate was renewed: {e}");
+        }
+    });
+    if let Err(e) = spawned {
+        tracing::warn!("closing the producer made before the certificate was renewed: {e}");
+    }
+}
+
 /// The partitioner of every producer that writes a task's keyed outputs: murmur2 of the
 /// key bytes, positive, modulo the partition count, as Java's default partitioner (and so
 /// Kafka Streams) picks; records without a key spread at random. librdkafka's own default

@@ -41,7 +41,7 @@ use crate::runtime::{GuestFault, TaskInstance};
 use crate::topology::DeployedTopology;
 use commit::Commit;
 use control::{Lease, Request, TaskControl};
-use delivery::{DeliveryTracker, WorkerProducer};
+use delivery::{DeliveryTracker, SharedProducer};
 pub use output::{thread_transactional_id, Guarantee, TaskOutput, ThreadProducer, TransactionError};
 pub use source::KafkaEnv;
 use start::report_end;
@@ -151,7 +151,7 @@ pub struct TaskContext {
     pub stage: usize,
     pub partition: i32,
     /// The worker's shared producer (used under at-least-once).
-    pub producer: Arc<WorkerProducer>,
+    pub producer: Arc<SharedProducer>,
     pub settings: TaskSettings,
     pub control: Arc<TaskControl>,
     pub lease: Arc<Lease>,
@@ -524,6 +524,7 @@ impl Task {
     /// One turn: honour a stop or abort request; else, if the lease holds, process the
     /// batch, punctuate and commit when due. Some: the task ended (how, already reported).
     pub fn step(&mut self, env: &mut KafkaEnv) -> Option<Result<TaskSummary, TaskError>> {
+        self.output.renew_if_settled(&[&self.tracker, &self.changelog_tracker]);
         let result = self.turn(env);
         self.ended(result)
     }

@@ -20,7 +20,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use rdkafka_sys as rdsys;
 
 use super::control::FenceToken;
-use super::delivery::{self, DeliveryRouter, DeliveryTracker, Outgoing, WorkerProducer, PARTITIONER};
+use super::delivery::{self, DeliveryRouter, DeliveryTracker, Outgoing, SharedProducer, WorkerProducer, PARTITIONER};
 use crate::kafka::KafkaSettings;
 
 /// What a task promises about its outputs, state and offsets.
@@ -84,16 +84,17 @@ pub struct TaskOutput {
 }
 
 enum Kind {
-    Shared(Arc<WorkerProducer>),
+    /// The worker's shared producer, and the one of it this task sends to.
+    Shared(Arc<SharedProducer>, Arc<WorkerProducer>),
     /// Exactly-once: its stream thread's producer, once the task is on that thread.
     Thread(Option<Arc<ThreadProducer>>),
 }
 
 impl TaskOutput {
     /// Records go through the worker's shared producer.
-    pub fn shared(producer: Arc<WorkerProducer>) -> TaskOutput {
+    pub fn shared(producer: Arc<SharedProducer>) -> TaskOutput {
         TaskOutput {
-            kind: Kind::Shared(producer),
+            kind: Kind::Shared(producer.clone(), producer.current()),
             touched: false,
         }
     }
@@ -111,6 +112,17 @@ impl TaskOutput {
     pub fn attach(&mut self, producer: Arc<ThreadProducer>) {
         if let Kind::Thread(slot) = &mut self.kind {
             *slot = Some(producer);
+        }
+    }
+
+    /// With the client certificate renewed on disk: onto the worker's new shared producer,
+    /// once nothing the task sent (through any of its `trackers`: outputs, changelogs) is in
+    /// flight on the old one, so that its records to a partition stay in order.
+    pub fn renew_if_settled(&mut self, trackers: &[&DeliveryTracker]) {
+        if let Kind::Shared(shared, producer) = &mut self.kind {
+            if shared.is_stale(producer) && trackers.iter().all(|t| t.pending() == 0) {
+                *producer = shared.current();
+            }
         }
     }
 
@@ -136,7 +148,7 @@ impl TaskOutput {
         give_up: &dyn Fn() -> bool,
     ) -> Result<bool, String> {
         match &self.kind {
-            Kind::Shared(producer) => delivery::send(producer, tracker, out, give_up),
+            Kind::Shared(_, producer) => delivery::send(producer, tracker, out, give_up),
             Kind::Thread(Some(thread)) => {
                 thread.begin()?;
                 self.touched = true;
@@ -212,6 +224,11 @@ impl ThreadProducer {
             in_transaction: AtomicBool::new(false),
             broken: AtomicBool::new(false),
         }))
+    }
+
+    /// The client certificate's generation it was made at (see `KafkaSettings::renewed`).
+    pub fn made(&self) -> u64 {
+        self.producer.made()
     }
 
     /// Whether a transaction is open (something was sent since the last commit or abort).

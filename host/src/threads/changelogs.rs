@@ -58,6 +58,17 @@ pub struct KafkaChangelogs {
     assigned: HashSet<Partition>,
     /// Topics whose metadata the consumer has read (see [`KafkaChangelogs::read_from`]).
     known_topics: HashSet<String>,
+    /// What made the consumer, to make it again with a renewed client certificate.
+    kafka: KafkaSettings,
+    name: String,
+    rate: Option<u64>,
+    /// Where each assigned partition was last positioned (read from), and which are paused:
+    /// what a consumer made again starts from.
+    positioned: HashMap<Partition, i64>,
+    paused: HashSet<Partition>,
+    /// Partitions positioned by a consumer made again, where nothing was read since: their
+    /// position is where the old consumer was.
+    carried: HashMap<Partition, i64>,
 }
 
 impl KafkaChangelogs {
@@ -65,13 +76,32 @@ impl KafkaChangelogs {
     /// is held to a rate (then it fetches in small steps into a small queue: what librdkafka
     /// fetches ahead it fetches at the broker's full speed, whatever the rate of reading it).
     pub fn new(kafka: &KafkaSettings, name: &str, rate: Option<u64>) -> anyhow::Result<KafkaChangelogs> {
+        Ok(KafkaChangelogs {
+            consumer: Self::consumer(kafka, name, rate)?,
+            client: OffsetsClient::new(kafka, "sluice-standby-offsets", "sluice.restore"),
+            assigned: HashSet::new(),
+            known_topics: HashSet::new(),
+            kafka: kafka.clone(),
+            name: name.to_string(),
+            rate,
+            positioned: HashMap::new(),
+            paused: HashSet::new(),
+            carried: HashMap::new(),
+        })
+    }
+
+    fn consumer(
+        kafka: &KafkaSettings,
+        name: &str,
+        rate: Option<u64>,
+    ) -> anyhow::Result<crate::kafka::Authorized<BaseConsumer>> {
         // Learners restore whole stores through this consumer: fetch in large steps, as a
         // restoration does (restore.rs), within a bounded queue.
         let (fetch, partition_fetch, queue_kb) = match rate {
             None => (32 << 20, 4 << 20, 64 << 10),
             Some(_) => (4 << 20, 1 << 20, 4 << 10),
         };
-        let consumer: crate::kafka::Authorized<BaseConsumer> = kafka
+        Ok(kafka
             .client()
             .set("client.id", name)
             .set("fetch.max.bytes", fetch.to_string())
@@ -90,13 +120,52 @@ impl KafkaChangelogs {
             // the one in flight returns: a broker holds an empty fetch this long (500 ms by
             // default), which a promoted learner's catch-up and a new learner would wait for.
             .set("fetch.wait.max.ms", "20")
-            .authorized(kafka)?;
-        Ok(KafkaChangelogs {
-            consumer,
-            client: OffsetsClient::new(kafka, "sluice-standby-offsets", "sluice.restore"),
-            assigned: HashSet::new(),
-            known_topics: HashSet::new(),
-        })
+            .authorized(kafka)?)
+    }
+
+    /// With a client certificate renewed on disk since the consumer was made: a new one,
+    /// every partition where the old one was (read up to, or positioned), paused as it was.
+    /// What the old one had fetched ahead is fetched again. A new one that cannot be made
+    /// or positioned is tried again at the next poll.
+    fn renew_if_due(&mut self) {
+        if !self.kafka.renewed(self.consumer.made()) {
+            return;
+        }
+        let fresh = match Self::consumer(&self.kafka, &self.name, self.rate) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(consumer = %self.name, "making the changelog consumer again with the renewed certificate: {e:#}");
+                return;
+            }
+        };
+        let read = self.positions();
+        let mut list = TopicPartitionList::new();
+        let mut at = HashMap::new();
+        for key in &self.assigned {
+            let Some(offset) = read.get(key).or(self.positioned.get(key)).copied() else {
+                continue;
+            };
+            let _ = list.add_partition_offset(&key.0, key.1, Offset::Offset(offset));
+            at.insert(key.clone(), offset);
+        }
+        if let Err(e) = fresh.assign(&list) {
+            tracing::warn!(consumer = %self.name, "positioning the changelog consumer made again: {e}");
+            return;
+        }
+        let paused: Vec<Partition> = self.paused.iter().filter(|p| at.contains_key(*p)).cloned().collect();
+        if !paused.is_empty() {
+            let _ = fresh.pause(&Self::list(&paused));
+        }
+        tracing::info!(consumer = %self.name, partitions = at.len(), "changelog consumer made again with the renewed client certificate");
+        let old = std::mem::replace(&mut self.consumer, fresh);
+        // Closing it may wait on its connections: not on this thread.
+        let _ = std::thread::Builder::new()
+            .name("consumer-drop".into())
+            .spawn(move || drop(old));
+        self.assigned = at.keys().cloned().collect();
+        self.positioned = at.clone();
+        self.carried = at;
+        self.known_topics.clear();
     }
 
     fn list(partitions: &[Partition]) -> TopicPartitionList {
@@ -110,10 +179,14 @@ impl KafkaChangelogs {
 
 impl Changelogs for KafkaChangelogs {
     fn read_from(&mut self, partitions: &[(String, i32, i64)]) -> Result<(), String> {
+        self.renew_if_due();
         let mut fresh = TopicPartitionList::new();
         let mut sought = None;
         for (topic, partition, offset) in partitions {
             let key = (topic.clone(), *partition);
+            self.positioned.insert(key.clone(), *offset);
+            self.carried.remove(&key);
+            self.paused.remove(&key);
             if self.assigned.contains(&key) {
                 self.consumer
                     .seek(topic, *partition, Offset::Offset(*offset), Duration::from_secs(10))
@@ -152,12 +225,16 @@ impl Changelogs for KafkaChangelogs {
     }
 
     fn pause(&mut self, partitions: &[Partition]) {
+        self.paused.extend(partitions.iter().cloned());
         if !partitions.is_empty() {
             let _ = self.consumer.pause(&Self::list(partitions));
         }
     }
 
     fn resume(&mut self, partitions: &[Partition]) {
+        for p in partitions {
+            self.paused.remove(p);
+        }
         if let Some((topic, partition)) = partitions.first() {
             let _ = self.consumer.resume(&Self::list(partitions));
             self.wake(topic, *partition);
@@ -169,6 +246,7 @@ impl Changelogs for KafkaChangelogs {
     }
 
     fn poll(&mut self, wait: Duration, each: &mut dyn FnMut(Polled<'_>)) -> Option<Result<(), String>> {
+        self.renew_if_due();
         match self.consumer.poll(wait)? {
             Ok(m) => {
                 each(Polled {
@@ -186,15 +264,14 @@ impl Changelogs for KafkaChangelogs {
 
     fn positions(&self) -> HashMap<Partition, i64> {
         let Ok(list) = self.consumer.position() else {
-            return HashMap::new();
+            return self.carried.clone();
         };
-        list.elements()
-            .iter()
-            .filter_map(|e| match e.offset() {
-                Offset::Offset(o) => Some(((e.topic().to_string(), e.partition()), o)),
-                _ => None,
-            })
-            .collect()
+        let mut read = self.carried.clone();
+        read.extend(list.elements().iter().filter_map(|e| match e.offset() {
+            Offset::Offset(o) => Some(((e.topic().to_string(), e.partition()), o)),
+            _ => None,
+        }));
+        read
     }
 
     fn bounds(&self, topic: &str, partition: i32) -> Result<(i64, i64), String> {

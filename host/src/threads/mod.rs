@@ -82,6 +82,7 @@ impl StreamThreads {
             let consumer = stream_consumer(kafka, prefetch_bytes / count)?;
             let env = KafkaEnv::new(kafka)?;
             let load2 = load.clone();
+            let kafka2 = kafka.clone();
             let finishers = finishers.clone();
             let ready = ready.clone();
             let exactly_once = exactly_once
@@ -92,11 +93,17 @@ impl StreamThreads {
                     fence: fence.clone(),
                     commit_interval: *interval,
                 });
-            streams.push(
-                std::thread::Builder::new()
-                    .name(format!("stream-{i}"))
-                    .spawn(move || StreamThread::new(consumer, env, load2, finishers, exactly_once).run(rx, ready))?,
-            );
+            streams.push(std::thread::Builder::new().name(format!("stream-{i}")).spawn(move || {
+                StreamThread::new(
+                    (kafka2, prefetch_bytes / count),
+                    consumer,
+                    env,
+                    load2,
+                    finishers,
+                    exactly_once,
+                )
+                .run(rx, ready)
+            })?);
             threads.push((tx, load));
         }
         // Under exactly-once, until every thread's producer has started (or given up, for its

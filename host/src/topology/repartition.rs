@@ -153,7 +153,10 @@ fn purge_loop(kafka: &KafkaSettings, rx: mpsc::Receiver<Vec<(String, i32, i64)>>
     use rdkafka::admin::{AdminClient, AdminOptions};
     use rdkafka::client::DefaultClientContext;
     use rdkafka::{Offset, TopicPartitionList};
-    let admin: crate::kafka::Authorized<AdminClient<DefaultClientContext>> = match kafka.client().authorized(kafka) {
+    let make = || -> rdkafka::error::KafkaResult<crate::kafka::Authorized<AdminClient<DefaultClientContext>>> {
+        kafka.client().authorized(kafka)
+    };
+    let mut admin = match make() {
         Ok(a) => a,
         Err(e) => {
             tracing::warn!("repartition topics will not be purged: creating an admin client: {e}");
@@ -168,6 +171,13 @@ fn purge_loop(kafka: &KafkaSettings, rx: mpsc::Receiver<Vec<(String, i32, i64)>>
         for (topic, partition, offset) in std::iter::once(first).chain(rx.try_iter()).flatten() {
             let e = wanted.entry((topic, partition)).or_insert(offset);
             *e = (*e).max(offset);
+        }
+        if kafka.renewed(admin.made()) {
+            // The client certificate was renewed on disk.
+            match make() {
+                Ok(a) => admin = a,
+                Err(e) => tracing::warn!("making the purger's admin client again with the renewed certificate: {e}"),
+            }
         }
         let mut tpl = TopicPartitionList::new();
         for ((topic, partition), offset) in &wanted {

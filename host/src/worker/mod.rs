@@ -15,7 +15,6 @@ mod intruders;
 mod learners;
 mod runner;
 
-use crate::kafka::Authorize as _;
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -32,7 +31,7 @@ use crate::runtime::{Runtime, RuntimeConfig};
 use crate::secret::ClusterSecret;
 use crate::state::dir::StateDir;
 use crate::task::control::{Fence, Lease};
-use crate::task::delivery::{self, DeliveryRouter, WorkerProducer};
+use crate::task::delivery::{self, SharedProducer};
 use crate::task::{TaskSettings, TaskSummary};
 use crate::topology::ChangelogSettings;
 use board::{Board, BoardMetrics};
@@ -285,7 +284,8 @@ impl Worker {
         for reason in &refused {
             tracing::error!("not running a topology: {reason}");
         }
-        let producer: Arc<WorkerProducer> = Arc::new(
+        let producer = Arc::new(SharedProducer::new(
+            &config.kafka,
             config
                 .kafka
                 .worker_client()
@@ -302,9 +302,8 @@ impl Worker {
                 .set("queue.buffering.max.messages", "1000000")
                 // A record that cannot be delivered in two minutes fails its task (alone).
                 .set("message.timeout.ms", "120000")
-                .authorized_with(&config.kafka, DeliveryRouter)
-                .context("creating the producer")?,
-        );
+                .clone(),
+        )?);
         let lease = Arc::new(if config.cluster.is_some() {
             Lease::expired()
         } else {
@@ -373,7 +372,7 @@ impl Worker {
                 .into_iter()
                 .map(|reason| ("(refused topology)".to_string(), reason)),
         );
-        if let Err(e) = delivery::flush(&producer, Duration::from_secs(30)) {
+        if let Err(e) = delivery::flush(&producer.current(), Duration::from_secs(30)) {
             report
                 .failed
                 .push(("producer".into(), format!("flushing at shutdown: {e}")));

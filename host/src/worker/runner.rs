@@ -19,7 +19,7 @@ use crate::metrics::Metrics;
 use crate::state::dir::StateDir;
 use crate::state::warm::{Handover, Warm, WarmStores};
 use crate::task::control::{Fence, Lease, TaskControl};
-use crate::task::delivery::WorkerProducer;
+use crate::task::delivery::SharedProducer;
 use crate::task::{self, Ended, TaskError, TaskSettings, TaskSummary};
 use crate::threads::standbys as standby;
 use crate::threads::GlobalUpdater;
@@ -68,7 +68,7 @@ pub struct TaskRunner {
     lease: Arc<Lease>,
     /// The membership exactly-once transactions prove (set by the group membership).
     fence: Arc<Fence>,
-    producer: Arc<WorkerProducer>,
+    producer: Arc<SharedProducer>,
     settings: TaskSettings,
     metrics: Metrics,
     /// What the worker is doing now (for `GET /status` and the metrics).
@@ -120,7 +120,7 @@ impl TaskRunner {
         lease: Arc<Lease>,
         fence: Arc<Fence>,
         worker_id: &str,
-        producer: Arc<WorkerProducer>,
+        producer: Arc<SharedProducer>,
         settings: TaskSettings,
         metrics: Metrics,
         board: Arc<Board>,
@@ -273,6 +273,9 @@ impl TaskRunner {
     /// Collects tasks that ended on their own and restarts transient failures whose
     /// backoff has passed (only while the lease holds).
     pub fn reap(&mut self) -> anyhow::Result<Reaped> {
+        // A client certificate renewed on disk: the shared producer is made again now,
+        // whether or not a task sends (the tasks move to it as they settle).
+        let _ = self.producer.current();
         let mut reaped = Reaped::default();
         let ended: Vec<TaskId> = self
             .running

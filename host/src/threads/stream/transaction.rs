@@ -287,7 +287,11 @@ impl ThreadTasks {
         running.paused = false;
         running.held.iter_mut().for_each(|h| *h = false);
         let mut result = Ok(());
-        for (topic, partition, committed) in running.task.sources() {
+        for (s, (topic, partition, committed)) in running.task.sources().into_iter().enumerate() {
+            // Where it reads from now (for its lag, and a consumer made again).
+            if let Some(part) = running.parts.get_mut(s) {
+                part.start = committed;
+            }
             let offset = committed.map_or(Offset::Beginning, Offset::Offset);
             result = result.and_then(|()| consumer.seek(&topic, partition, offset, Duration::from_secs(10)));
         }
@@ -297,6 +301,21 @@ impl ThreadTasks {
             let _ = self.waker.send((p.topic().to_string(), p.partition()));
         }
         result
+    }
+
+    /// With the client certificate renewed on disk since the thread's producer was made:
+    /// between transactions (none open), a new producer of the same transactional id (which
+    /// fences the old one) for every task.
+    pub(super) fn renew_producer_if_due(&mut self, consumer: &StreamConsumer) {
+        let Some(txn) = self.txn.as_mut() else { return };
+        let Some(producer) = txn.producer.as_ref() else { return };
+        if producer.in_transaction() || !txn.config.kafka.renewed(producer.made()) {
+            return;
+        }
+        tracing::info!("transactional producer made again with the renewed client certificate");
+        txn.producer = None;
+        self.start_producer();
+        self.renew_producer(consumer);
     }
 
     /// After the producer could not go on: a new one for every task (one that cannot get it
