@@ -5,7 +5,7 @@
 //! a topology or a task.
 
 use crate::registry::tenants::Caller;
-use crate::worker::board::WorkerStatus;
+use crate::worker::board::{Narrowed, WorkerStatus};
 use crate::worker::WorkerHandle;
 
 /// Whether `who` may see what is named after `topology` (a registry entry's name), or all.
@@ -35,9 +35,23 @@ fn topology_of(task: &str) -> &str {
 
 /// The worker's status as `who` may see it: every part named after a task (its tasks with
 /// their errors, standbys and learners, and the handovers) only for the caller's topologies.
+/// A tenant's answer names the tenant and its topologies (`narrowed_to`), so a reader of
+/// several workers' answers can narrow what it learns elsewhere (the group) the same way.
 pub(super) fn status_for(worker: &WorkerHandle, who: &Caller) -> WorkerStatus {
     let status = worker.status();
-    filter_status(status, visibility(worker, Some(who)))
+    let mut status = filter_status(status, visibility(worker, Some(who)));
+    if let Caller::Tenant(t) = who {
+        let topologies = worker.registry().map_or_else(Vec::new, |r| {
+            let snapshot = r.snapshot();
+            let mine = snapshot.entries.iter().filter(|(_, (e, _))| e.tenant == t.name);
+            mine.map(|(name, _)| name.to_string()).collect()
+        });
+        status.narrowed_to = Some(Narrowed {
+            tenant: t.name.clone(),
+            topologies,
+        });
+    }
+    status
 }
 
 fn filter_status(mut status: WorkerStatus, visible: impl Fn(&str) -> bool) -> WorkerStatus {
@@ -54,6 +68,7 @@ fn filter_status(mut status: WorkerStatus, visible: impl Fn(&str) -> bool) -> Wo
         tasks,
         handovers,
         compiles,
+        narrowed_to: _,
     } = &mut status;
     tasks.retain(|t| visible(topology_of(&t.task)));
     handovers.retain(|h| visible(topology_of(&h.task)));

@@ -3,8 +3,13 @@
 //! endpoint (`GET /status`), what it is doing now: learners' and restorations' progress,
 //! time tasks could not process, rebalances. A worker whose endpoint cannot be reached is
 //! shown as of its last join, and named under PROBLEMS.
+//!
+//! With a tenant's token, the workers answer for its topologies only and say so
+//! (`narrowed_to`); what the group itself shows (other workers' assignments, the counts,
+//! disagreements) is narrowed to the same topologies. A token no worker answered to shows
+//! no task at all: nothing said what it may see.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -88,9 +93,10 @@ struct Worker {
     capacity: u32,
     version: u16,
     leaving: bool,
-    active: usize,
-    standby: usize,
-    learner: usize,
+    /// Its tasks by role that the caller may see (none: no worker said what that is).
+    active: Option<usize>,
+    standby: Option<usize>,
+    learner: Option<usize>,
     /// Its admin endpoint (empty: none).
     admin: String,
     /// Whether the figures below and its tasks' progress came from its admin endpoint.
@@ -255,6 +261,14 @@ async fn gather(
         Some(live_status(args, &meta.admin).await)
     });
     let answers = futures::future::join_all(asks).await;
+    let sight = Sight::of(args.token.is_some(), &answers);
+    if let Sight::Unknown = sight {
+        status.problems.push(
+            "no worker answered with this token, so what it may see is not known: tasks are not shown \
+             (run without --token for the group's own view, which Kafka's ACLs govern)"
+                .to_string(),
+        );
+    }
     for ((member_id, host, meta, assignment), live) in decoded.into_iter().zip(answers) {
         if assignment.generation > 0 {
             status.generation = Some(status.generation.unwrap_or(0).max(assignment.generation));
@@ -271,16 +285,28 @@ async fn gather(
             None => None,
         };
         match &live {
-            Some(live) => status.tasks.extend(live_tasks(&owner, live)),
-            None => status.tasks.extend(last_join_tasks(&owner, &meta, &assignment, ends)),
+            Some(live) => status
+                .tasks
+                .extend(live_tasks(&owner, live).filter(|t| sight.sees(topology_of(&t.task)))),
+            None => status
+                .tasks
+                .extend(last_join_tasks(&owner, &meta, &sight.cut(&assignment), ends)),
         }
-        for c in live.iter().flat_map(|l| &l.compiles) {
+        for c in live
+            .iter()
+            .flat_map(|l| &l.compiles)
+            .filter(|c| sight.sees(&c.topology))
+        {
             status.compiles.push(Compile {
                 worker: owner.clone(),
                 compile: c.clone(),
             });
         }
-        for h in live.iter().flat_map(|l| &l.handovers) {
+        for h in live
+            .iter()
+            .flat_map(|l| &l.handovers)
+            .filter(|h| sight.sees(topology_of(&h.task)))
+        {
             status.handovers.push(Handover {
                 worker: owner.clone(),
                 handover: h.clone(),
@@ -288,17 +314,79 @@ async fn gather(
         }
         status
             .workers
-            .push(worker_row(owner, host, &meta, &assignment, live.as_ref()));
+            .push(worker_row(owner, host, &meta, &assignment, &sight, live.as_ref()));
         metas.insert(member_id, meta);
     }
-    status
-        .problems
-        .extend(sluice::group::placement::plan(&metas, &[]).problems);
+    let disagreements = sluice::group::placement::plan(&metas, &[]).problems;
+    status.problems.extend(
+        disagreements
+            .into_iter()
+            .filter(|p| sight.sees(&p.topology))
+            .map(|p| p.text),
+    );
     status.tasks.sort_by(|a, b| (&a.task, a.role).cmp(&(&b.task, b.role)));
     status
         .handovers
         .sort_by(|a, b| a.handover.ago_seconds.total_cmp(&b.handover.ago_seconds));
     Ok(status)
+}
+
+/// What the caller may see of what the group shows, from the workers' answers to its token.
+#[derive(Debug, PartialEq)]
+enum Sight {
+    /// No token (Kafka's ACLs decided who may describe the group), or one the workers
+    /// showed everything to (the admin, an operator).
+    All,
+    /// A tenant's token: the topologies the workers said are its own.
+    Tenant(BTreeSet<String>),
+    /// A token no worker answered to: nothing said what it may see.
+    Unknown,
+}
+
+impl Sight {
+    fn of(token: bool, answers: &[Option<anyhow::Result<WorkerStatus>>]) -> Sight {
+        if !token {
+            return Sight::All;
+        }
+        let live: Vec<&WorkerStatus> = answers.iter().flatten().filter_map(|a| a.as_ref().ok()).collect();
+        if live.is_empty() {
+            return Sight::Unknown;
+        }
+        // One narrowed answer narrows all (the workers read the same registry; one that is
+        // behind may know fewer of the tenant's topologies, never another tenant's).
+        let narrowed: Vec<_> = live.iter().filter_map(|l| l.narrowed_to.as_ref()).collect();
+        if narrowed.is_empty() {
+            return Sight::All;
+        }
+        Sight::Tenant(narrowed.iter().flat_map(|n| n.topologies.iter().cloned()).collect())
+    }
+
+    fn sees(&self, topology: &str) -> bool {
+        match self {
+            Sight::All => true,
+            Sight::Tenant(mine) => mine.contains(topology),
+            Sight::Unknown => false,
+        }
+    }
+
+    /// The part of an assignment the caller may see.
+    fn cut(&self, assignment: &Assignment) -> Assignment {
+        let keep =
+            |tasks: &Vec<TaskId>| -> Vec<TaskId> { tasks.iter().filter(|t| self.sees(&t.topology)).cloned().collect() };
+        Assignment {
+            active: keep(&assignment.active),
+            standby: keep(&assignment.standby),
+            learner: keep(&assignment.learner),
+            revoked: keep(&assignment.revoked),
+            ..assignment.clone()
+        }
+    }
+}
+
+/// The topology a task id as the workers show it (`<topology>/<partition>`,
+/// `<topology>/<sub>/<partition>`) is of.
+fn topology_of(task: &str) -> &str {
+    task.split_once('/').map_or(task, |(t, _)| t)
 }
 
 /// Each member's metadata and assignment, decoded (a part that does not decode is shown
@@ -407,8 +495,10 @@ fn worker_row(
     host: String,
     meta: &MemberMetadata,
     assignment: &Assignment,
+    sight: &Sight,
     live: Option<&WorkerStatus>,
 ) -> Worker {
+    let seen = (*sight != Sight::Unknown).then(|| sight.cut(assignment));
     Worker {
         member: owner,
         worker_id: uuid::Uuid::from_bytes(meta.worker_id).to_string(),
@@ -416,9 +506,9 @@ fn worker_row(
         capacity: meta.capacity,
         version: meta.version,
         leaving: meta.leaving,
-        active: assignment.active.len(),
-        standby: assignment.standby.len(),
-        learner: assignment.learner.len(),
+        active: seen.as_ref().map(|a| a.active.len()),
+        standby: seen.as_ref().map(|a| a.standby.len()),
+        learner: seen.as_ref().map(|a| a.learner.len()),
         admin: meta.admin.clone(),
         live: live.is_some(),
         rebalances: live.map(|l| l.rebalances),
@@ -466,6 +556,7 @@ fn print_text(s: &Status) {
         "{:<50} {:<16} {:<21} {:>8} {:>7} {:>6} {:>7} {:>7} {:>10} {:>8}",
         "WORKER", "HOST", "ADMIN", "CAPACITY", "VERSION", "ACTIVE", "STANDBY", "LEARNER", "REBALANCES", "LAST"
     );
+    let count = |n: Option<usize>| n.map_or("-".to_string(), |n| n.to_string());
     for w in &s.workers {
         let mut notes = Vec::new();
         if w.leaving {
@@ -487,7 +578,16 @@ fn print_text(s: &Status) {
         let last = w.last_rebalance_seconds.map_or("-".to_string(), |r| format!("{r:.2}s"));
         println!(
             "{:<50} {:<16} {:<21} {:>8} {:>7} {:>6} {:>7} {:>7} {:>10} {:>8}{notes}",
-            w.member, w.host, admin, w.capacity, w.version, w.active, w.standby, w.learner, rebalances, last
+            w.member,
+            w.host,
+            admin,
+            w.capacity,
+            w.version,
+            count(w.active),
+            count(w.standby),
+            count(w.learner),
+            rebalances,
+            last
         );
     }
     println!();
@@ -684,5 +784,64 @@ mod tests {
             ]
         );
         assert!(tasks.iter().all(|t| t.owner == "m1" && t.phase.is_none()));
+    }
+
+    #[test]
+    fn a_tenants_token_sees_only_what_the_workers_said_is_its_own_and_an_unanswered_one_nothing() {
+        let narrowed = |topologies: &[&str]| WorkerStatus {
+            narrowed_to: Some(sluice::worker::board::Narrowed {
+                tenant: "alpha".into(),
+                topologies: topologies.iter().map(|t| t.to_string()).collect(),
+            }),
+            ..Default::default()
+        };
+        let refused = || Some(Err(anyhow::anyhow!("401")));
+        // No token: the group's view, as Kafka's ACLs let the caller read it.
+        assert_eq!(Sight::of(false, &[refused()]), Sight::All);
+        // A token no worker answered to, or only workers without an admin endpoint.
+        assert_eq!(Sight::of(true, &[refused(), None]), Sight::Unknown);
+        assert_eq!(Sight::of(true, &[Some(Ok(WorkerStatus::default()))]), Sight::All);
+        // A tenant's: the union of its topologies as the workers know them, even beside an
+        // answer that was not narrowed.
+        let sight = Sight::of(
+            true,
+            &[
+                Some(Ok(narrowed(&["a.one"]))),
+                Some(Ok(narrowed(&["a.two"]))),
+                Some(Ok(WorkerStatus::default())),
+            ],
+        );
+        assert!(sight.sees("a.one") && sight.sees("a.two") && !sight.sees("b.one") && !sight.sees(""));
+        let assignment = Assignment {
+            active: vec![TaskId::new("a.one", 0), TaskId::new("b.one", 0)],
+            standby: vec![TaskId::new("b.one", 1)],
+            learner: vec![TaskId::new("a.two", 2)],
+            revoked: vec![TaskId::new("b.one", 2)],
+            generation: 4,
+            ..Default::default()
+        };
+        let cut = sight.cut(&assignment);
+        assert_eq!(cut.active, vec![TaskId::new("a.one", 0)]);
+        assert!(cut.standby.is_empty() && cut.revoked.is_empty());
+        assert_eq!((cut.learner.len(), cut.generation), (1, 4));
+        let row = worker_row(
+            "m".into(),
+            "h".into(),
+            &MemberMetadata::default(),
+            &assignment,
+            &sight,
+            None,
+        );
+        assert_eq!((row.active, row.standby, row.learner), (Some(1), Some(0), Some(1)));
+        let row = worker_row(
+            "m".into(),
+            "h".into(),
+            &MemberMetadata::default(),
+            &assignment,
+            &Sight::Unknown,
+            None,
+        );
+        assert_eq!((row.active, row.standby, row.learner), (None, None, None));
+        assert_eq!(topology_of("a.one/sub/3"), "a.one");
     }
 }

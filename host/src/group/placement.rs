@@ -23,7 +23,20 @@ pub struct Placement {
     /// Topology → the members that may run its tasks.
     eligible: BTreeMap<Arc<str>, BTreeSet<String>>,
     /// Disagreements among members, for the log and `sluice status`.
-    pub problems: Vec<String>,
+    pub problems: Vec<Problem>,
+}
+
+/// A disagreement about one topology (named, so `sluice status` shows a tenant only its own).
+#[derive(Debug, Clone)]
+pub struct Problem {
+    pub topology: String,
+    pub text: String,
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
 }
 
 /// Works out the placement from the members' metadata. Members that predate topology
@@ -91,12 +104,15 @@ pub fn plan(members: &BTreeMap<String, MemberMetadata>, local: &[TopologyInfo]) 
                     )
                 })
                 .collect();
-            placement.problems.push(format!(
-                "topology {name}: members disagree ({}); its tasks go to the {} member(s) running digest {}",
-                described.join("; "),
-                runners.len(),
-                hex(&winner.digest)
-            ));
+            placement.problems.push(Problem {
+                topology: name.to_string(),
+                text: format!(
+                    "topology {name}: members disagree ({}); its tasks go to the {} member(s) running digest {}",
+                    described.join("; "),
+                    runners.len(),
+                    hex(&winner.digest)
+                ),
+            });
         }
         let topology: Arc<str> = Arc::from(name);
         if winner.subs.is_empty() {
@@ -356,7 +372,7 @@ mod tests {
         .into();
         let placement = plan(&members, &[]);
         assert_eq!(placement.problems.len(), 1, "{:?}", placement.problems);
-        assert!(placement.problems[0].contains("members disagree"));
+        assert!(placement.problems[0].text.contains("members disagree"));
         let out = assign(
             &*by_name("sticky").unwrap(),
             &members,

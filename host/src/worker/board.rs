@@ -16,7 +16,7 @@ mod status;
 
 use families::{labels, role_labels};
 pub use families::{BoardMetrics, PhaseLabels};
-pub use status::{HandoverStatus, Phase, Role, TaskStatus, WorkerStatus};
+pub use status::{HandoverStatus, Narrowed, Phase, Role, TaskStatus, WorkerStatus};
 
 use crate::group::TaskId;
 use crate::task::TaskProgress;
@@ -443,6 +443,8 @@ impl Board {
                 .collect(),
             // The runtime's, added by `WorkerHandle::status`.
             compiles: Vec::new(),
+            // Set by the admin API, for a tenant's answer.
+            narrowed_to: None,
         }
     }
 }

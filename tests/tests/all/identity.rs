@@ -196,6 +196,46 @@ async fn jwts_of_the_provider_map_to_tenants_and_roles_and_every_bad_token_is_re
         body.contains(&format!("{a}shout")) && !body.contains(&theirs),
         "alpha's status shows bravo's: {body}"
     );
+    // `sluice status` with alpha's JWT: its tasks, and its share of the worker's counts.
+    let status_as = |token: &str| -> anyhow::Result<serde_json::Value> {
+        let (ok, out, err) = cli(&[
+            "status",
+            "--bootstrap",
+            kafka.bootstrap(),
+            "--cluster",
+            &cluster,
+            "--token",
+            token,
+            "--output",
+            "json",
+        ])?;
+        anyhow::ensure!(ok, "sluice status: {err}");
+        Ok(serde_json::from_str(&out)?)
+    };
+    let seen = status_as(&alpha_jwt)?;
+    let text = seen.to_string();
+    assert!(
+        text.contains(&format!("{a}shout")) && !text.contains(&theirs),
+        "sluice status with alpha's JWT shows bravo's: {text}"
+    );
+    assert_eq!(
+        seen["workers"][0]["active"], 1,
+        "alpha's JWT counts bravo's task: {text}"
+    );
+    // A worker that cannot answer (frozen) is shown as of its last join, from the group
+    // itself: with no worker to say what alpha's JWT may see, no task is shown to it.
+    w.freeze()?;
+    let frozen = status_as(&alpha_jwt);
+    w.thaw()?;
+    let text = frozen?.to_string();
+    assert!(
+        !text.contains(&theirs) && !text.contains(&format!("{a}shout")),
+        "sluice status with alpha's JWT and no worker answering shows tasks: {text}"
+    );
+    assert!(
+        text.contains("not shown"),
+        "no reason given for the missing tasks: {text}"
+    );
 
     // The operator sees everything, changes nothing, reads no store; the admin's JWT does all.
     let ops_jwt = ops.token()?;
@@ -213,24 +253,15 @@ async fn jwts_of_the_provider_map_to_tenants_and_roles_and_every_bad_token_is_re
     assert_eq!(status, 403, "{body}");
     assert!(body.contains("operator-no-data"), "{body}");
     let root_jwt = root.token()?;
-    // `sluice status` asks each worker for its live status with the admin's JWT.
-    let (ok, out, err) = cli(&[
-        "status",
-        "--bootstrap",
-        kafka.bootstrap(),
-        "--cluster",
-        &cluster,
-        "--token",
-        &root_jwt,
-        "--output",
-        "json",
-    ])?;
-    assert!(ok, "{err}");
-    let v: serde_json::Value = serde_json::from_str(&out)?;
+    // `sluice status` asks each worker for its live status with the admin's JWT: all of it.
+    let v = status_as(&root_jwt)?;
     assert_eq!(
         v["workers"][0]["live"], true,
-        "the worker did not answer sluice status with the admin's JWT: {out}"
+        "the worker did not answer sluice status with the admin's JWT: {v}"
     );
+    assert_eq!(v["workers"][0]["active"], 2, "{v}");
+    let text = v.to_string();
+    assert!(text.contains(&theirs) && text.contains(&format!("{a}shout")), "{text}");
     let (ok, _, err) = as_(
         &root_jwt,
         &["tenants", "create", "charlie", "--namespace", &format!("c-{id}.")],

@@ -92,6 +92,17 @@ pub struct WorkerStatus {
     /// compiles done.
     #[serde(default)]
     pub compiles: Vec<crate::runtime::progress::CompileStatus>,
+    /// Set when the caller is a tenant: this answer is narrowed to its topologies, named
+    /// here (what `sluice status` narrows the group's own view of other workers to).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub narrowed_to: Option<Narrowed>,
+}
+
+/// The tenant a status was narrowed to, and its topologies.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Narrowed {
+    pub tenant: String,
+    pub topologies: Vec<String>,
 }
 
 /// One task's move, as the worker it left or the worker it came to saw it. Phases a side
