@@ -2,7 +2,8 @@
 //! producer, a restoration's Kafka client (destroying one takes about 100 ms while
 //! librdkafka joins its threads), stores to close. Each drop runs on a thread of its own;
 //! the worker waits for them all before it exits ([`Drops::settle`]), so that its stores are
-//! closed when it does.
+//! closed when it does. A replaced Kafka client is dropped elsewhere too, not waited for
+//! ([`elsewhere`]).
 
 use std::sync::Mutex;
 use std::thread::JoinHandle;
@@ -34,6 +35,18 @@ impl Drops {
         for t in running {
             let _ = t.join();
         }
+    }
+}
+
+/// Drops `what` on a thread of its own, not waited for: a Kafka client replaced by one made
+/// again (a renewed certificate), whose closing may wait on its connections and holds
+/// nothing the worker must see closed before it exits.
+pub fn elsewhere<T: Send + 'static>(what: T) {
+    let spawned = std::thread::Builder::new()
+        .name("client-drop".into())
+        .spawn(move || drop(what));
+    if let Err(e) = spawned {
+        tracing::warn!("dropping a replaced client on this thread: {e}");
     }
 }
 

@@ -140,54 +140,36 @@ mod tests {
             "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
         )
         .unwrap();
-        run(&[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-subj",
-            "/CN=ca",
-            "-days",
-            "1",
-        ]) && ["a", "b"].iter().all(|n| {
-            run(&[
-                "req",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:P-256",
-                "-nodes",
-                "-keyout",
-                &format!("{n}.key"),
-                "-out",
-                &format!("{n}.csr"),
-                "-subj",
-                &format!("/CN={n}"),
-            ]) && run(&[
-                "x509",
-                "-req",
-                "-in",
-                &format!("{n}.csr"),
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-out",
-                &format!("{n}.pem"),
-                "-days",
-                "1",
-                "-extfile",
-                "ext.cnf",
-            ])
-        })
+        // A new P-256 key in `key` and a request (or, with `-x509`, a certificate) in `out`.
+        let key_and = |first: &[&str], key: &str, out: &str, subject: &str, last: &[&str]| {
+            let mut args = first.to_vec();
+            args.extend(["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]);
+            args.extend(["-keyout", key, "-out", out, "-subj", subject]);
+            args.extend(last);
+            run(&args)
+        };
+        key_and(&["req", "-x509"], "ca.key", "ca.pem", "/CN=ca", &["-days", "1"])
+            && ["a", "b"].iter().all(|n| {
+                let (key, csr, pem) = (format!("{n}.key"), format!("{n}.csr"), format!("{n}.pem"));
+                key_and(&["req"], &key, &csr, &format!("/CN={n}"), &[])
+                    && run(&[
+                        "x509",
+                        "-req",
+                        "-in",
+                        &csr,
+                        "-CA",
+                        "ca.pem",
+                        "-CAkey",
+                        "ca.key",
+                        "-CAcreateserial",
+                        "-out",
+                        &pem,
+                        "-days",
+                        "1",
+                        "-extfile",
+                        "ext.cnf",
+                    ])
+            })
     }
 
     #[test]

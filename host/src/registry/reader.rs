@@ -172,9 +172,7 @@ impl Watcher {
                         Ok(c) => {
                             tracing::info!("registry reader made again with the renewed client certificate");
                             let old = std::mem::replace(&mut consumer, c);
-                            let _ = std::thread::Builder::new()
-                                .name("consumer-drop".into())
-                                .spawn(move || drop(old));
+                            crate::drops::elsewhere(old);
                         }
                         Err(e) => {
                             tracing::warn!("making the registry reader again with the renewed certificate: {e:#}")

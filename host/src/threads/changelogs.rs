@@ -159,9 +159,7 @@ impl KafkaChangelogs {
         tracing::info!(consumer = %self.name, partitions = at.len(), "changelog consumer made again with the renewed client certificate");
         let old = std::mem::replace(&mut self.consumer, fresh);
         // Closing it may wait on its connections: not on this thread.
-        let _ = std::thread::Builder::new()
-            .name("consumer-drop".into())
-            .spawn(move || drop(old));
+        crate::drops::elsewhere(old);
         self.assigned = at.keys().cloned().collect();
         self.positioned = at.clone();
         self.carried = at;
