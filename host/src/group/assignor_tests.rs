@@ -426,6 +426,57 @@ fn a_joining_member_learns_first_and_takes_over_once_caught_up() {
     assert!(out["b"].learner.is_empty());
 }
 
+/// A member that began learning when it was the only one joining holds more learners than
+/// its share once another joins: it keeps its share of them, and the rest are learned on
+/// the newcomer, so the group ends balanced (4/4/4) instead of settling at 4/2/6 with no
+/// rebalance to follow.
+#[test]
+fn a_learner_holder_over_its_share_gives_the_rest_to_a_later_joiner() {
+    let tasks: Vec<TaskId> = (0..12).map(|p| TaskId::new("counts", p)).collect();
+    let end_offsets: HashMap<TaskId, i64> = tasks.iter().map(|t| (t.clone(), 1000)).collect();
+    let member = |active: &[TaskId], learner: &[TaskId], sum: i64| MemberMetadata {
+        version: CURRENT_VERSION,
+        supported: CURRENT_VERSION,
+        capacity: 1,
+        active: active.to_vec(),
+        learner: learner.to_vec(),
+        offset_sums: active.iter().chain(learner).map(|t| (t.clone(), sum)).collect(),
+        ..Default::default()
+    };
+    let members: BTreeMap<String, MemberMetadata> = [
+        ("a".to_string(), member(&tasks, &[], 1000)),
+        ("b".to_string(), member(&[], &[], 0)),
+        ("c".to_string(), member(&[], &tasks[6..], 500)),
+    ]
+    .into();
+    let group = Group {
+        members: members.clone(),
+        tasks: tasks.clone(),
+        stateful: [Arc::from("counts")].into(),
+        end_offsets: end_offsets.clone(),
+        replicas: 0,
+    };
+    let out = Sticky.assign(&AssignorInput {
+        members: &members,
+        tasks: &tasks,
+        stateful: &group.stateful,
+        end_offsets: &end_offsets,
+        standby_replicas: 0,
+        learners: LearnerPolicy {
+            max_learners: 12,
+            acceptable_lag: 100,
+        },
+    });
+    check_round(&group, &out);
+    assert_eq!(out["a"].active, tasks, "{out:?}");
+    assert_eq!(out["c"].learner.len(), 4, "{out:?}");
+    assert!(
+        out["c"].learner.iter().all(|t| tasks[6..].contains(t)),
+        "c keeps learning its own: {out:?}"
+    );
+    assert_eq!(out["b"].learner.len(), 4, "{out:?}");
+}
+
 /// A two-stage topology scaled down from three workers to two: the leaving worker's
 /// stateful `count` tasks are learned on the worker below its share of counts while it has
 /// room (not on the one above its share, though that one holds their state from before),

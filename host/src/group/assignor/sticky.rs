@@ -355,7 +355,7 @@ struct Moves {
 /// Decides how each task over its owner's quota moves: revoked now and handed out next
 /// generation — unless it is stateful and learners are on: then it stays active on its
 /// owner until a learner elsewhere has caught up. Tasks with a learner already go first
-/// (they keep it).
+/// (they keep it while its member has room).
 fn move_over_quota(
     mut over: Vec<(usize, usize)>,
     tasks: &Tasks<'_>,
@@ -379,7 +379,11 @@ fn move_over_quota(
             moves.moving[x] = i;
             continue;
         }
-        let holder = Some(warm.learner_of[x]).filter(|&j| j != NONE && j != i);
+        // A learner is kept where its member has room for it: one that began learning when
+        // it joined alone may hold more than its share once others joined, and the rest
+        // would make it over quota once they are active, with no rebalance to follow.
+        let room = |j: usize| loads.quota[j] > loads.load[j] + incoming[j];
+        let holder = Some(warm.learner_of[x]).filter(|&j| j != NONE && j != i && room(j));
         let destination = match holder {
             Some(j) => Some(j),
             None if learners_left == 0 => None,
