@@ -9,7 +9,7 @@
 //! disagreements) is narrowed to the same topologies. A token no worker answered to shows
 //! no task at all: nothing said what it may see.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -22,6 +22,12 @@ use sluice::group::metadata::{Assignment, MemberMetadata};
 use sluice::group::TaskId;
 use sluice::kafka::Authorize as _;
 use sluice::worker::board::{Phase, Role, WorkerStatus};
+
+mod sight;
+mod text;
+
+use sight::{topology_of, Sight};
+use text::print_text;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum Output {
@@ -331,64 +337,6 @@ async fn gather(
     Ok(status)
 }
 
-/// What the caller may see of what the group shows, from the workers' answers to its token.
-#[derive(Debug, PartialEq)]
-enum Sight {
-    /// No token (Kafka's ACLs decided who may describe the group), or one the workers
-    /// showed everything to (the admin, an operator).
-    All,
-    /// A tenant's token: the topologies the workers said are its own.
-    Tenant(BTreeSet<String>),
-    /// A token no worker answered to: nothing said what it may see.
-    Unknown,
-}
-
-impl Sight {
-    fn of(token: bool, answers: &[Option<anyhow::Result<WorkerStatus>>]) -> Sight {
-        if !token {
-            return Sight::All;
-        }
-        let live: Vec<&WorkerStatus> = answers.iter().flatten().filter_map(|a| a.as_ref().ok()).collect();
-        if live.is_empty() {
-            return Sight::Unknown;
-        }
-        // One narrowed answer narrows all (the workers read the same registry; one that is
-        // behind may know fewer of the tenant's topologies, never another tenant's).
-        let narrowed: Vec<_> = live.iter().filter_map(|l| l.narrowed_to.as_ref()).collect();
-        if narrowed.is_empty() {
-            return Sight::All;
-        }
-        Sight::Tenant(narrowed.iter().flat_map(|n| n.topologies.iter().cloned()).collect())
-    }
-
-    fn sees(&self, topology: &str) -> bool {
-        match self {
-            Sight::All => true,
-            Sight::Tenant(mine) => mine.contains(topology),
-            Sight::Unknown => false,
-        }
-    }
-
-    /// The part of an assignment the caller may see.
-    fn cut(&self, assignment: &Assignment) -> Assignment {
-        let keep =
-            |tasks: &Vec<TaskId>| -> Vec<TaskId> { tasks.iter().filter(|t| self.sees(&t.topology)).cloned().collect() };
-        Assignment {
-            active: keep(&assignment.active),
-            standby: keep(&assignment.standby),
-            learner: keep(&assignment.learner),
-            revoked: keep(&assignment.revoked),
-            ..assignment.clone()
-        }
-    }
-}
-
-/// The topology a task id as the workers show it (`<topology>/<partition>`,
-/// `<topology>/<sub>/<partition>`) is of.
-fn topology_of(task: &str) -> &str {
-    task.split_once('/').map_or(task, |(t, _)| t)
-}
-
 /// Each member's metadata and assignment, decoded (a part that does not decode is shown
 /// empty).
 fn decode_members(members: &[MemberInfo]) -> Vec<(String, String, MemberMetadata, Assignment)> {
@@ -529,217 +477,9 @@ async fn live_status(args: &StatusArgs, admin: &str) -> anyhow::Result<WorkerSta
     serde_json::from_slice(&body).with_context(|| format!("reading the status from http://{admin}/status"))
 }
 
-/// `[#######-------------]  35%` for a share of 0 to 1.
-fn bar(share: f64) -> String {
-    const WIDTH: usize = 20;
-    let share = share.clamp(0.0, 1.0);
-    let full = (share * WIDTH as f64).round() as usize;
-    format!(
-        "[{}{}] {:>3.0}%",
-        "#".repeat(full),
-        "-".repeat(WIDTH - full),
-        share * 100.0
-    )
-}
-
-fn print_text(s: &Status) {
-    let generation = s.generation.map_or("-".to_string(), |g| g.to_string());
-    println!(
-        "cluster {} (group {}): {}, generation {generation}, {} worker(s)",
-        s.cluster,
-        s.group,
-        s.state,
-        s.workers.len()
-    );
-    println!();
-    println!(
-        "{:<50} {:<16} {:<21} {:>8} {:>7} {:>6} {:>7} {:>7} {:>10} {:>8}",
-        "WORKER", "HOST", "ADMIN", "CAPACITY", "VERSION", "ACTIVE", "STANDBY", "LEARNER", "REBALANCES", "LAST"
-    );
-    let count = |n: Option<usize>| n.map_or("-".to_string(), |n| n.to_string());
-    for w in &s.workers {
-        let mut notes = Vec::new();
-        if w.leaving {
-            notes.push("leaving");
-        }
-        if w.rebalancing == Some(true) {
-            notes.push("rebalancing");
-        }
-        if !w.admin.is_empty() && !w.live {
-            notes.push("unreachable: as of its last join");
-        }
-        let notes = if notes.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", notes.join(", "))
-        };
-        let admin = if w.admin.is_empty() { "-" } else { &w.admin };
-        let rebalances = w.rebalances.map_or("-".to_string(), |r| r.to_string());
-        let last = w.last_rebalance_seconds.map_or("-".to_string(), |r| format!("{r:.2}s"));
-        println!(
-            "{:<50} {:<16} {:<21} {:>8} {:>7} {:>6} {:>7} {:>7} {:>10} {:>8}{notes}",
-            w.member,
-            w.host,
-            admin,
-            w.capacity,
-            w.version,
-            count(w.active),
-            count(w.standby),
-            count(w.learner),
-            rebalances,
-            last
-        );
-    }
-    println!();
-    println!(
-        "{:<40} {:<8} {:<10} {:<50} {:>9} {:>11}  PROGRESS",
-        "TASK", "ROLE", "PHASE", "OWNER", "LAG", "UNAVAILABLE"
-    );
-    for t in &s.tasks {
-        let lag = t.lag.map_or("-".to_string(), |l| l.to_string());
-        let phase = t.phase.map_or("-".to_string(), |p| format!("{p:?}").to_lowercase());
-        let unavailable = t.unavailable_seconds.map_or("-".to_string(), |u| format!("{u:.1}s"));
-        // Progress bars for what is still restoring: learners, standbys catching up, and
-        // active tasks replaying their changelog.
-        let restoring = t.role == "learner" || t.role == "standby" || t.phase == Some(Phase::Restoring);
-        let progress = match (t.progress, restoring) {
-            (Some(p), true) => {
-                let rate = t.restore_rate.map_or(String::new(), |r| format!("  {r:.0} records/s"));
-                let left = match (t.lag, t.restore_rate) {
-                    (Some(lag), Some(rate)) if rate > 1.0 && lag > 0 => format!(", ~{:.0}s left", lag as f64 / rate),
-                    _ => String::new(),
-                };
-                format!("{}{rate}{left}", bar(p))
-            }
-            _ => String::new(),
-        };
-        println!(
-            "{:<40} {:<8} {:<10} {:<50} {:>9} {:>11}  {progress}",
-            t.task, t.role, phase, t.owner, lag, unavailable
-        );
-    }
-    if !s.handovers.is_empty() {
-        println!();
-        println!(
-            "{:<40} {:<4} {:<50} {:>8} {:>10} {:>8} {:>9} {:>8} {:>8}",
-            "HANDOVER", "", "WORKER", "REVOKE", "REBALANCE", "START", "FIRST OUT", "TOTAL", "AGO"
-        );
-        let secs = |s: Option<f64>| s.map_or("-".to_string(), |s| format!("{s:.3}s"));
-        for h in &s.handovers {
-            let m = &h.handover;
-            println!(
-                "{:<40} {:<4} {:<50} {:>8} {:>10} {:>8} {:>9} {:>8} {:>8}",
-                m.task,
-                m.direction,
-                h.worker,
-                secs(m.revoke_seconds),
-                secs(m.rebalance_seconds),
-                secs(m.start_seconds),
-                secs(m.first_output_seconds),
-                secs(m.total_seconds),
-                format!("{:.0}s", m.ago_seconds)
-            );
-        }
-    }
-    if !s.compiles.is_empty() {
-        println!();
-        println!(
-            "{:<32} {:<50} {:>9} {:<10} {:>8}  PROGRESS",
-            "COMPILE", "WORKER", "MB", "STATE", "TIME"
-        );
-        for c in &s.compiles {
-            println!("{}", compile_line(c));
-        }
-    }
-    let waiting: Vec<&Task> = s.tasks.iter().filter(|t| t.waiting.is_some()).collect();
-    if !waiting.is_empty() {
-        println!();
-        println!("WAITING TASKS");
-        for t in waiting {
-            println!("  {}: {}", t.task, t.waiting.as_deref().unwrap_or_default());
-        }
-    }
-    let failed: Vec<&Task> = s.tasks.iter().filter(|t| t.error.is_some()).collect();
-    if !failed.is_empty() {
-        println!();
-        println!("FAILED TASKS");
-        for t in failed {
-            println!("  {}: {}", t.task, t.error.as_deref().unwrap_or_default());
-        }
-    }
-    if !s.problems.is_empty() {
-        println!();
-        println!("PROBLEMS");
-        for p in &s.problems {
-            println!("  {p}");
-        }
-    }
-}
-
-/// One compile as `sluice status` shows it: under way with its estimated progress, or done
-/// (how long ago, or why it failed).
-fn compile_line(c: &Compile) -> String {
-    let m = &c.compile;
-    let what = if m.topology.is_empty() {
-        &m.component
-    } else {
-        &m.topology
-    };
-    let progress = match (m.state.as_str(), m.progress, m.expected_seconds) {
-        ("compiling", Some(p), Some(e)) => format!("about {:.0}% of about {e:.0}s", p * 100.0),
-        ("compiling", _, _) => "no estimate yet (this worker's first compile)".to_string(),
-        (_, _, _) => {
-            let ago = m.ago_seconds.map_or(String::new(), |a| format!("{a:.0}s ago"));
-            match &m.error {
-                Some(e) => format!("{ago}: {e}"),
-                None => ago,
-            }
-        }
-    };
-    format!(
-        "{:<32} {:<50} {:>9.1} {:<10} {:>8}  {progress}",
-        what,
-        c.worker,
-        m.bytes as f64 / 1e6,
-        m.state,
-        format!("{:.1}s", m.seconds)
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_compile_under_way_shows_its_estimate_and_a_failed_one_why() {
-        let compile = |state: &str, progress: Option<f64>, error: Option<&str>| Compile {
-            worker: "w-1".into(),
-            compile: sluice::runtime::progress::CompileStatus {
-                topology: "py-wc".into(),
-                component: "py.wasm".into(),
-                bytes: 19_400_000,
-                state: state.into(),
-                seconds: 3.25,
-                expected_seconds: progress.map(|_| 6.1),
-                progress,
-                ago_seconds: (state != "compiling").then_some(12.0),
-                error: error.map(str::to_string),
-            },
-        };
-        let line = compile_line(&compile("compiling", Some(0.53), None));
-        assert!(line.starts_with("py-wc ") && line.contains("19.4 compiling"), "{line}");
-        assert!(
-            line.ends_with("3.2s  about 53% of about 6s") || line.ends_with("3.3s  about 53% of about 6s"),
-            "{line}"
-        );
-        let line = compile_line(&compile("compiling", None, None));
-        assert!(
-            line.ends_with("no estimate yet (this worker's first compile)"),
-            "{line}"
-        );
-        let line = compile_line(&compile("failed", None, Some("Cranelift ran out of memory")));
-        assert!(line.ends_with("12s ago: Cranelift ran out of memory"), "{line}");
-    }
 
     fn ends() -> BTreeMap<(String, i32), i64> {
         BTreeMap::from([
@@ -784,64 +524,5 @@ mod tests {
             ]
         );
         assert!(tasks.iter().all(|t| t.owner == "m1" && t.phase.is_none()));
-    }
-
-    #[test]
-    fn a_tenants_token_sees_only_what_the_workers_said_is_its_own_and_an_unanswered_one_nothing() {
-        let narrowed = |topologies: &[&str]| WorkerStatus {
-            narrowed_to: Some(sluice::worker::board::Narrowed {
-                tenant: "alpha".into(),
-                topologies: topologies.iter().map(|t| t.to_string()).collect(),
-            }),
-            ..Default::default()
-        };
-        let refused = || Some(Err(anyhow::anyhow!("401")));
-        // No token: the group's view, as Kafka's ACLs let the caller read it.
-        assert_eq!(Sight::of(false, &[refused()]), Sight::All);
-        // A token no worker answered to, or only workers without an admin endpoint.
-        assert_eq!(Sight::of(true, &[refused(), None]), Sight::Unknown);
-        assert_eq!(Sight::of(true, &[Some(Ok(WorkerStatus::default()))]), Sight::All);
-        // A tenant's: the union of its topologies as the workers know them, even beside an
-        // answer that was not narrowed.
-        let sight = Sight::of(
-            true,
-            &[
-                Some(Ok(narrowed(&["a.one"]))),
-                Some(Ok(narrowed(&["a.two"]))),
-                Some(Ok(WorkerStatus::default())),
-            ],
-        );
-        assert!(sight.sees("a.one") && sight.sees("a.two") && !sight.sees("b.one") && !sight.sees(""));
-        let assignment = Assignment {
-            active: vec![TaskId::new("a.one", 0), TaskId::new("b.one", 0)],
-            standby: vec![TaskId::new("b.one", 1)],
-            learner: vec![TaskId::new("a.two", 2)],
-            revoked: vec![TaskId::new("b.one", 2)],
-            generation: 4,
-            ..Default::default()
-        };
-        let cut = sight.cut(&assignment);
-        assert_eq!(cut.active, vec![TaskId::new("a.one", 0)]);
-        assert!(cut.standby.is_empty() && cut.revoked.is_empty());
-        assert_eq!((cut.learner.len(), cut.generation), (1, 4));
-        let row = worker_row(
-            "m".into(),
-            "h".into(),
-            &MemberMetadata::default(),
-            &assignment,
-            &sight,
-            None,
-        );
-        assert_eq!((row.active, row.standby, row.learner), (Some(1), Some(0), Some(1)));
-        let row = worker_row(
-            "m".into(),
-            "h".into(),
-            &MemberMetadata::default(),
-            &assignment,
-            &Sight::Unknown,
-            None,
-        );
-        assert_eq!((row.active, row.standby, row.learner), (None, None, None));
-        assert_eq!(topology_of("a.one/sub/3"), "a.one");
     }
 }

@@ -334,6 +334,36 @@ fn duplicate_and_unknown_claims_are_revoked() {
         .all(|a| a.revoked.contains(&TaskId::new("gone", 0))));
 }
 
+/// One round of the sticky assignor with learners (no standbys), checked by [`check_round`].
+fn learning_round(
+    members: &BTreeMap<String, MemberMetadata>,
+    tasks: &[TaskId],
+    stateful: &HashSet<Arc<str>>,
+    end_offsets: &HashMap<TaskId, i64>,
+    max_learners: usize,
+) -> BTreeMap<String, Assignment> {
+    let group = Group {
+        members: members.clone(),
+        tasks: tasks.to_vec(),
+        stateful: stateful.clone(),
+        end_offsets: end_offsets.clone(),
+        replicas: 0,
+    };
+    let out = Sticky.assign(&AssignorInput {
+        members,
+        tasks,
+        stateful,
+        end_offsets,
+        standby_replicas: 0,
+        learners: LearnerPolicy {
+            max_learners,
+            acceptable_lag: 100,
+        },
+    });
+    check_round(&group, &out);
+    out
+}
+
 /// Scale 1 → 2 with learners: the joining member learns first and takes over only what it
 /// has caught up on; no task is ever active twice or without an owner.
 #[test]
@@ -350,27 +380,9 @@ fn a_joining_member_learns_first_and_takes_over_once_caught_up() {
         ..Default::default()
     };
     let caught_up = |list: &[TaskId], sum: i64| list.iter().map(|t| (t.clone(), sum)).collect::<Vec<_>>();
+    let stateful: HashSet<Arc<str>> = [Arc::from("counts")].into();
     let assign = |members: &BTreeMap<String, MemberMetadata>, max_learners: usize| {
-        let group = Group {
-            members: members.clone(),
-            tasks: tasks.clone(),
-            stateful: [Arc::from("counts")].into(),
-            end_offsets: end_offsets.clone(),
-            replicas: 0,
-        };
-        let out = Sticky.assign(&AssignorInput {
-            members,
-            tasks: &tasks,
-            stateful: &group.stateful,
-            end_offsets: &end_offsets,
-            standby_replicas: 0,
-            learners: LearnerPolicy {
-                max_learners,
-                acceptable_lag: 100,
-            },
-        });
-        check_round(&group, &out);
-        out
+        learning_round(members, &tasks, &stateful, &end_offsets, max_learners)
     };
 
     // b joins: a keeps all 8 active; b learns 4; nothing is revoked, nobody rejoins.
@@ -449,25 +461,8 @@ fn a_learner_holder_over_its_share_gives_the_rest_to_a_later_joiner() {
         ("c".to_string(), member(&[], &tasks[6..], 500)),
     ]
     .into();
-    let group = Group {
-        members: members.clone(),
-        tasks: tasks.clone(),
-        stateful: [Arc::from("counts")].into(),
-        end_offsets: end_offsets.clone(),
-        replicas: 0,
-    };
-    let out = Sticky.assign(&AssignorInput {
-        members: &members,
-        tasks: &tasks,
-        stateful: &group.stateful,
-        end_offsets: &end_offsets,
-        standby_replicas: 0,
-        learners: LearnerPolicy {
-            max_learners: 12,
-            acceptable_lag: 100,
-        },
-    });
-    check_round(&group, &out);
+    let stateful: HashSet<Arc<str>> = [Arc::from("counts")].into();
+    let out = learning_round(&members, &tasks, &stateful, &end_offsets, 12);
     assert_eq!(out["a"].active, tasks, "{out:?}");
     assert_eq!(out["c"].learner.len(), 4, "{out:?}");
     assert!(
@@ -502,28 +497,8 @@ fn a_drained_stateful_task_is_learned_where_counts_are_few_and_goes_to_its_learn
     };
     let counts = |r: std::ops::Range<u32>| r.map(count).collect::<Vec<_>>();
     let splits = |r: std::ops::Range<u32>| r.map(split).collect::<Vec<_>>();
-    let assign = |members: &BTreeMap<String, MemberMetadata>| {
-        let group = Group {
-            members: members.clone(),
-            tasks: tasks.clone(),
-            stateful: stateful.clone(),
-            end_offsets: end_offsets.clone(),
-            replicas: 0,
-        };
-        let out = Sticky.assign(&AssignorInput {
-            members,
-            tasks: &tasks,
-            stateful: &stateful,
-            end_offsets: &end_offsets,
-            standby_replicas: 0,
-            learners: LearnerPolicy {
-                max_learners: 8,
-                acceptable_lag: 100,
-            },
-        });
-        check_round(&group, &out);
-        out
-    };
+    let assign =
+        |members: &BTreeMap<String, MemberMetadata>| learning_round(members, &tasks, &stateful, &end_offsets, 8);
     // w2 drains. w0 runs five counts and still holds the state of all eight; w1 runs six
     // splits and no count, so it has room for two: it learns two, w0 (caught up) the third.
     let mut members: BTreeMap<String, MemberMetadata> = [
