@@ -12,6 +12,7 @@
 pub mod cluster;
 pub mod oidc;
 pub mod registry;
+pub mod releases;
 pub mod scenario;
 pub mod worker;
 

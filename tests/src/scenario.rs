@@ -45,6 +45,8 @@ struct Binding {
 pub struct ScenarioBuilder {
     prefix: String,
     guest: String,
+    /// A component file to run instead of the example guest `guest` (another release's).
+    component: Option<PathBuf>,
     bindings: Vec<(Role, String, i32)>,
     limits: String,
 }
@@ -59,6 +61,13 @@ impl ScenarioBuilder {
     /// A sink `logical` of the guest, bound to a new topic of `partitions` partitions.
     pub fn sink(mut self, logical: &str, partitions: i32) -> Self {
         self.bindings.push((Role::Sink, logical.to_string(), partitions));
+        self
+    }
+
+    /// Runs the component at `path` (built elsewhere: another release's example guest)
+    /// instead of the example guest named.
+    pub fn component(mut self, path: PathBuf) -> Self {
+        self.component = Some(path);
         self
     }
 
@@ -94,7 +103,7 @@ impl ScenarioBuilder {
             &format!("{}.toml", self.prefix),
             &manifest(
                 &name,
-                &guest(&self.guest),
+                &self.component.clone().unwrap_or_else(|| guest(&self.guest)),
                 &pairs(Role::Source),
                 &pairs(Role::Sink),
                 &self.limits,
@@ -126,6 +135,7 @@ impl Scenario {
         ScenarioBuilder {
             prefix: prefix.to_string(),
             guest: guest.to_string(),
+            component: None,
             bindings: Vec::new(),
             limits: String::new(),
         }

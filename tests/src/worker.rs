@@ -158,7 +158,23 @@ impl WorkerProcess {
         Self::spawn(bootstrap, log_dir, args, env, false)
     }
 
+    /// As [`start`](Self::start), running `binary` (another release's `sluice`).
+    pub fn start_binary(binary: &Path, bootstrap: &str, log_dir: &Path, args: &[&str]) -> Result<WorkerProcess> {
+        Self::spawn_binary(binary, bootstrap, log_dir, args, &[], true)
+    }
+
     fn spawn(
+        bootstrap: &str,
+        log_dir: &Path,
+        args: &[&str],
+        env: &[(String, String)],
+        as_worker: bool,
+    ) -> Result<WorkerProcess> {
+        Self::spawn_binary(&sluice_binary(), bootstrap, log_dir, args, env, as_worker)
+    }
+
+    fn spawn_binary(
+        binary: &Path,
         bootstrap: &str,
         log_dir: &Path,
         args: &[&str],
@@ -167,7 +183,7 @@ impl WorkerProcess {
     ) -> Result<WorkerProcess> {
         let log = log_dir.join(crate::unique_name("worker") + ".log");
         let file = std::fs::File::create(&log)?;
-        let mut command = Command::new(sluice_binary());
+        let mut command = Command::new(binary);
         // On the secured cluster, workers connect as its `worker` principal.
         if let Some(kafka) = crate::secured_at(bootstrap).filter(|_| as_worker) {
             command.envs(kafka.env_as("worker"));
@@ -429,6 +445,21 @@ fn cluster_worker_with(
     )
 }
 
+/// A cluster worker as [`draining_cluster_worker`] (SIGTERM drains it), running `binary`:
+/// another release's `sluice` (see [`crate::releases`]).
+pub fn release_cluster_worker(
+    binary: &Path,
+    dir: &TempDir,
+    topology: Option<&Path>,
+    cluster: &str,
+    n: usize,
+    extra: &[&str],
+) -> Result<WorkerProcess> {
+    let args = cluster_args(dir, topology, cluster, n, extra, true);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    WorkerProcess::start_binary(binary, crate::kafka().bootstrap(), dir.path(), &args)
+}
+
 fn cluster_worker_with_at(
     bootstrap: &str,
     dir: &TempDir,
@@ -438,30 +469,48 @@ fn cluster_worker_with_at(
     extra: &[&str],
     default_stop: bool,
 ) -> Result<WorkerProcess> {
+    let args = cluster_args(dir, topology, cluster, n, extra, default_stop);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    WorkerProcess::start(bootstrap, dir.path(), &args)
+}
+
+/// The arguments of cluster worker `n`: fast heartbeats and commits, state in
+/// `<dir>/state-<n>`, then `extra`.
+fn cluster_args(
+    dir: &TempDir,
+    topology: Option<&Path>,
+    cluster: &str,
+    n: usize,
+    extra: &[&str],
+    default_stop: bool,
+) -> Vec<String> {
     let state = dir.path().join(format!("state-{n}"));
-    let mut args = vec![];
+    let mut args: Vec<String> = vec![];
     if let Some(m) = topology {
-        args.extend(["--topology", m.to_str().unwrap()]);
+        args.extend(["--topology".to_string(), m.to_str().unwrap().to_string()]);
     }
-    args.extend([
-        "--cluster",
-        cluster,
-        "--state-dir",
-        state.to_str().unwrap(),
-        "--heartbeat-interval",
-        "200ms",
-        "--session-timeout",
-        "6s",
-    ]);
+    args.extend(
+        [
+            "--cluster",
+            cluster,
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--heartbeat-interval",
+            "200ms",
+            "--session-timeout",
+            "6s",
+        ]
+        .map(String::from),
+    );
     // Unless `extra` says otherwise (the flag may be given once).
     if !extra.contains(&"--commit-interval") {
-        args.extend(["--commit-interval", "200ms"]);
+        args.extend(["--commit-interval", "200ms"].map(String::from));
     }
     if !default_stop && !extra.contains(&"--drain-on-stop") {
-        args.push("--no-drain-on-stop");
+        args.push("--no-drain-on-stop".into());
     }
-    args.extend_from_slice(extra);
-    WorkerProcess::start(bootstrap, dir.path(), &args)
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args
 }
 
 /// A cluster worker as [`cluster_worker`], but with no stop flag: what SIGTERM does by

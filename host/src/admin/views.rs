@@ -58,6 +58,8 @@ fn filter_status(mut status: WorkerStatus, visible: impl Fn(&str) -> bool) -> Wo
     // Every field of `WorkerStatus` is listed, so a new one cannot be shown unfiltered
     // without a decision here.
     let WorkerStatus {
+        release: _,
+        metadata_version: _,
         generation: _,
         leader: _,
         leaving: _,

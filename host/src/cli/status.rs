@@ -97,7 +97,12 @@ struct Worker {
     worker_id: String,
     host: String,
     capacity: u32,
+    /// The metadata version it joined in (the group's: see `group::metadata`).
     version: u16,
+    /// The newest metadata version it speaks.
+    supported: u16,
+    /// Its release (empty: a release before 0.3, which does not say).
+    release: String,
     leaving: bool,
     /// Its tasks by role that the caller may see (none: no worker said what that is).
     active: Option<usize>,
@@ -453,6 +458,8 @@ fn worker_row(
         host,
         capacity: meta.capacity,
         version: meta.version,
+        supported: meta.supported,
+        release: meta.release.clone(),
         leaving: meta.leaving,
         active: seen.as_ref().map(|a| a.active.len()),
         standby: seen.as_ref().map(|a| a.standby.len()),

@@ -17,7 +17,9 @@ use kafka_protocol::protocol::StrBytes;
 
 use super::connection::{Connection, ConnectionError};
 use super::framing::{unframe_assignment, unframe_metadata, Framing};
-use super::metadata::{fresh_for, Assignment, AssignmentError, Binding, MemberMetadata, CURRENT_VERSION};
+use super::metadata::{
+    fresh_for, Assignment, AssignmentError, Binding, MemberMetadata, Rostered, CURRENT_VERSION, MAX_ROSTER,
+};
 
 /// The protocol (assignment strategy) a member advertises: its assignor's, so the
 /// coordinator refuses a member whose assignor differs from the group's (an eager leader
@@ -106,6 +108,8 @@ pub struct Joined {
     pub member_id: String,
     pub leader: bool,
     pub assignment: Assignment,
+    /// As leader: how many members' metadata it could not read (they got no tasks).
+    pub unread: usize,
     /// When the JoinGroup that completed was sent: the coordinator's session timer for this
     /// member restarted no earlier than that.
     pub alive_at: Instant,
@@ -316,10 +320,10 @@ impl Membership {
                 ms = join_sent.elapsed().as_millis() as u64, "JoinGroup answered"
             );
             let sync_sent = Instant::now();
-            let assignments = if leader {
+            let (assignments, unread) = if leader {
                 self.leader_assignments(&response.members, &assign)
             } else {
-                Vec::new()
+                (Vec::new(), 0)
             };
             let sync = SyncGroupRequest::default()
                 .with_group_id(self.group_id())
@@ -353,6 +357,7 @@ impl Membership {
                 member_id: self.member_id.clone(),
                 leader,
                 assignment,
+                unread,
                 alive_at: join_sent,
             });
         }
@@ -447,11 +452,12 @@ impl Membership {
     /// The leader's work in a join: reads every member's signed metadata (one that does not
     /// decode, or was signed too many generations ago, gets no tasks), runs `assign` on the
     /// rest and signs each assignment, in the highest version every member understands.
+    /// Returns them and how many members it could not read.
     fn leader_assignments(
         &self,
         joined: &[JoinGroupResponseMember],
         assign: &impl Fn(&BTreeMap<String, MemberMetadata>) -> BTreeMap<String, Assignment>,
-    ) -> Vec<SyncGroupRequestAssignment> {
+    ) -> (Vec<SyncGroupRequestAssignment>, usize) {
         let mut members = BTreeMap::new();
         let mut unreadable = Vec::new();
         let generation = self.generation;
@@ -497,6 +503,23 @@ impl Membership {
             .min()
             .unwrap_or(CURRENT_VERSION);
         let mut assignments = assign(&members);
+        // Version 5: every member learns who is in the generation, so whoever leads next knows
+        // whose transactions a member that vanishes may leave open.
+        let mut roster: Vec<Rostered> = members
+            .values()
+            .map(|m| Rostered {
+                worker_id: m.worker_id,
+                threads: m.threads,
+            })
+            .collect();
+        roster.sort();
+        roster.dedup();
+        if version >= 5 && roster.len() <= MAX_ROSTER {
+            for a in assignments.values_mut() {
+                a.roster = roster.clone();
+            }
+        }
+        let unread = unreadable.len();
         for id in unreadable {
             assignments.insert(
                 id,
@@ -506,7 +529,7 @@ impl Membership {
                 },
             );
         }
-        assignments
+        let assignments = assignments
             .into_iter()
             .map(|(id, mut a)| {
                 a.generation = generation;
@@ -520,7 +543,8 @@ impl Membership {
                     .with_member_id(StrBytes::from_string(id))
                     .with_assignment(Bytes::from(bytes))
             })
-            .collect()
+            .collect();
+        (assignments, unread)
     }
 
     /// A SyncGroup answered with error `code`: `Ok` when the member is to join again, the

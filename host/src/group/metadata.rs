@@ -27,15 +27,31 @@
 //! 4 — adds the topologies of several sub-topologies (name, digest, and per sub-topology its
 //! name, partitions and whether it keeps state). They are left out of the version-3 list, so
 //! a leader of version 3 places none of their tasks (it could not run them either).
+//! 5 (release 0.3) — adds the member's release and stream threads (members), and the
+//! generation's roster, every member's worker id and stream threads (assignments, in groups of
+//! at most [`MAX_ROSTER`] members): whoever leads next knows whose transactions a member that
+//! vanished may have left open (see `worker::fencing`).
+//!
+//! Version probing, as Kafka Streams does it: a member first speaks the newest version it
+//! knows; a leader that cannot read it (a release before 0.3 checks the signature right after
+//! the fields it knows) answers `BadMetadata` in its own version, and the member joins again
+//! at once in that version. A leader assigns in the lowest version the members support; a
+//! member speaks the version of its last assignment, and once every member supports a newer
+//! one (the assignment comes in it) it rejoins once speaking that. A reader of this release
+//! reads any newer version: the signature covers everything before it, and fields it does not
+//! know are skipped.
 
 use super::codec::{Decoder, Encoder};
 use super::{DecodeError, TaskId};
 use crate::secret::{ClusterSecret, TAG_BYTES};
 
 /// The newest version this build writes and understands.
-pub const CURRENT_VERSION: u16 = 4;
+pub const CURRENT_VERSION: u16 = 5;
 /// The oldest version this build still reads.
 pub const OLDEST_VERSION: u16 = 1;
+/// The largest group whose assignments carry the roster (each assignment carries every
+/// member's worker id: 17 bytes a member, so 64 members add 70 KB to a generation).
+pub const MAX_ROSTER: usize = 64;
 
 /// A member's metadata in JoinGroup.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -63,6 +79,11 @@ pub struct MemberMetadata {
     pub topologies: Option<Vec<TopologyInfo>>,
     /// Version 3: tasks that failed on this worker and stay failed, with their errors.
     pub failed: Vec<(TaskId, String)>,
+    /// Version 5: the member's release (`sluice --version`); empty when older.
+    pub release: String,
+    /// Version 5: its stream threads (its transactional ids under exactly-once are
+    /// `thread_transactional_id(worker, 0..threads)`); 0 when older.
+    pub threads: u32,
     /// Not on the wire: the generation the member's signature says it joins from (-1: a
     /// member new to the group, or a group without a secret), as the leader read it; none
     /// when not read so.
@@ -111,6 +132,15 @@ pub struct Assignment {
     pub learner: Vec<TaskId>,
     /// Version 2: the generation this assignment belongs to (for status).
     pub generation: i32,
+    /// Version 5: every member of the generation (see [`MAX_ROSTER`]); empty when older.
+    pub roster: Vec<Rostered>,
+}
+
+/// A member of a generation, as its assignment's roster names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Rostered {
+    pub worker_id: [u8; 16],
+    pub threads: u32,
 }
 
 /// Errors a leader can put in an assignment.
@@ -191,6 +221,10 @@ impl MemberMetadata {
                 }
             }
         }
+        if version >= 5 {
+            e.str(&self.release);
+            e.u64(self.threads as u64);
+        }
         e.buf
     }
 
@@ -201,22 +235,7 @@ impl MemberMetadata {
     /// Encoded in `version`; with a secret, followed by the generation it joins from and the
     /// signature of both, bound to `binding`.
     pub fn encode_signed(&self, version: u16, secret: Option<&ClusterSecret>, binding: &Binding<'_>) -> Vec<u8> {
-        let mut bytes = self.encode(version);
-        if let Some(secret) = secret {
-            let used = bytes.len();
-            bytes.extend_from_slice(&binding.from_generation.to_be_bytes());
-            let tag = secret.sign(
-                METADATA_PURPOSE,
-                &[
-                    &bytes[..used],
-                    &bytes[used..],
-                    binding.group.as_bytes(),
-                    binding.member.as_bytes(),
-                ],
-            );
-            bytes.extend_from_slice(&tag);
-        }
-        bytes
+        sign_metadata(self.encode(version), secret, binding)
     }
 
     /// Decoded; with a secret, only if the signature after its fields checks for the group
@@ -236,13 +255,17 @@ impl MemberMetadata {
             position: used,
             problem: "not signed with this cluster's secret (registry.secret) for this member of this group",
         };
-        let rest = &buf[used..];
-        if rest.len() != 4 + TAG_BYTES {
+        // The generation and the signature close the buffer; before them, the fields of the
+        // member's version (of a newer version, some this worker skips).
+        let Some(signed_end) = buf.len().checked_sub(4 + TAG_BYTES).filter(|&end| end >= used) else {
+            return Err(unsigned);
+        };
+        if metadata.version <= CURRENT_VERSION && signed_end != used {
             return Err(unsigned);
         }
-        let (generation, tag) = rest.split_at(4);
+        let (generation, tag) = buf[signed_end..].split_at(4);
         let parts: [&[u8]; 4] = [
-            &buf[..used],
+            &buf[..signed_end],
             generation,
             binding.group.as_bytes(),
             binding.member.as_bytes(),
@@ -345,6 +368,11 @@ impl MemberMetadata {
                 });
             }
         }
+        let (mut release, mut threads) = (String::new(), 0);
+        if version >= 5 {
+            release = d.string()?;
+            threads = d.u32()?;
+        }
         let used = d.pos;
         Ok((
             MemberMetadata {
@@ -360,11 +388,33 @@ impl MemberMetadata {
                 leaving,
                 topologies,
                 failed,
+                release,
+                threads,
                 joined_from: None,
             },
             used,
         ))
     }
+}
+
+/// Encoded metadata `bytes` with, given a secret, the generation it joins from and the
+/// signature of both, bound to `binding`.
+fn sign_metadata(mut bytes: Vec<u8>, secret: Option<&ClusterSecret>, binding: &Binding<'_>) -> Vec<u8> {
+    if let Some(secret) = secret {
+        let used = bytes.len();
+        bytes.extend_from_slice(&binding.from_generation.to_be_bytes());
+        let tag = secret.sign(
+            METADATA_PURPOSE,
+            &[
+                &bytes[..used],
+                &bytes[used..],
+                binding.group.as_bytes(),
+                binding.member.as_bytes(),
+            ],
+        );
+        bytes.extend_from_slice(&tag);
+    }
+    bytes
 }
 
 /// What a member's signed metadata is bound to.
@@ -379,10 +429,10 @@ pub struct Binding<'a> {
     pub from_generation: i32,
 }
 
-/// The purpose of a member metadata signature (the binding is signed with it since 0.3; the
-/// earlier signature of the fields alone is not believed any more).
+/// The purpose of a member metadata signature (the binding is signed with it since release
+/// 0.2.0; the signature of the fields alone, of earlier builds, is not believed).
 const METADATA_PURPOSE: &str = "member metadata, bound";
-/// The purpose of an assignment's signature (bound to its group too since 0.3).
+/// The purpose of an assignment's signature (bound to its group too since 0.2.0).
 const ASSIGNMENT_PURPOSE: &str = "assignment, bound";
 
 /// How many generations old the generation a member joins from may be: a member that lost
@@ -395,23 +445,31 @@ pub fn fresh_for(from: i32, generation: i32) -> bool {
     from == -1 || (from < generation && generation - from <= BINDING_GENERATIONS)
 }
 
-/// With a secret: that `buf` is `used` bytes of fields followed by their signature for
-/// `purpose` (over the fields and `context`).
+/// With a secret: that `buf` is `used` bytes of fields (of a version newer than this
+/// build's, perhaps more it does not know) followed by their signature for `purpose` (over
+/// the fields and `context`).
 fn check_signature(
     buf: &[u8],
-    used: usize,
+    (used, version): (usize, u16),
     secret: Option<&ClusterSecret>,
     purpose: &str,
     context: &[&[u8]],
 ) -> Result<(), DecodeError> {
     let Some(secret) = secret else { return Ok(()) };
-    let (fields, tag) = buf.split_at(used);
+    let unsigned = DecodeError {
+        position: used,
+        problem: "not signed with this cluster's secret (registry.secret)",
+    };
+    let Some(signed_end) = buf.len().checked_sub(TAG_BYTES).filter(|&end| end >= used) else {
+        return Err(unsigned);
+    };
+    if version <= CURRENT_VERSION && signed_end != used {
+        return Err(unsigned);
+    }
+    let (fields, tag) = buf.split_at(signed_end);
     let parts: Vec<&[u8]> = std::iter::once(fields).chain(context.iter().copied()).collect();
-    if tag.len() != TAG_BYTES || !secret.verify(purpose, &parts, tag) {
-        return Err(DecodeError {
-            position: used,
-            problem: "not signed with this cluster's secret (registry.secret)",
-        });
+    if !secret.verify(purpose, &parts, tag) {
+        return Err(unsigned);
     }
     Ok(())
 }
@@ -428,6 +486,13 @@ impl Assignment {
         if version >= 2 {
             e.tasks(&self.learner);
             e.i64(self.generation as i64);
+        }
+        if version >= 5 {
+            e.u64(self.roster.len() as u64);
+            for r in &self.roster {
+                e.buf.extend_from_slice(&r.worker_id);
+                e.u64(r.threads as u64);
+            }
         }
         e.buf
     }
@@ -460,7 +525,7 @@ impl Assignment {
         let generation = generation.to_be_bytes();
         check_signature(
             buf,
-            used,
+            (used, assignment.version),
             secret,
             ASSIGNMENT_PURPOSE,
             &[member.as_bytes(), &generation, group.as_bytes()],
@@ -486,6 +551,27 @@ impl Assignment {
         } else {
             (Vec::new(), -1)
         };
+        let mut roster = Vec::new();
+        if version >= 5 {
+            let n = d.u64()?;
+            // At least 17 bytes each: a count larger than what is left is a lie.
+            if n > (buf.len() - d.pos) as u64 / 17 {
+                return Err(DecodeError {
+                    position: d.pos,
+                    problem: "a roster longer than the assignment",
+                });
+            }
+            for _ in 0..n {
+                let mut worker_id = [0u8; 16];
+                for b in worker_id.iter_mut() {
+                    *b = d.bytes_fixed()?;
+                }
+                roster.push(Rostered {
+                    worker_id,
+                    threads: d.u32()?,
+                });
+            }
+        }
         let used = d.pos;
         Ok((
             Assignment {
@@ -497,6 +583,7 @@ impl Assignment {
                 revoked,
                 learner,
                 generation,
+                roster,
             },
             used,
         ))

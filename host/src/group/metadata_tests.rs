@@ -8,8 +8,8 @@ fn tasks(topology: &str, partitions: &[u32]) -> Vec<TaskId> {
 
 fn member() -> MemberMetadata {
     MemberMetadata {
-        version: 4,
-        supported: 4,
+        version: CURRENT_VERSION,
+        supported: CURRENT_VERSION,
         worker_id: [7; 16],
         capacity: 4,
         admin: "127.0.0.1:9100".into(),
@@ -52,6 +52,8 @@ fn member() -> MemberMetadata {
                 "task wc/count/6 failed: boom".into(),
             ),
         ],
+        release: "0.3.0".into(),
+        threads: 2,
         joined_from: None,
     }
 }
@@ -59,7 +61,103 @@ fn member() -> MemberMetadata {
 #[test]
 fn metadata_round_trips_in_the_current_version() {
     let m = member();
-    assert_eq!(MemberMetadata::decode(&m.encode(4)).unwrap(), m);
+    assert_eq!(MemberMetadata::decode(&m.encode(CURRENT_VERSION)).unwrap(), m);
+}
+
+#[test]
+fn a_version_4_reader_and_writer_drop_only_the_release_threads_and_roster() {
+    let m = member();
+    let old = MemberMetadata::decode(&m.encode(4)).unwrap();
+    assert_eq!((old.version, old.release.as_str(), old.threads), (4, "", 0));
+    assert_eq!((old.topologies, old.failed), (m.topologies, m.failed));
+    let a = Assignment {
+        version: 5,
+        active: tasks("t", &[1]),
+        generation: 3,
+        roster: vec![
+            Rostered {
+                worker_id: [1; 16],
+                threads: 2,
+            },
+            Rostered {
+                worker_id: [2; 16],
+                threads: 1,
+            },
+        ],
+        ..Default::default()
+    };
+    assert_eq!(Assignment::decode(&a.encode(5)).unwrap(), a);
+    let old = Assignment::decode(&a.encode(4)).unwrap();
+    assert_eq!((old.roster, old.active), (vec![], a.active.clone()));
+    // A roster that claims more members than the bytes could hold is refused, not allocated.
+    let mut lying = a.encode(5);
+    let at = lying.len() - 2 * 17 - 1;
+    assert_eq!(lying[at], 2);
+    lying[at] = 0x7f;
+    assert!(Assignment::decode(&lying).is_err());
+}
+
+/// Version probing works both ways only if a reader believes signed metadata and
+/// assignments of a version newer than its own: their signature covers the fields it does
+/// not know, which it skips (the release before this one refused them as unsigned).
+#[test]
+fn signed_metadata_and_assignments_of_a_newer_version_are_read_and_a_change_to_their_new_fields_is_not() {
+    let secret = ClusterSecret::new(b"the cluster secret, long enough".to_vec()).unwrap();
+    let m = member();
+    let binding = Binding {
+        group: "sluice.cluster.c1",
+        member: "worker-1",
+        from_generation: 7,
+    };
+    let newer = |field: &[u8]| {
+        let mut fields = m.encode(CURRENT_VERSION);
+        assert_eq!(fields[0] as u16, CURRENT_VERSION, "a one-byte version");
+        fields[0] += 1;
+        fields.extend_from_slice(field);
+        sign_metadata(fields, Some(&secret), &binding)
+    };
+    let signed = newer(b"a field of the next version");
+    let (read, from) = MemberMetadata::decode_signed(&signed, Some(&secret), &binding).unwrap();
+    assert_eq!((read.version, from), (CURRENT_VERSION + 1, 7));
+    assert_eq!(
+        MemberMetadata {
+            version: CURRENT_VERSION,
+            ..read
+        },
+        m
+    );
+    let mut forged = signed.clone();
+    let at = m.encode(CURRENT_VERSION).len() + 3;
+    forged[at] ^= 1;
+    assert!(MemberMetadata::decode_signed(&forged, Some(&secret), &binding).is_err());
+    // Of this version, bytes after the fields are not skipped: they are not what was signed.
+    let mut padded = m.encode(CURRENT_VERSION);
+    padded.push(0);
+    let padded = sign_metadata(padded, Some(&secret), &binding);
+    assert!(MemberMetadata::decode_signed(&padded, Some(&secret), &binding).is_err());
+    // Too short to hold a signature at all.
+    assert!(MemberMetadata::decode_signed(&signed[..signed.len() - 40], Some(&secret), &binding).is_err());
+
+    let a = Assignment {
+        version: CURRENT_VERSION,
+        active: tasks("t", &[1]),
+        generation: 9,
+        ..Default::default()
+    };
+    let (g, member) = ("sluice.cluster.c1", "member-1");
+    let mut fields = a.encode(CURRENT_VERSION);
+    fields[0] += 1;
+    fields.extend_from_slice(b"next");
+    let tag = secret.sign(
+        ASSIGNMENT_PURPOSE,
+        &[&fields, member.as_bytes(), &9i32.to_be_bytes(), g.as_bytes()],
+    );
+    let mut signed = fields.clone();
+    signed.extend_from_slice(&tag);
+    let read = Assignment::decode_signed(&signed, Some(&secret), g, member, 9).unwrap();
+    assert_eq!((read.version, read.active), (CURRENT_VERSION + 1, a.active));
+    signed[fields.len() - 1] ^= 1;
+    assert!(Assignment::decode_signed(&signed, Some(&secret), g, member, 9).is_err());
 }
 
 #[test]

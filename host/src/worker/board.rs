@@ -91,6 +91,8 @@ struct Inner {
     tasks: BTreeMap<TaskId, Entry>,
     generation: i32,
     leader: bool,
+    /// The group metadata version of the last assignment (0: none yet).
+    speaking: u16,
     leaving: bool,
     rebalancing_since: Option<Instant>,
     rebalances: u64,
@@ -140,6 +142,12 @@ impl Board {
         inner.leader = leader;
         self.metrics.generation.set(generation as i64);
         self.set_roles(&mut inner, now, active, standby, learner);
+    }
+
+    /// The group metadata version the last assignment came in: the version every member of
+    /// the group speaks.
+    pub fn speaking(&self, version: u16) {
+        self.lock().speaking = version;
     }
 
     /// Every task of this worker is active (a worker outside any cluster).
@@ -424,6 +432,8 @@ impl Board {
             })
             .collect();
         WorkerStatus {
+            release: crate::VERSION.to_string(),
+            metadata_version: inner.speaking,
             generation: inner.generation,
             leader: inner.leader,
             leaving: inner.leaving,

@@ -8,6 +8,7 @@
 
 mod config;
 mod decide;
+mod fencing;
 mod holds;
 mod losing;
 
@@ -18,6 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use tokio::sync::mpsc::UnboundedReceiver;
 
+use self::decide::Speak;
 use super::deploys::TopologyChange;
 use super::heartbeats::{lease_margin, liveness, vanished_hold, Heartbeats, Kept};
 use super::intruders::{Intruders, Next};
@@ -109,6 +111,13 @@ struct GroupRunner<'a> {
     round_began: Option<Instant>,
     /// As leader: tasks of members that vanished, held back (see `holds`).
     holds: std::cell::RefCell<holds::Holds>,
+    /// Who was in the generation of the last assignment (its roster; empty before metadata
+    /// version 5 or in a group too large for one): as leader, the members gone from a join
+    /// have their transactions ended (see `fencing`).
+    roster: Vec<crate::group::metadata::Rostered>,
+    /// The metadata version this member speaks: its newest at first, then its last
+    /// assignment's (version probing: see `group::metadata`).
+    speaking: u16,
     /// The membership was lost while the lease held: every task is paused (the lease is
     /// revoked and renewals do not reach it) until this moment, when the lease would have
     /// ended; the next assignment says which of them go on (see [`GroupRunner::pause`]).
@@ -167,6 +176,8 @@ impl<'a> GroupRunner<'a> {
             round_began: None,
             holds: std::cell::RefCell::new(holds::Holds::new(vanished_hold(cluster.heartbeat_interval))),
             paused_until: None,
+            speaking: cluster.metadata_version,
+            roster: Vec::new(),
         })
     }
 
@@ -250,8 +261,10 @@ impl<'a> GroupRunner<'a> {
         let ends = tokio::task::block_in_place(|| self.offsets.read(&stateful));
         let learners = self.runner.learners();
         let metadata = MemberMetadata {
-            version: self.cluster.metadata_version,
+            version: self.speaking,
             supported: self.cluster.metadata_version,
+            release: crate::VERSION.to_string(),
+            threads: self.runner.threads() as u32,
             worker_id: self.worker_id,
             capacity: self.cluster.capacity,
             active: self.runner.owned(),
@@ -281,10 +294,12 @@ impl<'a> GroupRunner<'a> {
         let cluster = self.cluster;
         // The leader places what the members say they run, not what it runs itself.
         let staying = std::cell::Cell::new(usize::MAX);
+        let present = std::cell::RefCell::new(std::collections::HashSet::new());
         let assignor = &self.assignor;
         let holds = &self.holds;
         let assign = |members: &BTreeMap<String, MemberMetadata>| {
             staying.set(members.values().filter(|m| !m.leaving).count());
+            *present.borrow_mut() = members.values().map(|m| m.worker_id).collect();
             let placement = placement::plan(members, &prepared.topologies);
             for problem in &placement.problems {
                 tracing::warn!(cluster = %cluster.name, "{problem}");
@@ -338,6 +353,8 @@ impl<'a> GroupRunner<'a> {
         let joined = go_on!(self.joined_or_why_not(joined, shutdown).await);
         if !joined.leader {
             self.holds.borrow_mut().forget();
+        } else if joined.unread == 0 {
+            self.end_vanished_transactions(&present.borrow());
         }
         self.heartbeats.renew(joined.alive_at);
         // Transactions from now on prove this generation (the tasks it revokes are still
@@ -354,6 +371,28 @@ impl<'a> GroupRunner<'a> {
             return Ok(Err(Then::Leave));
         }
         Ok(Ok(joined))
+    }
+
+    /// As leader, under exactly-once: the members of the last generation that are not in
+    /// this join have their open transactions ended now instead of at the broker's timeout
+    /// (see `fencing`). Not when some member's metadata went unread: that member may be one
+    /// of them, alive.
+    fn end_vanished_transactions(&self, present: &std::collections::HashSet<[u8; 16]>) {
+        let Some((kafka, commit_interval)) = self.runner.exactly_once() else {
+            return;
+        };
+        let gone = fencing::vanished(&self.roster, present);
+        if gone.is_empty() {
+            return;
+        }
+        let ids: Vec<String> = gone.iter().flat_map(fencing::transactional_ids).collect();
+        tracing::info!(
+            cluster = %self.cluster.name,
+            members = %gone.iter().map(|r| uuid::Uuid::from_bytes(r.worker_id).to_string()).collect::<Vec<_>>().join(","),
+            transactional_ids = ids.len(),
+            "members of the last generation are gone: ending their open transactions"
+        );
+        fencing::end_transactions(kafka, commit_interval, ids);
     }
 
     /// What a failed join means: a lost membership stops every task and rejoins; a foreign
@@ -419,6 +458,39 @@ impl<'a> GroupRunner<'a> {
     ) -> Step<()> {
         let a = &joined.assignment;
         self.intruders.settled();
+        let speak = decide::speak_after(a, self.speaking, self.cluster.metadata_version);
+        self.runner.board().speaking(a.version.max(1));
+        match speak {
+            Speak::Keep => {}
+            Speak::Fallback(version) => {
+                // A leader of an older release could not read this worker's metadata: it may
+                // have given what this worker runs to others in this very generation.
+                tracing::info!(
+                    cluster = %self.cluster.name, from = self.speaking, to = version,
+                    "the group's leader speaks an older metadata version (a worker of an older release): joining again in it"
+                );
+                self.speaking = version;
+                if !self.runner.owned().is_empty() {
+                    self.lose("the leader (of an older release) did not read this worker's metadata")
+                        .await;
+                }
+                return Ok(Err(Then::Rejoin));
+            }
+            Speak::Down(version) => {
+                tracing::info!(
+                    cluster = %self.cluster.name, from = self.speaking, to = version,
+                    "a member of an older release joined: speaking its metadata version from the next join"
+                );
+                self.speaking = version;
+            }
+            Speak::Up(version) => tracing::info!(
+                cluster = %self.cluster.name, from = self.speaking, to = version,
+                "every member speaks a newer metadata version now: joining once more in it"
+            ),
+        }
+        if a.error == AssignmentError::None as i16 {
+            self.roster = a.roster.clone();
+        }
         if a.error != AssignmentError::None as i16 {
             // The leader did not see what this worker runs, so it may have given those tasks
             // to others in this very generation: they stop without committing.
@@ -471,6 +543,10 @@ impl<'a> GroupRunner<'a> {
         }
         if self.leaving_since.is_some() && !joined_with_nothing && self.runner.owned().is_empty() {
             tracing::debug!(target: "handover", "drained: rejoining once without the last tasks before leaving");
+            return Ok(Err(Then::Rejoin));
+        }
+        if let Speak::Up(version) = speak {
+            self.speaking = version;
             return Ok(Err(Then::Rejoin));
         }
         if a.rejoin {

@@ -400,6 +400,19 @@ impl TaskRunner {
         Ok(())
     }
 
+    /// Its stream threads (under exactly-once each has a transactional id of its own:
+    /// `task::thread_transactional_id`).
+    pub fn threads(&self) -> usize {
+        self.settings.threads
+    }
+
+    /// Under exactly-once: the Kafka settings and commit interval its transactional
+    /// producers are made with.
+    pub fn exactly_once(&self) -> Option<(&KafkaSettings, Duration)> {
+        (self.settings.guarantee == task::Guarantee::ExactlyOnce)
+            .then_some((&self.kafka, self.settings.commit_interval))
+    }
+
     /// The membership lease the tasks obey.
     pub fn lease(&self) -> &Arc<Lease> {
         &self.lease

@@ -39,5 +39,6 @@ mod soak;
 mod stages;
 mod state;
 mod tenancy;
+mod upgrades;
 mod uploads;
 mod worker;

@@ -27,8 +27,18 @@ pub(super) fn print_text(s: &Status) {
     );
     println!();
     println!(
-        "{:<50} {:<16} {:<21} {:>8} {:>7} {:>6} {:>7} {:>7} {:>10} {:>8}",
-        "WORKER", "HOST", "ADMIN", "CAPACITY", "VERSION", "ACTIVE", "STANDBY", "LEARNER", "REBALANCES", "LAST"
+        "{:<50} {:<16} {:<21} {:>8} {:>7} {:>8} {:>6} {:>7} {:>7} {:>10} {:>8}",
+        "WORKER",
+        "HOST",
+        "ADMIN",
+        "CAPACITY",
+        "RELEASE",
+        "METADATA",
+        "ACTIVE",
+        "STANDBY",
+        "LEARNER",
+        "REBALANCES",
+        "LAST"
     );
     let count = |n: Option<usize>| n.map_or("-".to_string(), |n| n.to_string());
     for w in &s.workers {
@@ -51,12 +61,13 @@ pub(super) fn print_text(s: &Status) {
         let rebalances = w.rebalances.map_or("-".to_string(), |r| r.to_string());
         let last = w.last_rebalance_seconds.map_or("-".to_string(), |r| format!("{r:.2}s"));
         println!(
-            "{:<50} {:<16} {:<21} {:>8} {:>7} {:>6} {:>7} {:>7} {:>10} {:>8}{notes}",
+            "{:<50} {:<16} {:<21} {:>8} {:>7} {:>8} {:>6} {:>7} {:>7} {:>10} {:>8}{notes}",
             w.member,
             w.host,
             admin,
             w.capacity,
-            w.version,
+            if w.release.is_empty() { "<0.3" } else { &w.release },
+            format!("{}/{}", w.version, w.supported),
             count(w.active),
             count(w.standby),
             count(w.learner),

@@ -72,6 +72,13 @@ pub struct TaskStatus {
 /// The worker as `GET /status` shows it.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct WorkerStatus {
+    /// The worker's release (`sluice --version`; empty from releases before 0.3).
+    #[serde(default)]
+    pub release: String,
+    /// The group metadata version of its last assignment, the one every member of the group
+    /// speaks (0: none yet, not in a cluster, or a release before 0.3).
+    #[serde(default)]
+    pub metadata_version: u16,
     /// The group generation of the last assignment (0: none yet, or not in a cluster).
     pub generation: i32,
     pub leader: bool,

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use crate::group::metadata::{Assignment, AssignmentError, OLDEST_VERSION};
 use crate::group::TaskId;
 
 /// The standbys a worker reports in its metadata: those that are not learners (reported
@@ -103,6 +104,39 @@ pub(super) fn drain_over(leaving_since: Option<Instant>, limit: Option<Duration>
     now.duration_since(since) >= limit
 }
 
+/// What an assignment says about the metadata version this member speaks (version probing:
+/// see `group::metadata`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Speak {
+    /// Go on in the version spoken.
+    Keep,
+    /// The leader could not read this member's metadata and answered in an older version
+    /// (a leader of an older release): join again at once, speaking that.
+    Fallback(u16),
+    /// The group speaks an older version (a member of an older release joined): speak it
+    /// from the next join on, so that any member may lead.
+    Down(u16),
+    /// Every member supports a newer version now: join again once, speaking it.
+    Up(u16),
+}
+
+/// How `assignment` changes the version spoken (`speaking`, at most `supported`).
+pub(super) fn speak_after(assignment: &Assignment, speaking: u16, supported: u16) -> Speak {
+    let version = assignment.version.clamp(OLDEST_VERSION, supported);
+    if assignment.error == AssignmentError::BadMetadata as i16 {
+        return if version < speaking {
+            Speak::Fallback(version)
+        } else {
+            Speak::Keep
+        };
+    }
+    match version.cmp(&speaking) {
+        std::cmp::Ordering::Greater => Speak::Up(version),
+        std::cmp::Ordering::Less => Speak::Down(version),
+        std::cmp::Ordering::Equal => Speak::Keep,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,5 +220,29 @@ mod tests {
         );
         assert!(!drain_over(Some(since), limit, since + Duration::from_secs(29)));
         assert!(drain_over(Some(since), limit, since + Duration::from_secs(30)));
+    }
+
+    #[test]
+    fn a_member_falls_back_when_refused_in_an_older_version_and_goes_up_once_all_support_more() {
+        let a = |version, error: AssignmentError| Assignment {
+            version,
+            error: error as i16,
+            ..Default::default()
+        };
+        // A leader of 0.2.0 cannot read version 5: it answers BadMetadata in version 4.
+        assert_eq!(
+            speak_after(&a(4, AssignmentError::BadMetadata), 5, 5),
+            Speak::Fallback(4)
+        );
+        // Refused in the version spoken: not a version matter (the usual wait and rejoin).
+        assert_eq!(speak_after(&a(4, AssignmentError::BadMetadata), 4, 5), Speak::Keep);
+        // An older member joined: speak its version from the next join.
+        assert_eq!(speak_after(&a(4, AssignmentError::None), 5, 5), Speak::Down(4));
+        // Every member supports 5 now: up, once.
+        assert_eq!(speak_after(&a(5, AssignmentError::None), 4, 5), Speak::Up(5));
+        assert_eq!(speak_after(&a(5, AssignmentError::None), 5, 5), Speak::Keep);
+        // Never above what this member supports (a test worker speaking 3), never below 1.
+        assert_eq!(speak_after(&a(5, AssignmentError::None), 3, 3), Speak::Keep);
+        assert_eq!(speak_after(&a(0, AssignmentError::None), 3, 3), Speak::Down(1));
     }
 }
