@@ -14,6 +14,7 @@ pub mod oidc;
 pub mod registry;
 pub mod releases;
 pub mod scenario;
+pub mod wordcount;
 pub mod worker;
 
 pub use scenario::{eventually, Scenario};

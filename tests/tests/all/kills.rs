@@ -4,22 +4,14 @@
 //! read-committed output and the stores); under at-least-once none is below it. CI runs a
 //! short trial; `SLUICE_KILLS=20 cargo test kill_trials` runs the long one.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
+use sluice_tests::wordcount::{self, lines};
 use sluice_tests::worker::shared_compile_cache;
 use sluice_tests::{kafka, Scenario};
 
 const PARTITIONS: i32 = 4;
-
-fn lines(range: std::ops::Range<usize>) -> Vec<(Vec<u8>, Vec<u8>)> {
-    range
-        .map(|i| {
-            let words: Vec<String> = (0..4).map(|j| format!("w{}", (i * 7 + j * 13) % 60)).collect();
-            (format!("line-{i}").into_bytes(), words.join(" ").into_bytes())
-        })
-        .collect()
-}
 
 /// xorshift: random kill moments, reproducible from the printed seed.
 fn next(seed: &mut u64) -> u64 {
@@ -85,12 +77,7 @@ async fn kill_trial(guarantee: &str, guest: &str) -> anyhow::Result<()> {
     }
     assert!(worker.terminate(Duration::from_secs(60))?.success(), "{}", worker.log());
 
-    let mut truth: HashMap<i32, BTreeMap<String, u64>> = HashMap::new();
-    for ((_, line), (p, _)) in lines(0..total).iter().zip(&positions) {
-        for w in std::str::from_utf8(line)?.split(' ') {
-            *truth.entry(*p).or_default().entry(w.to_string()).or_insert(0) += 1;
-        }
-    }
+    let truth = wordcount::truth(total, &positions)?;
     let mut over: BTreeMap<u64, usize> = BTreeMap::new();
     for p in 0..PARTITIONS {
         let counts = wc.store_counts(p, "counts")?;
@@ -110,23 +97,10 @@ async fn kill_trial(guarantee: &str, guest: &str) -> anyhow::Result<()> {
     if guarantee == "exactly-once" {
         // Read-committed output: each word's counts 1..=n, each exactly once.
         let out = wc.read_all(Duration::from_secs(120))?;
-        let mut per_word: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-        for r in &out {
-            let word = String::from_utf8(r.key.clone().unwrap())?;
-            per_word
-                .entry(word)
-                .or_default()
-                .push(std::str::from_utf8(r.value.as_ref().unwrap())?.parse()?);
-        }
-        for (word, mut counts) in per_word {
-            counts.sort_unstable();
-            let mut expected: Vec<u64> = truth
-                .values()
-                .flat_map(|c| 1..=c.get(&word).copied().unwrap_or(0))
-                .collect();
-            expected.sort_unstable();
+        for (word, counts) in wordcount::counts_per_word(&out)? {
             assert_eq!(
-                counts, expected,
+                counts,
+                wordcount::expected_counts(&truth, &word),
                 "{word}: the committed output is not each count exactly once"
             );
         }

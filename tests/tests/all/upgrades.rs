@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use sluice_tests::releases::{previous_binary, previous_guest, PREVIOUS};
+use sluice_tests::wordcount::{self, lines};
 use sluice_tests::worker::{release_cluster_worker, sluice_binary, WorkerProcess};
 use sluice_tests::{free_port, http_get, kafka, unique_name, Scenario};
 
@@ -25,15 +26,6 @@ const SECRET: &str = "correct horse battery staple, but longer";
 /// drain's handover takes well under a second here; a task held for a vanished member or
 /// stopped by a refused join would take seconds more.
 const HANDOVER_BOUND: Duration = Duration::from_secs(5);
-
-fn lines(range: std::ops::Range<usize>) -> Vec<(Vec<u8>, Vec<u8>)> {
-    range
-        .map(|i| {
-            let words: Vec<String> = (0..4).map(|j| format!("w{}", (i * 7 + j * 13) % 60)).collect();
-            (format!("line-{i}").into_bytes(), words.join(" ").into_bytes())
-        })
-        .collect()
-}
 
 /// What the watcher knows of one worker slot.
 #[derive(Debug, Default)]
@@ -333,30 +325,12 @@ async fn rolling_upgrade_and_back(guarantee: &str) -> anyhow::Result<()> {
 
     // The output, read committed: each count of each word (per input partition) once under
     // exactly-once; at least once under at-least-once.
-    let mut truth: BTreeMap<i32, BTreeMap<String, u64>> = BTreeMap::new();
-    for ((_, line), (p, _)) in lines(0..total).iter().zip(&positions) {
-        for w in std::str::from_utf8(line)?.split(' ') {
-            *truth.entry(*p).or_default().entry(w.to_string()).or_insert(0) += 1;
-        }
-    }
-    let out = wc.read_all(Duration::from_secs(120))?;
-    let mut per_word: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for r in &out {
-        let word = String::from_utf8(r.key.clone().unwrap())?;
-        per_word
-            .entry(word)
-            .or_default()
-            .push(std::str::from_utf8(r.value.as_ref().unwrap())?.parse()?);
-    }
+    let truth = wordcount::truth(total, &positions)?;
+    let per_word = wordcount::counts_per_word(&wc.read_all(Duration::from_secs(120))?)?;
     let words: std::collections::BTreeSet<&String> = truth.values().flat_map(|c| c.keys()).collect();
     for word in words {
-        let mut expected: Vec<u64> = truth
-            .values()
-            .flat_map(|c| 1..=c.get(word).copied().unwrap_or(0))
-            .collect();
-        expected.sort_unstable();
-        let mut got = per_word.get(word).cloned().unwrap_or_default();
-        got.sort_unstable();
+        let expected = wordcount::expected_counts(&truth, word);
+        let got = per_word.get(word).cloned().unwrap_or_default();
         if guarantee == "exactly-once" {
             assert_eq!(
                 got, expected,
