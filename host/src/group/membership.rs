@@ -9,17 +9,18 @@ use bytes::Bytes;
 use kafka_protocol::messages::find_coordinator_request::FindCoordinatorRequest;
 use kafka_protocol::messages::heartbeat_request::HeartbeatRequest;
 use kafka_protocol::messages::join_group_request::{JoinGroupRequest, JoinGroupRequestProtocol};
-use kafka_protocol::messages::join_group_response::{JoinGroupResponse, JoinGroupResponseMember};
+use kafka_protocol::messages::join_group_response::JoinGroupResponse;
 use kafka_protocol::messages::leave_group_request::{LeaveGroupRequest, MemberIdentity};
-use kafka_protocol::messages::sync_group_request::{SyncGroupRequest, SyncGroupRequestAssignment};
+use kafka_protocol::messages::sync_group_request::SyncGroupRequest;
 use kafka_protocol::messages::GroupId;
 use kafka_protocol::protocol::StrBytes;
 
 use super::connection::{Connection, ConnectionError};
-use super::framing::{unframe_assignment, unframe_metadata, Framing};
-use super::metadata::{
-    fresh_for, Assignment, AssignmentError, Binding, MemberMetadata, Rostered, CURRENT_VERSION, MAX_ROSTER,
-};
+use super::framing::{unframe_assignment, Framing};
+use super::metadata::{Assignment, Binding, MemberMetadata, CURRENT_VERSION};
+
+#[path = "membership_leader.rs"]
+mod leader;
 
 /// The protocol (assignment strategy) a member advertises: its assignor's, so the
 /// coordinator refuses a member whose assignor differs from the group's (an eager leader
@@ -447,104 +448,6 @@ impl Membership {
             }),
             other => Err(self.refused("JoinGroup", other)),
         }
-    }
-
-    /// The leader's work in a join: reads every member's signed metadata (one that does not
-    /// decode, or was signed too many generations ago, gets no tasks), runs `assign` on the
-    /// rest and signs each assignment, in the highest version every member understands.
-    /// Returns them and how many members it could not read.
-    fn leader_assignments(
-        &self,
-        joined: &[JoinGroupResponseMember],
-        assign: &impl Fn(&BTreeMap<String, MemberMetadata>) -> BTreeMap<String, Assignment>,
-    ) -> (Vec<SyncGroupRequestAssignment>, usize) {
-        let mut members = BTreeMap::new();
-        let mut unreadable = Vec::new();
-        let generation = self.generation;
-        for m in joined {
-            let binding = Binding {
-                group: &self.config.group,
-                member: m.group_instance_id.as_deref().unwrap_or(&m.member_id),
-                from_generation: -1,
-            };
-            let decoded = unframe_metadata(&m.metadata)
-                .and_then(|bytes| MemberMetadata::decode_signed(&bytes, self.config.secret.as_ref(), &binding));
-            match decoded {
-                Ok((_, from)) if !fresh_for(from, generation) => {
-                    tracing::warn!(
-                        member = %m.member_id, instance = ?m.group_instance_id.as_deref(),
-                        "a member's metadata was signed in generation {from}, too long before generation \
-                         {generation} (a copy of old metadata?); it gets no tasks"
-                    );
-                    unreadable.push(m.member_id.to_string());
-                }
-                Ok((meta, from)) => {
-                    members.insert(
-                        m.member_id.to_string(),
-                        MemberMetadata {
-                            joined_from: Some(from),
-                            ..meta
-                        },
-                    );
-                }
-                Err(e) => {
-                    tracing::warn!(
-                        member = %m.member_id, instance = ?m.group_instance_id.as_deref(),
-                        "a member's metadata does not decode, it gets no tasks: {e}"
-                    );
-                    unreadable.push(m.member_id.to_string());
-                }
-            }
-        }
-        // Assign in the highest version every member understands (rolling upgrades).
-        let version = members
-            .values()
-            .map(|m| m.supported.min(CURRENT_VERSION))
-            .min()
-            .unwrap_or(CURRENT_VERSION);
-        let mut assignments = assign(&members);
-        // Version 5: every member learns who is in the generation, so whoever leads next knows
-        // whose transactions a member that vanishes may leave open.
-        let mut roster: Vec<Rostered> = members
-            .values()
-            .map(|m| Rostered {
-                worker_id: m.worker_id,
-                threads: m.threads,
-            })
-            .collect();
-        roster.sort();
-        roster.dedup();
-        if version >= 5 && roster.len() <= MAX_ROSTER {
-            for a in assignments.values_mut() {
-                a.roster = roster.clone();
-            }
-        }
-        let unread = unreadable.len();
-        for id in unreadable {
-            assignments.insert(
-                id,
-                Assignment {
-                    error: AssignmentError::BadMetadata as i16,
-                    ..Default::default()
-                },
-            );
-        }
-        let assignments = assignments
-            .into_iter()
-            .map(|(id, mut a)| {
-                a.generation = generation;
-                let bytes = self.framing.assignment(a.encode_signed(
-                    version,
-                    self.config.secret.as_ref(),
-                    &self.config.group,
-                    &id,
-                ));
-                SyncGroupRequestAssignment::default()
-                    .with_member_id(StrBytes::from_string(id))
-                    .with_assignment(Bytes::from(bytes))
-            })
-            .collect();
-        (assignments, unread)
     }
 
     /// A SyncGroup answered with error `code`: `Ok` when the member is to join again, the

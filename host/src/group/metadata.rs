@@ -143,6 +143,23 @@ pub struct Rostered {
     pub threads: u32,
 }
 
+impl Rostered {
+    /// The roster of a generation of `members` (version 5: every member learns who is in
+    /// it, so whoever leads next knows whose transactions a member that vanishes may leave
+    /// open), sorted, each worker once.
+    pub fn of<'a>(members: impl Iterator<Item = &'a MemberMetadata>) -> Vec<Rostered> {
+        let mut roster: Vec<Rostered> = members
+            .map(|m| Rostered {
+                worker_id: m.worker_id,
+                threads: m.threads,
+            })
+            .collect();
+        roster.sort();
+        roster.dedup();
+        roster
+    }
+}
+
 /// Errors a leader can put in an assignment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(i16)]

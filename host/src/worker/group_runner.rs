@@ -6,11 +6,13 @@
 //! (see `holds`), so tasks the group gives back within it go on where they were; otherwise,
 //! and on any other loss, every task stops without committing, then the worker rejoins.
 
+mod changes;
 mod config;
 mod decide;
 mod fencing;
 mod holds;
 mod losing;
+mod probing;
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -373,28 +375,6 @@ impl<'a> GroupRunner<'a> {
         Ok(Ok(joined))
     }
 
-    /// As leader, under exactly-once: the members of the last generation that are not in
-    /// this join have their open transactions ended now instead of at the broker's timeout
-    /// (see `fencing`). Not when some member's metadata went unread: that member may be one
-    /// of them, alive.
-    fn end_vanished_transactions(&self, present: &std::collections::HashSet<[u8; 16]>) {
-        let Some((kafka, commit_interval)) = self.runner.exactly_once() else {
-            return;
-        };
-        let gone = fencing::vanished(&self.roster, present);
-        if gone.is_empty() {
-            return;
-        }
-        let ids: Vec<String> = gone.iter().flat_map(fencing::transactional_ids).collect();
-        tracing::info!(
-            cluster = %self.cluster.name,
-            members = %gone.iter().map(|r| uuid::Uuid::from_bytes(r.worker_id).to_string()).collect::<Vec<_>>().join(","),
-            transactional_ids = ids.len(),
-            "members of the last generation are gone: ending their open transactions"
-        );
-        fencing::end_transactions(kafka, commit_interval, ids);
-    }
-
     /// What a failed join means: a lost membership stops every task and rejoins; a foreign
     /// leader, a group of another protocol or a fenced instance id is looked into (see
     /// `worker::intruders`), then the worker rejoins after a pause or stops.
@@ -458,36 +438,10 @@ impl<'a> GroupRunner<'a> {
     ) -> Step<()> {
         let a = &joined.assignment;
         self.intruders.settled();
-        let speak = decide::speak_after(a, self.speaking, self.cluster.metadata_version);
-        self.runner.board().speaking(a.version.max(1));
-        match speak {
-            Speak::Keep => {}
-            Speak::Fallback(version) => {
-                // A leader of an older release could not read this worker's metadata: it may
-                // have given what this worker runs to others in this very generation.
-                tracing::info!(
-                    cluster = %self.cluster.name, from = self.speaking, to = version,
-                    "the group's leader speaks an older metadata version (a worker of an older release): joining again in it"
-                );
-                self.speaking = version;
-                if !self.runner.owned().is_empty() {
-                    self.lose("the leader (of an older release) did not read this worker's metadata")
-                        .await;
-                }
-                return Ok(Err(Then::Rejoin));
-            }
-            Speak::Down(version) => {
-                tracing::info!(
-                    cluster = %self.cluster.name, from = self.speaking, to = version,
-                    "a member of an older release joined: speaking its metadata version from the next join"
-                );
-                self.speaking = version;
-            }
-            Speak::Up(version) => tracing::info!(
-                cluster = %self.cluster.name, from = self.speaking, to = version,
-                "every member speaks a newer metadata version now: joining once more in it"
-            ),
-        }
+        let speak = match self.follow_version(a).await {
+            Ok(speak) => speak,
+            Err(then) => return Ok(Err(then)),
+        };
         if a.error == AssignmentError::None as i16 {
             self.roster = a.roster.clone();
         }
@@ -697,34 +651,6 @@ impl<'a> GroupRunner<'a> {
                 }
             }
         }
-    }
-
-    /// A topology was uploaded, replaced or deleted: its tasks stop (committing) before the
-    /// swap; then the worker rejoins to say what it runs now.
-    async fn change_topologies(&mut self, change: TopologyChange) -> anyhow::Result<()> {
-        let names: Vec<String> = change
-            .put
-            .iter()
-            .map(|t| t.name.clone())
-            .chain(change.remove.iter().cloned())
-            .collect();
-        let (owned, standbys) = self.runner.tasks_of(&names);
-        let stopping = self.runner.begin_stop(&owned, false);
-        if let Kept::Lost(why) = self
-            .heartbeats
-            .wait_for(&mut self.membership, &mut self.runner, stopping)
-            .await?
-        {
-            self.lose(&why).await;
-        }
-        let _ = tokio::task::block_in_place(|| self.runner.stop_standbys(&standbys, &[]));
-        for name in &change.remove {
-            self.runner.remove_topology(name);
-        }
-        for topology in change.put {
-            self.runner.put_topology(topology);
-        }
-        Ok(())
     }
 
     /// Where the standbys and learners are, and where their changelogs end: for the status

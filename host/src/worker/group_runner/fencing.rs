@@ -70,6 +70,30 @@ pub(super) fn end_transactions(kafka: &KafkaSettings, commit_interval: Duration,
     }
 }
 
+impl super::GroupRunner<'_> {
+    /// As leader, under exactly-once: the members of the last generation that are not in
+    /// this join have their open transactions ended now instead of at the broker's timeout
+    /// (see `fencing`). Not when some member's metadata went unread: that member may be one
+    /// of them, alive.
+    pub(super) fn end_vanished_transactions(&self, present: &std::collections::HashSet<[u8; 16]>) {
+        let Some((kafka, commit_interval)) = self.runner.exactly_once() else {
+            return;
+        };
+        let gone = vanished(&self.roster, present);
+        if gone.is_empty() {
+            return;
+        }
+        let ids: Vec<String> = gone.iter().flat_map(transactional_ids).collect();
+        tracing::info!(
+            cluster = %self.cluster.name,
+            members = %gone.iter().map(|r| uuid::Uuid::from_bytes(r.worker_id).to_string()).collect::<Vec<_>>().join(","),
+            transactional_ids = ids.len(),
+            "members of the last generation are gone: ending their open transactions"
+        );
+        end_transactions(kafka, commit_interval, ids);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
