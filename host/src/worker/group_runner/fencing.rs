@@ -26,6 +26,10 @@ use crate::task::{thread_transactional_id, ThreadProducer};
 /// be moving): past this the broker's own timeout has ended the transaction anyway.
 const GIVE_UP_AFTER: Duration = Duration::from_secs(30);
 
+/// The most stream threads fenced per vanished member: the threads a member says it has
+/// are its word (without a secret, anyone's in the group), and each is a thread here.
+const MAX_THREADS: u32 = 256;
+
 /// The members of `last` (a roster) that are not `present` now.
 pub(super) fn vanished(last: &[Rostered], present: &HashSet<[u8; 16]>) -> Vec<Rostered> {
     last.iter()
@@ -37,7 +41,7 @@ pub(super) fn vanished(last: &[Rostered], present: &HashSet<[u8; 16]>) -> Vec<Ro
 /// The transactional ids of a member's stream threads.
 pub(super) fn transactional_ids(member: &Rostered) -> Vec<String> {
     let worker = uuid::Uuid::from_bytes(member.worker_id).to_string();
-    (0..member.threads as usize)
+    (0..member.threads.min(MAX_THREADS) as usize)
         .map(|thread| thread_transactional_id(&worker, thread))
         .collect()
 }
@@ -119,5 +123,14 @@ mod tests {
         );
         // A member of an older release says no threads: nothing to fence.
         assert!(transactional_ids(&Rostered { threads: 0, ..a }).is_empty());
+        // A member claiming a million threads costs at most MAX_THREADS here.
+        assert_eq!(
+            transactional_ids(&Rostered {
+                threads: 1_000_000,
+                ..a
+            })
+            .len(),
+            MAX_THREADS as usize
+        );
     }
 }
